@@ -1,0 +1,172 @@
+"""Input validation and chunked float64 iteration, shared by every module.
+
+One place for the checks users hit first: shapes, finiteness, ``lam``, weights.
+Errors are :class:`ValueError` with a one-line message that names the argument
+and, for non-finite data, the first offending row.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import numpy as np
+
+#: Bytes of float64 working memory one chunk of rows may use.
+CHUNK_BYTES = 1 << 25  # 32 MiB
+
+
+def to_numpy(a, name: str = "array") -> np.ndarray:
+    """Return ``a`` as a NumPy array; torch tensors (any device, bf16 too) are accepted."""
+    if a is None:
+        raise ValueError(f"{name} is None")
+    if hasattr(a, "detach") and hasattr(a, "cpu"):  # torch.Tensor without importing torch
+        t = a.detach().cpu()
+        if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
+            t = t.float()
+        return t.numpy()
+    if hasattr(a, "toarray") and not isinstance(a, np.ndarray):  # scipy.sparse
+        return a
+    arr = np.asarray(a)
+    if arr.dtype == object:
+        raise ValueError(f"{name} could not be converted to a numeric array")
+    return arr
+
+
+def _float_dtype(arr: np.ndarray, name: str) -> np.ndarray:
+    if arr.dtype.kind == "b" or arr.dtype.kind in "iu":
+        return arr.astype(np.float64)
+    if arr.dtype.kind == "c":
+        raise ValueError(f"{name} is complex; widelimit works with real data")
+    if arr.dtype.kind != "f":
+        raise ValueError(f"{name} has non-numeric dtype {arr.dtype}")
+    if arr.dtype == np.float16:
+        return arr.astype(np.float32)
+    if arr.dtype not in (np.float32, np.float64):
+        return arr.astype(np.float64)
+    return arr
+
+
+def chunk_rows(n_cols: int, budget: int = CHUNK_BYTES) -> int:
+    """Rows per chunk so that a float64 chunk of ``n_cols`` columns fits in ``budget`` bytes."""
+    return max(1, budget // (8 * max(1, n_cols)))
+
+
+def iter_chunks(X: np.ndarray, rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield ``(start, chunk)`` with ``chunk`` a float64 copy of ``X[start:start+rows]``."""
+    N = X.shape[0]
+    rows = rows or chunk_rows(X.shape[1] if X.ndim > 1 else 1)
+    for s in range(0, N, rows):
+        yield s, np.asarray(X[s : s + rows], dtype=np.float64)
+
+
+def first_nonfinite_row(X: np.ndarray) -> int | None:
+    """Index of the first row of ``X`` holding NaN or Inf, or ``None``; chunked, O(N n)."""
+    if X.ndim == 1:
+        bad = np.flatnonzero(~np.isfinite(X))
+        return int(bad[0]) if bad.size else None
+    rows = chunk_rows(X.shape[1])
+    for s in range(0, X.shape[0], rows):
+        ok = np.isfinite(X[s : s + rows]).all(axis=1)
+        if not ok.all():
+            return s + int(np.flatnonzero(~ok)[0])
+    return None
+
+
+def check_data(X, name: str = "X") -> np.ndarray:
+    """Validate a data matrix: 2-D ``(N, n)``, non-empty, finite; float32 kept, ints -> float64.
+
+    float32 input is kept as float32 (no full-size copy); every computation
+    reads it in float64 chunks.
+    """
+    arr = to_numpy(X, name)
+    if hasattr(arr, "toarray") and not isinstance(arr, np.ndarray):
+        raise ValueError(f"{name} must be a dense array, got a sparse matrix")
+    if arr.ndim != 2:
+        raise ValueError(
+            f"{name} must be a 2-D array of shape (N points, n dims), got ndim={arr.ndim} "
+            f"with shape {arr.shape}"
+        )
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"{name} is empty: shape {arr.shape}")
+    arr = _float_dtype(arr, name)
+    bad = first_nonfinite_row(arr)
+    if bad is not None:
+        what = "NaN" if np.isnan(arr[bad]).any() else "Inf"
+        raise ValueError(f"{name} has a non-finite value ({what}) in row {bad}")
+    return arr
+
+
+def check_vector(v, n: int, name: str) -> np.ndarray:
+    """Validate a finite float64 vector of length ``n``."""
+    arr = _float_dtype(to_numpy(v, name), name)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of length {n}, got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise ValueError(f"{name} has length {arr.shape[0]} but the data has {n} dims")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} has a non-finite value at index {int(np.flatnonzero(~np.isfinite(arr))[0])}")
+    return np.asarray(arr, dtype=np.float64)
+
+
+def check_lam(lam) -> float:
+    """Validate the sparsity parameter: a finite real number > 0."""
+    try:
+        val = float(to_numpy(lam, "lam")) if not isinstance(lam, (int, float)) else float(lam)
+    except (TypeError, ValueError):
+        raise ValueError(f"lam must be a positive finite number, got {lam!r}") from None
+    if not math.isfinite(val) or val <= 0:
+        raise ValueError(f"lam must be a positive finite number, got {lam!r}")
+    return val
+
+
+def check_weights(weights, N: int) -> np.ndarray | None:
+    """Validate point weights: shape ``(N,)``, finite, ``>= 0``, not all zero. ``None`` means 1."""
+    if weights is None:
+        return None
+    w = _float_dtype(to_numpy(weights, "weights"), "weights")
+    if w.ndim != 1 or w.shape[0] != N:
+        raise ValueError(f"weights must have shape ({N},), got {w.shape}")
+    if not np.isfinite(w).all():
+        raise ValueError(f"weights has a non-finite value at index {int(np.flatnonzero(~np.isfinite(w))[0])}")
+    if (w < 0).any():
+        raise ValueError(f"weights must be >= 0; weights[{int(np.flatnonzero(w < 0)[0])}] < 0")
+    if not (w > 0).any():
+        raise ValueError("weights are all zero")
+    return np.asarray(w, dtype=np.float64)
+
+
+def check_codes(Z, N: int, k: int, name: str = "Z", nonneg: bool = True):
+    """Validate codes ``(N, k)``: dense float64 array or scipy sparse (kept sparse, CSR)."""
+    Z = to_numpy(Z, name)
+    if hasattr(Z, "tocsr") and not isinstance(Z, np.ndarray):
+        Z = Z.tocsr().astype(np.float64)
+        data = Z.data
+    else:
+        Z = _float_dtype(np.asarray(Z), name)
+        if Z.ndim != 2:
+            raise ValueError(f"{name} must be a 2-D array of shape (N, k), got shape {Z.shape}")
+        Z = np.asarray(Z, dtype=np.float64)
+        data = Z
+    if Z.shape != (N, k):
+        raise ValueError(f"{name} has shape {Z.shape}, expected (N, k) = ({N}, {k}) from X and W")
+    if not np.isfinite(data).all():
+        raise ValueError(f"{name} has non-finite values")
+    if nonneg and data.size and data.min() < 0:
+        if isinstance(Z, np.ndarray):
+            i, d = np.argwhere(Z < 0)[0]
+            raise ValueError(f"{name} must be >= 0 (nonnegative codes); {name}[{i}, {d}] = {Z[i, d]:.3g}")
+        raise ValueError(f"{name} must be >= 0 (nonnegative codes)")
+    return Z
+
+
+def check_dictionary(W, n: int, name: str = "W") -> np.ndarray:
+    """Validate a dictionary ``(k, n)`` (rows are atoms); k = 0 is allowed."""
+    W = _float_dtype(to_numpy(W, name), name)
+    if W.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array of shape (k atoms, n dims), got shape {W.shape}")
+    if W.shape[1] != n:
+        raise ValueError(f"{name} has {W.shape[1]} columns but the data has {n} dims")
+    if not np.isfinite(W).all():
+        raise ValueError(f"{name} has a non-finite value in row {int(np.flatnonzero(~np.isfinite(W).all(1))[0])}")
+    return np.asarray(W, dtype=np.float64)

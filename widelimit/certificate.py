@@ -1,0 +1,187 @@
+r"""Optimality certificates for the wide-limit problem, for any candidate (W, Z, b).
+
+For every width, dictionary and code (theory.md §3),
+
+.. math:: L(W, Z, b) \;\ge\; H(b) \;\ge\; \min_b H(b),
+
+so a certified lower bound on ``min_b H`` (the dual bound of
+:func:`widelimit.huber_median`) and the objective of the candidate bracket the
+global optimum: ``gap = L(W, Z, b) - lower_bound`` bounds the candidate's
+suboptimality over all widths.
+
+The certificate also reports the Q-form dual quantities of theory.md §4. With
+``E`` the candidate's residual ``X - b - Z W`` and the balanced codes
+``Zb_d = Z_d / sqrt(||Z_d||_1)`` (so that ``Q = Zb Zb^T``, unit atoms), the
+dual matrix of the Q-problem is
+
+.. math:: G = \frac{\lambda}{N}\Big(\mathbf 1\mathbf 1^\top - \frac{E E^\top}{\lambda^2}\Big).
+
+It is never formed: by Cauchy-Schwarz the largest entry of ``E E^T`` lies on
+its diagonal, so ``min_ij G_ij = (lam/N)(1 - max_i ||e_i||^2 / lam^2)``
+exactly, in O(N n); and ``<G, Q> = (lam/N) sum_d (||Z_d||_1 -
+||E^T Z_d||^2 / (lam^2 ||Z_d||_1))`` in O(nnz(Z) n). At an optimum ``G >= 0``
+entrywise and ``<G, Q> = 0``, which makes ``G`` dual feasible for every cone
+between CP and the entrywise-nonnegative matrices (the DNN relaxation is tight).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ._validation import check_lam
+from .median import MedianResult, huber_median, huber_value
+from .objective import _check_triple, residual_chunks
+
+__all__ = ["Certificate", "verify"]
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """What is known about a candidate (W, Z, b) relative to the global optimum.
+
+    Attributes
+    ----------
+    value : float
+        Objective of the candidate (an upper bound on the optimum).
+    reconstruction, penalty : float
+        The two parts of ``value``.
+    lower_bound : float
+        Certified lower bound on the optimum over all widths (the Huber dual bound).
+    lower_bound_error : float
+        Certified suboptimality of the Huber median behind ``lower_bound``
+        (``H(b*) - lower_bound``): how far the bound may sit below ``min_b H``.
+    lower_bound_at_bias : float
+        ``H(b)`` at the candidate's own bias: the best any width can do with that bias.
+    gap, rel_gap : float
+        ``value - lower_bound`` and ``gap / value``.
+    bias_stationarity : float
+        ``||mean_i e_i||``: zero at a bias-optimal candidate (theory.md §5).
+    dual_min : float
+        Smallest entry of the dual matrix ``G`` (exact, via Cauchy-Schwarz). ``>= 0`` is required.
+    complementarity : float
+        ``<G, Q>`` with ``Q`` from the balanced codes; 0 at an optimum.
+    max_residual_norm : float
+        ``max_i ||e_i||``; ``dual_min >= 0`` iff this is ``<= lam``.
+    certified : bool
+        ``gap <= tol * max(value, tiny)`` (plus ``atol``).
+    tol, atol : float
+    n_points, dim, width : int
+    lam : float
+    """
+
+    value: float
+    reconstruction: float
+    penalty: float
+    lower_bound: float
+    lower_bound_error: float
+    lower_bound_at_bias: float
+    gap: float
+    rel_gap: float
+    bias_stationarity: float
+    dual_min: float
+    complementarity: float
+    max_residual_norm: float
+    certified: bool
+    tol: float
+    atol: float
+    n_points: int
+    dim: int
+    width: int
+    lam: float
+
+    def as_dict(self) -> dict:
+        """Plain-Python dict (JSON-serialisable)."""
+        return {k: (bool(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in asdict(self).items()}
+
+
+def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float) -> Certificate:
+    """Certificate of a validated triple; ``median`` supplies the global lower bound."""
+    N, n = X.shape
+    k = W.shape[0]
+    norms = np.linalg.norm(W, axis=1)
+    Wu = np.divide(W, norms[:, None], out=np.zeros_like(W), where=norms[:, None] > 0)
+    rec = 0.0
+    esum = np.zeros(n)
+    emax = 0.0
+    EtZ = np.zeros((k, n))
+    for s, e, E in residual_chunks(X, W, Z, b):
+        ee = np.einsum("ij,ij->i", E, E)
+        rec += float(ee.sum())
+        esum += E.sum(axis=0)
+        emax = max(emax, float(ee.max()))
+        if k and isinstance(Z, np.ndarray):
+            EtZ += Z[s:e].T @ E
+        elif k:  # sparse codes: touch only the nonzeros, O(nnz n)
+            c = Z[s:e].tocoo()
+            np.add.at(EtZ, c.col, c.data[:, None] * E[c.row])
+    # codes for unit atoms (reconstruction Z W = (Z * norms) Wu)
+    colsum = np.asarray(Z.sum(axis=0), dtype=np.float64).ravel() * norms
+    EtZu = EtZ * norms[:, None]
+    pen = 2.0 * lam * float(colsum.sum())
+    value = (rec + pen) / N
+    live = colsum > 0
+    comp = (lam / N) * float(
+        np.sum(colsum[live] - np.einsum("ij,ij->i", EtZu[live], EtZu[live]) / (lam * lam * colsum[live]))
+    )
+    lb = median.lower_bound
+    gap = max(0.0, value - lb)
+    H_b = huber_value(X, b, lam)
+    return Certificate(
+        value=value,
+        reconstruction=rec / N,
+        penalty=pen / N,
+        lower_bound=lb,
+        lower_bound_error=median.gap,
+        lower_bound_at_bias=H_b,
+        gap=gap,
+        rel_gap=gap / max(abs(value), 1e-300),
+        bias_stationarity=float(np.linalg.norm(esum / N)),
+        dual_min=(lam / N) * (1.0 - emax / (lam * lam)),
+        complementarity=comp,
+        max_residual_norm=float(np.sqrt(emax)),
+        certified=bool(gap <= tol * max(abs(value), 1e-300) + atol),
+        tol=tol,
+        atol=atol,
+        n_points=N,
+        dim=n,
+        width=int(np.count_nonzero(live)) if k else 0,
+        lam=lam,
+    )
+
+
+def verify(X, lam, W, Z, b, *, tol: float = 1e-9, atol: float = 0.0, median: MedianResult | None = None) -> Certificate:
+    r"""Certify any candidate dictionary, codes and bias against the global optimum.
+
+    Parameters
+    ----------
+    X : array (N, n)
+        Data.
+    lam : float
+        Sparsity parameter ``lam > 0``.
+    W : array (k, n)
+        Dictionary; rows need not be unit norm (norms are folded into the codes,
+        see :func:`widelimit.sae_objective`).
+    Z : array (N, k) or scipy.sparse matrix
+        Nonnegative codes.
+    b : array (n,)
+        Bias.
+    tol : float
+        Relative gap under which the candidate counts as certified optimal.
+    atol : float
+        Absolute slack added to ``tol * value``.
+    median : MedianResult, optional
+        A Huber median of ``X`` at the same ``lam`` (reused instead of recomputed).
+
+    Returns
+    -------
+    Certificate
+        ``value`` (objective), ``lower_bound`` (global), ``gap``, ``certified`` and the dual quantities.
+    """
+    X, W, Z, b, lam = _check_triple(X, W, Z, b, lam)
+    if median is None:
+        median = huber_median(X, lam)
+    elif median.kind != "huber" or median.lam != check_lam(lam):
+        raise ValueError("median must be a Huber median computed with the same lam")
+    return _certificate(X, W, Z, b, lam, median, float(tol), float(atol))

@@ -1,0 +1,489 @@
+r"""Certified medians: the optimal bias of the wide-limit problem.
+
+Two location problems over ``b`` in R^n with point weights ``w_i >= 0``:
+
+* the **Huber median** (the optimal SAE bias, theory.md §3)
+
+  .. math:: H(b) = \frac{1}{\sum w}\sum_i w_i\, h_\lambda(\|x_i - b\|),
+            \quad h_\lambda(r) = r^2\ (r\le\lambda),\ 2\lambda r-\lambda^2\ (r>\lambda);
+
+* the **geometric median** :math:`G(b) = \frac{1}{\sum w}\sum_i w_i \|x_i - b\|`.
+
+Both are solved by a safeguarded Newton method: each iteration is one pass over
+the data (value, gradient and the sums the certificate needs, accumulated in
+float64 over row chunks, O(N n)); the Newton matrix comes from a fixed random
+subsample of at most a few thousand rows, so no ``N x N`` or per-point
+``n x n`` work is ever done. A rejected Newton step falls back to the
+majorise-minimise (Weiszfeld / IRLS) step, which never increases the value.
+
+**Certificate.** Both objectives are support functions, so each has a dual:
+
+.. math::
+    h_\lambda(\|v\|) = \max_{\|y\|\le\lambda} 2\langle y, v\rangle - \|y\|^2, \qquad
+    \min_b \sum_i w_i h_\lambda(\|x_i-b\|) = \max_{\|y_i\|\le\lambda,\ \sum_i w_i y_i = 0}
+        \sum_i w_i\big(2\langle y_i, x_i\rangle - \|y_i\|^2\big),
+
+and likewise ``||v|| = max_{||y||<=1} <y, v>`` for the geometric median. At any
+``b`` the clipped residuals ``y_i`` (``x_i - b`` shortened to length ``lam``;
+unit vectors for the geometric median) are made dual feasible by removing their
+weighted mean and shrinking, which gives a rigorous lower bound on the optimum
+from the same pass. ``value - lower_bound`` bounds the suboptimality of the
+returned point; it tends to 0 with the gradient.
+
+**Collinear data** (all points on one line, including N = 1 and identical
+points) are solved exactly in one dimension by sorting breakpoints; the optimal
+set can then be a segment (e.g. ``{-5, 5}`` with ``lam = 1``: every
+``b`` in ``[-4, 4]``), returned as ``segment``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._validation import check_data, check_lam, check_vector, check_weights, chunk_rows
+
+__all__ = ["MedianResult", "huber_median", "geometric_median", "huber_value"]
+
+_EPS = np.finfo(np.float64).eps
+
+
+@dataclass(frozen=True)
+class MedianResult:
+    """A certified solution of a median problem.
+
+    Attributes
+    ----------
+    point : ndarray (n,)
+        The returned location (inside ``segment`` when the optimum is not unique).
+    value : float
+        Objective at ``point`` (weighted mean over points).
+    lower_bound : float
+        Certified lower bound on the minimum value (from a dual-feasible point).
+    gap : float
+        ``value - lower_bound`` (>= 0): a bound on the suboptimality of ``point``.
+    segment : ndarray (2, n)
+        Endpoints of the optimal set when the data are collinear (equal rows
+        when the optimum is unique); for non-collinear data the optimum is
+        unique and both rows equal ``point``.
+    n_passes : int
+        Passes over the data that were made.
+    n_iter : int
+        Newton / majorise-minimise iterations.
+    converged : bool
+        Whether the relative gap reached the requested tolerance.
+    method : str
+        ``"newton"`` or ``"collinear-exact"``.
+    kind : str
+        ``"huber"`` or ``"geometric"``.
+    lam : float or None
+        The threshold of the Huber median.
+    """
+
+    point: np.ndarray
+    value: float
+    lower_bound: float
+    gap: float
+    segment: np.ndarray
+    n_passes: int
+    n_iter: int
+    converged: bool
+    method: str
+    kind: str
+    lam: float | None = None
+    history: list = field(default_factory=list, repr=False)
+
+    @property
+    def rel_gap(self) -> float:
+        """``gap / max(value, tiny)``."""
+        return self.gap / max(abs(self.value), 1e-300)
+
+    @property
+    def unique(self) -> bool:
+        """Whether the optimal set is a single point (always for non-collinear data)."""
+        return bool(np.allclose(self.segment[0], self.segment[1], rtol=0, atol=0))
+
+
+# --------------------------------------------------------------------------------------
+# one pass over the data
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pass:
+    value: float  # sum_i w_i phi(r_i)
+    g: np.ndarray  # sum_i w_i y_i  (minus the gradient, /2 for Huber)
+    a: float  # sum_i w_i c_i  (isotropic curvature of the majoriser)
+    A: float  # sum_i w_i <y_i, x_i - b>
+    B: float  # sum_i w_i ||y_i||^2
+    rmin: float
+    imin: int
+    w0: float = 0.0  # geometric: weight of points coinciding with b
+    c0: np.ndarray | None = None  # geometric: sum over coinciding points of w_i (x_i - b)
+
+
+def _pass(X, w, b, lam, kind, eps_r):
+    """Accumulate, in float64, what one iteration and the certificate need at ``b``."""
+    N, n = X.shape
+    rows = chunk_rows(n)
+    value = A = B = a = w0 = 0.0
+    g = np.zeros(n)
+    c0 = np.zeros(n)
+    rmin, imin = np.inf, -1
+    for s in range(0, N, rows):
+        xt = np.asarray(X[s : s + rows], dtype=np.float64) - b
+        r = np.sqrt(np.einsum("ij,ij->i", xt, xt))
+        ww = 1.0 if w is None else w[s : s + rows]
+        j = int(np.argmin(r))
+        if r[j] < rmin:
+            rmin, imin = float(r[j]), s + j
+        wr = np.broadcast_to(ww, r.shape)
+        if kind == "huber":
+            beyond = r > lam
+            c = np.where(beyond, lam / np.where(beyond, r, 1.0), 1.0)
+            value += float(wr @ np.where(beyond, 2.0 * lam * r - lam * lam, r * r))
+            cw = wr * c
+            g += cw @ xt
+            A += float(cw @ (r * r))
+            B += float((cw * c) @ (r * r))
+            a += float(cw.sum())
+        else:
+            far = r > eps_r
+            inv = np.where(far, 1.0 / np.where(far, r, 1.0), 0.0)
+            cw = wr * inv
+            value += float(wr @ r)
+            g += cw @ xt
+            A += float(wr[far] @ r[far])
+            B += float(wr[far].sum())
+            a += float(cw.sum())
+            if not far.all():
+                near = ~far
+                w0 += float(wr[near].sum())
+                c0 += wr[near] @ xt[near]
+    return _Pass(value, g, a, A, B, rmin, imin, w0, c0)
+
+
+def _lower_bound(p: _Pass, W: float, mean_minus_b: np.ndarray, lam, kind) -> float:
+    """Certified lower bound on ``min_b sum_i w_i phi(||x_i - b||)`` (not yet divided by W)."""
+    if kind == "huber":
+        gb = p.g / W
+        ng = float(np.linalg.norm(gb))
+        s_max = lam / (lam + ng)  # ||y_i - gbar|| <= lam + ||gbar||
+        P1 = p.A - W * float(gb @ mean_minus_b)
+        P2 = p.B - W * ng * ng
+        s = s_max if P2 <= 0 else min(s_max, max(0.0, P1 / P2))
+        return 2.0 * s * P1 - s * s * max(P2, 0.0)
+    # geometric: coinciding points take the subgradient that best cancels the rest
+    gr = p.g
+    ngr = float(np.linalg.norm(gr))
+    v = -gr / max(p.w0, ngr) if p.w0 > 0 and ngr > 0 else np.zeros_like(gr)
+    g = gr + p.w0 * v
+    gb = g / W
+    s = 1.0 / (1.0 + float(np.linalg.norm(gb)))
+    P1 = p.A + float(v @ p.c0) - W * float(gb @ mean_minus_b)
+    return max(0.0, s * P1)
+
+
+def _grad(p: _Pass, kind) -> np.ndarray:
+    """``-grad`` of ``sum w phi`` (times 1/2 for Huber), with the best subgradient at coinciding points."""
+    if kind == "huber" or p.w0 == 0.0:
+        return p.g
+    ng = float(np.linalg.norm(p.g))
+    if ng <= p.w0:
+        return np.zeros_like(p.g)
+    return p.g * (1.0 - p.w0 / ng)
+
+
+# --------------------------------------------------------------------------------------
+# collinear data: exact 1-D solution
+# --------------------------------------------------------------------------------------
+
+
+def _solve_1d(t, w, lam, kind):
+    """Exact optimal interval ``[lo, hi]`` of ``sum_i w_i phi(|t - t_i|)`` over t."""
+    order = np.argsort(t, kind="stable")
+    ts = t[order]
+    ws = np.ones_like(ts) if w is None else w[order]
+    W = float(ws.sum())
+    if kind == "geometric":
+        cw = np.cumsum(ws)
+        k = int(np.searchsorted(cw, 0.5 * W - 1e-12 * W))  # first index with cw >= W/2
+        k = min(k, ts.size - 1)
+        lo = ts[k]
+        hi = ts[k + 1] if (abs(cw[k] - 0.5 * W) <= 1e-12 * W and k + 1 < ts.size) else lo
+        return float(lo), float(hi)
+    cw = np.concatenate([[0.0], np.cumsum(ws)])
+    cwt = np.concatenate([[0.0], np.cumsum(ws * ts)])
+    bp = np.unique(np.concatenate([ts - lam, ts + lam]))
+
+    def dF(x):  # half the derivative: sum_i w_i clip(x - t_i, -lam, lam)
+        i_lo = np.searchsorted(ts, x - lam, side="right")  # t_i <= x - lam: clipped at +lam
+        i_hi = np.searchsorted(ts, x + lam, side="left")  # t_i >= x + lam: clipped at -lam
+        wm = cw[i_hi] - cw[i_lo]
+        sm = cwt[i_hi] - cwt[i_lo]
+        return wm * x - sm + lam * (cw[i_lo] - (W - cw[i_hi]))
+
+    F = dF(bp)
+    tol = 1e-12 * lam * W
+    k_lo = int(np.argmax(F >= -tol))
+    if abs(F[k_lo]) <= tol or k_lo == 0:
+        lo = bp[k_lo]
+    else:
+        x0, x1, f0, f1 = bp[k_lo - 1], bp[k_lo], F[k_lo - 1], F[k_lo]
+        lo = x0 + (x1 - x0) * (-f0) / (f1 - f0)
+    k_hi = int(np.flatnonzero(F <= tol)[-1])
+    if abs(F[k_hi]) <= tol or k_hi == bp.size - 1:
+        hi = bp[k_hi]
+    else:
+        x0, x1, f0, f1 = bp[k_hi], bp[k_hi + 1], F[k_hi], F[k_hi + 1]
+        hi = x0 + (x1 - x0) * (-f0) / (f1 - f0)
+    lo, hi = float(lo), float(hi)
+    if hi < lo:  # unique optimum: the two interpolations agree up to rounding
+        lo = hi = 0.5 * (lo + hi)
+    return lo, hi
+
+
+def _line_of(X, idx, tol_abs):
+    """Try to fit a line through rows ``idx`` of X: returns (origin, direction) or None if not collinear."""
+    P = np.asarray(X[idx], dtype=np.float64)
+    o = P[0]
+    D = P - o
+    d2 = np.einsum("ij,ij->i", D, D)
+    j = int(np.argmax(d2))
+    if d2[j] <= tol_abs * tol_abs:
+        return o, None  # all identical so far
+    u = D[j] / np.sqrt(d2[j])
+    off = D - np.outer(D @ u, u)
+    if np.sqrt(np.einsum("ij,ij->i", off, off)).max() > tol_abs:
+        return None
+    return o, u
+
+
+def _collinear(X, rng_idx, dtype_eps):
+    """Detect data on one line (or one point). Returns (origin, unit direction or None) or None."""
+    N, n = X.shape
+    scale = 0.0
+    rows = chunk_rows(n)
+    for s in range(0, N, rows):
+        scale = max(scale, float(np.abs(np.asarray(X[s : s + rows], dtype=np.float64)).max()))
+    tol_abs = 64.0 * dtype_eps * max(scale, 1e-300) * np.sqrt(n)
+    if N > rng_idx.size:  # a random subsample that is not collinear rules it out cheaply
+        if _line_of(X, rng_idx, tol_abs) is None:
+            return None, tol_abs, 1
+    fit = _line_of(X, np.arange(min(N, 4096)), tol_abs)
+    if fit is None:
+        return None, tol_abs, 1
+    o, u = fit
+    # full check, chunked; a direction is picked up from the first point off o if none yet
+    for s in range(0, N, rows):
+        D = np.asarray(X[s : s + rows], dtype=np.float64) - o
+        if u is None:
+            d = np.sqrt(np.einsum("ij,ij->i", D, D))
+            j = int(np.argmax(d))
+            if d[j] > tol_abs:
+                u = D[j] / d[j]
+        if u is not None:
+            off = D - np.outer(D @ u, u)
+            if np.sqrt(np.einsum("ij,ij->i", off, off)).max() > tol_abs:
+                return None, tol_abs, 2
+    return (o, u), tol_abs, 2
+
+
+# --------------------------------------------------------------------------------------
+# driver
+# --------------------------------------------------------------------------------------
+
+
+def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
+    X = check_data(X)
+    N, n = X.shape
+    if kind == "huber":
+        lam = check_lam(lam)
+    w = check_weights(weights, N)
+    W = float(N) if w is None else float(w.sum())
+    dtype_eps = float(np.finfo(X.dtype).eps)
+    rng = np.random.default_rng(seed)
+    m = min(N, hess_rows)
+    sub = np.sort(rng.choice(N, size=m, replace=False)) if m < N else np.arange(N)
+    passes = 0
+
+    # weighted mean (one pass)
+    mean = np.zeros(n)
+    rows = chunk_rows(n)
+    for s in range(0, N, rows):
+        c = np.asarray(X[s : s + rows], dtype=np.float64)
+        mean += c.sum(0) if w is None else w[s : s + rows] @ c
+    mean /= W
+    passes += 1
+
+    line, _tol_abs, p_used = _collinear(X, sub, dtype_eps)
+    passes += p_used
+    eps_r = 0.0
+    if kind == "geometric":
+        eps_r = 8.0 * _EPS * max(1.0, float(np.abs(mean).max()))
+
+    def certify(b):
+        p = _pass(X, w, b, lam, kind, eps_r)
+        lb = _lower_bound(p, W, mean - b, lam, kind) / W
+        return p, p.value / W, lb
+
+    if line is not None:
+        o, u = line
+        if u is None:  # all points identical
+            b = o.copy()
+            seg = np.stack([b, b])
+        else:
+            t = np.empty(N)
+            for s in range(0, N, rows):
+                t[s : s + rows] = (np.asarray(X[s : s + rows], dtype=np.float64) - o) @ u
+            passes += 1
+            lo, hi = _solve_1d(t, w, lam, kind)
+            seg = np.stack([o + lo * u, o + hi * u])
+            b = o + 0.5 * (lo + hi) * u
+        p, val, lb = certify(b)
+        passes += 1
+        gap = max(0.0, val - lb)
+        return MedianResult(
+            point=b, value=val, lower_bound=lb, gap=gap, segment=seg, n_passes=passes, n_iter=0,
+            converged=gap <= tol * max(val, 1e-300) or gap <= 1e3 * _EPS * max(val, 1e-300),
+            method="collinear-exact", kind=kind, lam=lam if kind == "huber" else None,
+        )
+
+    # warm start: solve on the subsample (in memory, cheap), then polish on all data
+    if m < N:
+        ws = None if w is None else w[sub]
+        warm = _solve(np.asarray(X[sub], dtype=np.float64), lam, ws, kind, 1e-10, 1e-8, max_iter, hess_rows, seed)
+        b = warm.point.copy()
+    else:
+        b = mean.copy()
+    Xs = np.asarray(X[sub], dtype=np.float64)
+    ws_sub = np.ones(m) if w is None else w[sub]
+    wsum_sub = float(ws_sub.sum())
+    scale = max(1e-300, float(np.sqrt(np.mean(np.sum((Xs - Xs.mean(0)) ** 2, axis=1)))))
+
+    p, val, lb = certify(b)
+    passes += 1
+    history = [(val, lb)]
+    it = 0
+    converged = False
+    small_step = False
+    while it < max_iter:
+        gap = max(0.0, val - lb)
+        if gap <= tol * max(val, 1e-300) and small_step:
+            converged = True
+            break
+        if kind == "geometric" and p.w0 > 0 and float(np.linalg.norm(p.g)) <= p.w0:
+            converged = True  # 0 is in the subdifferential: b is an optimal data point
+            break
+        it += 1
+        gdir = _grad(p, kind)
+        # Newton step with the subsample Newton matrix:  (a I - M) d = g
+        D = Xs - b
+        r = np.sqrt(np.einsum("ij,ij->i", D, D))
+        if kind == "huber":
+            act = r > lam
+            coef = np.where(act, lam / np.where(act, r, 1.0) ** 3, 0.0)
+        else:
+            act = r > eps_r
+            coef = np.where(act, 1.0 / np.where(act, r, 1.0) ** 3, 0.0)
+        cw = ws_sub * coef * (W / wsum_sub)
+        M = (D * cw[:, None]).T @ D
+        a = p.a
+        mu, V = np.linalg.eigh(0.5 * (M + M.T))
+        den = np.maximum(a - mu, 1e-9 * a)
+        d = V @ ((V.T @ gdir) / den)
+        trial = b + d
+        pt, vt, lbt = certify(trial)
+        passes += 1
+        ok = vt < val or (vt <= val * (1 + 8 * _EPS) and np.linalg.norm(_grad(pt, kind)) < np.linalg.norm(gdir))
+        if not ok and kind == "geometric" and p.w0 == 0 and p.rmin < np.linalg.norm(d):
+            # converging onto a data point: try it
+            trial = np.asarray(X[p.imin], dtype=np.float64).copy()
+            pt, vt, lbt = certify(trial)
+            passes += 1
+            ok = vt <= val
+        if not ok:
+            # majorise-minimise step: never increases the value
+            if kind == "huber" or p.w0 == 0:
+                mm = b + gdir / a
+            else:  # Vardi-Zhang step for a point coinciding with b
+                ng = float(np.linalg.norm(p.g))
+                mm = b + (1.0 - min(1.0, p.w0 / ng)) * p.g / a
+            pt, vt, lbt = certify(mm)
+            passes += 1
+            if vt > val:  # rounding level: nothing left to gain
+                small_step = True
+                gap = max(0.0, val - lb)
+                converged = gap <= tol * max(val, 1e-300)
+                break
+            trial = mm
+        step = float(np.linalg.norm(trial - b))
+        b, p, val, lb = trial, pt, vt, max(lb, lbt)  # any dual bound seen is valid
+        history.append((val, lb))
+        small_step = step <= xtol * scale
+    gap = max(0.0, val - lb)
+    converged = converged or gap <= tol * max(val, 1e-300)
+    return MedianResult(
+        point=b, value=val, lower_bound=lb, gap=gap, segment=np.stack([b, b]), n_passes=passes,
+        n_iter=it, converged=converged, method="newton", kind=kind,
+        lam=lam if kind == "huber" else None, history=history,
+    )
+
+
+def huber_median(X, lam, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, hess_rows=4096, seed=0) -> MedianResult:
+    r"""Certified minimiser of the Huber location objective: the optimal SAE bias.
+
+    .. math:: b^\star \in \arg\min_b H(b), \quad H(b) = \frac{1}{\sum_i w_i}\sum_i w_i\, h_\lambda(\|x_i - b\|).
+
+    ``min_b H`` is the wide-limit lower bound on the SAE objective for every
+    width (theory.md §3). It equals the geometric median when no point lies
+    within ``lam`` of it, and moves towards clusters of nearby points
+    otherwise (``{0,0,0,10}``, ``lam = 1``: ``b = 1/3``, ``H = 14/3``).
+
+    Parameters
+    ----------
+    X : array (N, n)
+        Points (float32 accepted; accumulated in float64).
+    lam : float
+        Huber threshold ``lam > 0``.
+    weights : array (N,), optional
+        Nonnegative point weights (default all 1).
+    tol : float
+        Target relative certified gap ``(value - lower_bound) / value``.
+    xtol : float
+        Stop only once the last step is below ``xtol`` times the data scale
+        (polishes the point itself, not just the value).
+    max_iter : int
+        Iteration cap (each iteration is about one pass over X).
+    hess_rows : int
+        Size of the random subsample used for the Newton matrix.
+    seed : int
+        Seed of that subsample.
+
+    Returns
+    -------
+    MedianResult
+    """
+    return _solve(X, lam, weights, "huber", tol, xtol, max_iter, hess_rows, seed)
+
+
+def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, hess_rows=4096, seed=0) -> MedianResult:
+    r"""Certified geometric median :math:`\arg\min_b \frac{1}{\sum w}\sum_i w_i\|x_i - b\|`.
+
+    Points may coincide with the median (handled with the optimal subgradient,
+    as in Vardi and Zhang's modified Weiszfeld algorithm); collinear data are
+    solved exactly and an optimal *segment* is returned when the weights split
+    evenly (e.g. two points). See :func:`huber_median` for the parameters.
+    """
+    return _solve(X, None, weights, "geometric", tol, xtol, max_iter, hess_rows, seed)
+
+
+def huber_value(X, b, lam, weights=None) -> float:
+    """``H(b)``: the weighted mean of ``h_lam(||x_i - b||)`` (one pass, float64)."""
+    X = check_data(X)
+    lam = check_lam(lam)
+    w = check_weights(weights, X.shape[0])
+    b = check_vector(b, X.shape[1], "b")
+    p = _pass(X, w, b, lam, "huber", 0.0)
+    return p.value / (X.shape[0] if w is None else float(w.sum()))

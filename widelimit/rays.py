@@ -1,0 +1,238 @@
+r"""Rays of the data around a bias: the narrowest globally optimal dictionary.
+
+At the optimal bias ``b``, a point with ``r_i = ||x_i - b|| > lam`` must be
+reconstructed by atoms parallel to ``x_i - b`` with total code ``r_i - lam``;
+points within ``lam`` get code 0 (theory.md §3). One atom per distinct
+direction ("ray") is therefore the narrowest optimal dictionary, and the
+1-sparse code ``z_i = <w, x_i - b> - lam`` on the point's own ray is optimal.
+
+Grouping is near-linear: directions are sorted by their projections onto a
+few random orthonormal vectors (two directions within ``tol`` of each other
+have every projection within ``tol``), runs of close projections are refined
+projection by projection, and only the points left in a common run are compared
+in full, each against the leaders within a ``tol`` window of its key. A group never has radius above
+``tol`` around its leader, so a tolerance can merge at most slightly different
+directions; the caller reports the objective of what it returns either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validation import check_data, check_lam, check_vector, chunk_rows
+
+__all__ = ["RayGroups", "group_rays", "default_ray_tol"]
+
+_WITHIN_RTOL = 1e-12
+
+
+def default_ray_tol(dtype) -> float:
+    """Default direction tolerance: ``1e-8`` for float64 data, ``1e-4`` for float32 (and float16)."""
+    return 1e-8 if np.dtype(dtype) == np.float64 else 1e-4
+
+
+@dataclass(frozen=True)
+class RayGroups:
+    """Points grouped by direction from a bias.
+
+    Attributes
+    ----------
+    rays : ndarray (N,) of int
+        Ray (atom) index of each point, ``-1`` for points within ``lam``.
+    leaders : ndarray (k,) of int
+        For each ray, the point whose direction defines its atom.
+    radii : ndarray (N,)
+        ``||x_i - b||``.
+    bias : ndarray (n,)
+    lam : float
+    tol : float
+    """
+
+    rays: np.ndarray
+    leaders: np.ndarray
+    radii: np.ndarray
+    bias: np.ndarray
+    lam: float
+    tol: float
+    signed: bool = False
+
+    @property
+    def width(self) -> int:
+        """Number of rays: the width of the narrowest optimal dictionary."""
+        return int(self.leaders.size)
+
+    def atoms(self, X) -> np.ndarray:
+        """Unit atoms ``(k, n)``: the leaders' directions ``(x - b) / ||x - b||``."""
+        if self.leaders.size == 0:
+            return np.zeros((0, self.bias.size))
+        D = np.asarray(X[self.leaders], dtype=np.float64) - self.bias
+        D /= np.linalg.norm(D, axis=1, keepdims=True)
+        if self.signed:
+            D *= _sign_canon(D)[:, None]
+        return D
+
+    def code_values(self, X, atoms=None) -> np.ndarray:
+        """The 1-sparse optimal code of each point on its ray: ``(<w, x - b> - lam)_+`` (0 off rays).
+
+        With ``signed=True`` the code is ``sign(t)(|t| - lam)_+`` with ``t = <w, x - b>``.
+        """
+        W = self.atoms(X) if atoms is None else atoms
+        N, n = X.shape
+        z = np.zeros(N)
+        rows = chunk_rows(n)
+        for s in range(0, N, rows):
+            ray = self.rays[s : s + rows]
+            on = ray >= 0
+            if not on.any():
+                continue
+            D = np.asarray(X[s : s + rows][on], dtype=np.float64) - self.bias
+            t = np.einsum("ij,ij->i", D, W[ray[on]])
+            if self.signed:
+                z[s : s + rows][on] = np.sign(t) * np.maximum(np.abs(t) - self.lam, 0.0)
+            else:
+                z[s : s + rows][on] = np.maximum(t - self.lam, 0.0)
+        return z
+
+
+def _sign_canon(U: np.ndarray) -> np.ndarray:
+    """+1/-1 per row so that the first coordinate of ``U`` with ``|u| > 1e-12`` is positive."""
+    big = np.abs(U) > 1e-12
+    first = np.argmax(big, axis=1)
+    return np.where(U[np.arange(U.shape[0]), first] >= 0, 1.0, -1.0)
+
+
+def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> RayGroups:
+    r"""Group the points beyond ``lam`` from ``b`` by direction.
+
+    Parameters
+    ----------
+    X : array (N, n)
+    b : array (n,)
+        Bias (usually the Huber median).
+    lam : float
+    tol : float, optional
+        Two unit directions ``u_i, u_j`` belong to the same ray when
+        ``||u_i - u_leader|| <= tol``. Points with ``r_i <= lam (1 + 1e-12)`` count as
+        within ``lam`` (their best code, ``r_i - lam``, is at rounding level). Default :func:`default_ray_tol` of X's dtype.
+    signed : bool
+        Group lines instead of rays (``u`` and ``-u`` together), for signed codes.
+    seed : int
+        Seed of the random projection used to sort directions.
+
+    Returns
+    -------
+    RayGroups
+    """
+    X = check_data(X)
+    N, n = X.shape
+    b = check_vector(b, n, "b")
+    lam = check_lam(lam)
+    tol = default_ray_tol(X.dtype) if tol is None else float(tol)
+    if not (tol >= 0 and np.isfinite(tol)):
+        raise ValueError(f"ray_tol must be a finite number >= 0, got {tol!r}")
+    rng = np.random.default_rng(seed)
+    p = min(n, 8)
+    V = np.linalg.qr(rng.standard_normal((n, p)))[0]  # p orthonormal random directions
+    radii = np.empty(N)
+    keys = np.empty((N, p))
+    rows = chunk_rows(n)
+    for s in range(0, N, rows):
+        D = np.asarray(X[s : s + rows], dtype=np.float64) - b
+        r = np.sqrt(np.einsum("ij,ij->i", D, D))
+        radii[s : s + rows] = r
+        D /= np.where(r > 0, r, 1.0)[:, None]
+        if signed:
+            D *= _sign_canon(D)[:, None]
+        keys[s : s + rows] = D @ V
+    beyond = np.flatnonzero(radii > lam * (1.0 + _WITHIN_RTOL))
+    rays = np.full(N, -1, dtype=np.int64)
+    if beyond.size == 0:
+        return RayGroups(rays, np.zeros(0, dtype=np.int64), radii, b, lam, tol, signed)
+
+    # Sort by the first projection: two directions within tol of each other have every
+    # projection within tol, so a ray lies inside one run of keys chained by gaps <= tol.
+    order = beyond[np.argsort(keys[beyond, 0], kind="stable")]
+    K = keys[order]
+    k0 = K[:, 0]
+    starts = np.flatnonzero(np.concatenate([[True], np.diff(k0) > tol]))
+    ends = np.concatenate([starts[1:], [order.size]])
+    label = np.full(order.size, -1, dtype=np.int64)
+    leader_of: list = []
+    label_next = 0
+
+    def unit(idx):
+        D = np.asarray(X[order[idx]], dtype=np.float64) - b
+        D /= np.linalg.norm(D, axis=1, keepdims=True)
+        if signed:
+            D *= _sign_canon(D)[:, None]
+        return D
+
+    single = (ends - starts) == 1
+    sing = starts[single]
+    label[sing] = np.arange(sing.size)
+    leader_of.extend(sing.tolist())
+    label_next = int(sing.size)
+    loose = []
+    for st, en in zip(starts[~single], ends[~single]):
+        U = unit(np.arange(st, en))
+        if np.linalg.norm(U - U[0], axis=1).max() <= tol:  # a tight run: one ray
+            label[st:en] = label_next
+            leader_of.append(int(st))
+            label_next += 1
+        else:
+            loose.append(np.arange(st, en))
+    if loose:
+        # Candidate pairs (i, i + o) within tol in the first projection, filtered on all
+        # projections, then on the full distance; vectorised over each offset o.
+        pos = np.concatenate(loose)
+        src, dst = [], []
+        o = 1
+        cand = pos[: pos.size]
+        while True:
+            i = cand[cand + o < order.size]
+            i = i[(k0[i + o] - k0[i]) <= tol]
+            if i.size == 0:
+                break
+            close = np.all(np.abs(K[i + o] - K[i]) <= tol, axis=1)
+            ii = i[close]
+            if ii.size:
+                d = np.linalg.norm(unit(ii) - unit(ii + o), axis=1)
+                keep = d <= tol
+                src.append(ii[keep])
+                dst.append(ii[keep] + o)
+            cand = i
+            o += 1
+        src = np.concatenate(src) if src else np.zeros(0, dtype=np.int64)
+        dst = np.concatenate(dst) if dst else np.zeros(0, dtype=np.int64)
+        has_edge = np.zeros(order.size, dtype=bool)
+        has_edge[src] = True
+        has_edge[dst] = True
+        iso = pos[~has_edge[pos]]
+        label[iso] = label_next + np.arange(iso.size)
+        leader_of.extend(iso.tolist())
+        label_next += int(iso.size)
+        if src.size:
+            import scipy.sparse as sp
+
+            A = sp.csr_array((np.ones(2 * src.size), (np.r_[src, dst], np.r_[dst, src])), shape=(order.size,) * 2)
+            for h in pos[has_edge[pos]]:  # leaders in key order, each takes its free neighbours
+                if label[h] >= 0:
+                    continue
+                label[h] = label_next
+                nb = A.indices[A.indptr[h] : A.indptr[h + 1]]
+                nb = nb[label[nb] < 0]
+                label[nb] = label_next
+                leader_of.append(int(h))
+                label_next += 1
+
+    # number rays by the smallest point index they contain (deterministic, data order)
+    first_point = np.full(label_next, N, dtype=np.int64)
+    np.minimum.at(first_point, label, order)
+    renum = np.empty(label_next, dtype=np.int64)
+    renum[np.argsort(first_point, kind="stable")] = np.arange(label_next)
+    rays[order] = renum[label]
+    leaders = np.empty(label_next, dtype=np.int64)
+    leaders[renum] = order[np.asarray(leader_of, dtype=np.int64)]
+    return RayGroups(rays, leaders, radii, b, lam, tol, signed)
