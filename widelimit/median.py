@@ -365,6 +365,7 @@ def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
     p, val, lb = certify(b)
     passes += 1
     history = [(val, lb)]
+    round_rel = 64 * _EPS * np.sqrt(N)  # rounding level of a sum of N terms
     it = 0
     converged = False
     small_step = False
@@ -396,7 +397,7 @@ def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
         trial = b + d
         pt, vt, lbt = certify(trial)
         passes += 1
-        ok = vt < val or (vt <= val * (1 + 8 * _EPS) and np.linalg.norm(_grad(pt, kind)) < np.linalg.norm(gdir))
+        ok = vt < val or (vt <= val * (1 + round_rel) and np.linalg.norm(_grad(pt, kind)) < np.linalg.norm(gdir))
         if not ok and kind == "geometric" and p.w0 == 0 and p.rmin < np.linalg.norm(d):
             # converging onto a data point: try it
             trial = np.asarray(X[p.imin], dtype=np.float64).copy()

@@ -1,0 +1,268 @@
+"""The ``widelimit`` command line.
+
+Each subcommand is a pair ``_add_<name>(subparsers)`` / ``_run_<name>(args)``
+listed in :data:`COMMANDS`. Solvers never print; this module does. Errors in
+the input become one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["main", "load_data"]
+
+
+# --------------------------------------------------------------------------------------
+# shared helpers
+# --------------------------------------------------------------------------------------
+
+
+def load_data(spec: str, key: str | None = None, seed: int = 0):
+    """``(X, default_lam, label)`` from a file path or a built-in dataset name."""
+    from . import datasets
+    from .io import load_array
+
+    if spec in datasets.BUILTIN and not Path(spec).exists():
+        X, _ = datasets.load_builtin(spec, seed=seed)
+        return X, datasets.BUILTIN[spec][1], f"built-in dataset {spec!r}"
+    return load_array(spec, key=key), None, spec
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.bool_,)):
+        return bool(obj)
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None if np.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    return obj
+
+
+def print_json(obj) -> None:
+    """Print exactly one JSON object on stdout."""
+    sys.stdout.write(json.dumps(_jsonable(obj)) + "\n")
+
+
+def _fmt(v) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "NO"
+    if isinstance(v, (float, np.floating)):
+        return f"{v:.10g}"
+    return str(v)
+
+
+def certificate_table(title: str, rows: list[tuple[str, object, str]]):
+    from rich.table import Table
+
+    t = Table(title=title, show_lines=False)
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_column("meaning", style="dim")
+    for name, val, meaning in rows:
+        t.add_row(name, _fmt(val), meaning)
+    return t
+
+
+def _solution_rows(sol, geo=None):
+    c = sol.certificate
+    rows = [
+        ("points N x dims n", f"{c.n_points} x {c.dim}", "data size"),
+        ("lam", sol.lam, "sparsity (SAELens l1_coefficient = 2 lam)"),
+        ("value", c.value, "objective of the returned (W, Z, b)"),
+        ("lower bound", c.lower_bound, "certified: no width, dictionary or code does better"),
+        ("gap", c.gap, "value - lower bound"),
+        ("relative gap", c.rel_gap, f"certified if <= {c.tol:g}"),
+        ("width", sol.width, "atoms = rays beyond lam (narrowest optimum)"),
+        ("points within lam", int(np.count_nonzero(sol.rays < 0)), "code 0"),
+        ("bias stationarity", c.bias_stationarity, "||mean residual||, 0 at the optimal bias"),
+        ("min dual entry", c.dual_min, "min_ij G_ij, must be >= 0"),
+        ("complementarity", c.complementarity, "<G, Q>, 0 at an optimum"),
+        ("median passes", sol.median.n_passes, f"passes over X ({sol.median.method})"),
+    ]
+    if not np.array_equal(sol.bias_segment[0], sol.bias_segment[1]):
+        rows.append(("optimal bias set", "segment", "collinear data: every b on the segment is optimal"))
+    if sol.excess > 1e-12 * max(1.0, abs(sol.value)):
+        rows.append(("excess from merging", sol.excess, "ray_tol merged non-identical directions"))
+    if geo is not None:
+        rows.append(("||b* - geometric median||", float(np.linalg.norm(sol.bias - geo.point)),
+                     "0 when no point is within lam of the geometric median"))
+    rows.append(("certified", c.certified, "gap within tolerance"))
+    return rows
+
+
+def _write_solution(out: Path, X, sol, geo=None, stem="solution") -> list[Path]:
+    from .plotting import plot_solution
+
+    out.mkdir(parents=True, exist_ok=True)
+    npz = out / f"{stem}.npz"
+    np.savez(npz, bias=sol.bias, bias_segment=sol.bias_segment, dictionary=sol.dictionary,
+             rays=sol.rays, code_values=sol.code_values, lam=sol.lam)
+    js = out / f"{stem}.json"
+    js.write_text(json.dumps(_jsonable(sol.as_dict()), indent=2))
+    png = plot_solution(X, sol, out / f"{stem}.png", geometric_median=None if geo is None else geo.point)
+    return [npz, js, png]
+
+
+# --------------------------------------------------------------------------------------
+# solve
+# --------------------------------------------------------------------------------------
+
+
+def _add_solve(sub):
+    p = sub.add_parser("solve", help="solve the wide-limit problem exactly, with a certificate")
+    p.add_argument("data", help="data file (.npy .npz .csv .safetensors .pt) or a built-in dataset name")
+    p.add_argument("--lam", type=float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
+    p.add_argument("--key", default=None, help="array name inside .npz / .safetensors / .pt")
+    p.add_argument("--ray-tol", type=float, default=None, help="direction tolerance for grouping rays")
+    p.add_argument("--signed", action="store_true", help="signed codes (atoms are lines, not rays)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--out", type=Path, default=None, help="write solution.npz, solution.json, solution.png here")
+
+
+def _run_solve(args) -> int:
+    from .exact import solve
+
+    X, lam0, label = load_data(args.data, args.key)
+    lam = args.lam if args.lam is not None else lam0
+    if lam is None:
+        raise ValueError("--lam is required for data files")
+    sol = solve(X, lam, ray_tol=args.ray_tol, signed=args.signed)
+    files = _write_solution(args.out, X, sol) if args.out else []
+    if args.json:
+        d = sol.as_dict()
+        d["data"] = label
+        d["files"] = [str(f) for f in files]
+        print_json(d)
+    else:
+        con = _console()
+        con.print(certificate_table(f"widelimit solve: {label}", _solution_rows(sol)))
+        for f in files:
+            con.print(f"wrote {f}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# demo
+# --------------------------------------------------------------------------------------
+
+
+def _add_demo(sub):
+    p = sub.add_parser("demo", help="solve the built-in 2-D rays dataset, print its certificate, plot it")
+    p.add_argument("--out", type=Path, default=Path("widelimit-demo"), help="folder for the plot and files")
+    p.add_argument("--json", action="store_true")
+
+
+def _run_demo(args) -> int:
+    from .datasets import BUILTIN, rays2d
+    from .exact import solve
+    from .median import geometric_median
+
+    X, truth = rays2d()
+    lam = BUILTIN["rays2d"][1]
+    sol = solve(X, lam)
+    geo = geometric_median(X)
+    files = _write_solution(args.out, X, sol, geo, stem="demo")
+    if args.json:
+        d = sol.as_dict()
+        d["geometric_median"] = geo.point
+        d["files"] = [str(f) for f in files]
+        print_json(d)
+        return 0
+    con = _console()
+    con.print(
+        f"[bold]widelimit demo[/bold]: {X.shape[0]} points in 2-D on six rays around a centre, "
+        f"plus a core of 20 points; lam = {lam}"
+    )
+    con.print(certificate_table("certificate of the exact wide-limit solution", _solution_rows(sol, geo)))
+    con.print(f"optimal bias b* = {np.array2string(sol.bias, precision=6)}   "
+              f"geometric median = {np.array2string(geo.point, precision=6)}")
+    for f in files:
+        con.print(f"wrote {f}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# experiment
+# --------------------------------------------------------------------------------------
+
+
+def _add_experiment(sub):
+    p = sub.add_parser("experiment", help="run a named experiment (writes PNG plots and JSON)")
+    p.add_argument("name", nargs="?", default=None, help="experiment name; omit to list them")
+    p.add_argument("--out", type=Path, default=None, help="folder for plots and JSON (default: ./experiments/NAME)")
+    p.add_argument("--quick", action="store_true", help="small sizes (as in the test suite)")
+    p.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
+
+
+def _run_experiment(args) -> int:
+    from . import experiments
+
+    if args.name is None:
+        for name, doc in experiments.names().items():
+            print(f"{name:28s} {doc}")
+        return 0
+    fn = experiments.get(args.name)
+    out = args.out if args.out is not None else Path("experiments") / args.name
+    result = fn(out, quick=args.quick)
+    if args.json:
+        print_json(result)
+    else:
+        _console().print(f"experiment {args.name}: results in {out}")
+    return 0
+
+
+#: (name, add-parser function, run function) for every subcommand.
+COMMANDS = [
+    ("solve", _add_solve, _run_solve),
+    ("demo", _add_demo, _run_demo),
+    ("experiment", _add_experiment, _run_experiment),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="widelimit",
+        description="Exact, certified wide-limit sparse dictionary learning and SAE certification.",
+    )
+    parser.add_argument("--version", action="version", version=f"widelimit {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for _, add, _ in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run = {name: fn for name, _, fn in COMMANDS}[args.command]
+    try:
+        return int(run(args) or 0)
+    except (ValueError, MemoryError, OSError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"widelimit {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Matplotlib figures (PNG, headless) for solutions and experiments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["plot_solution"]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_solution(X, solution, path, *, geometric_median=None, title: str | None = None) -> Path:
+    """Draw a wide-limit solution and save it as a PNG.
+
+    Left: the data around the optimal bias ``b*`` (the plane itself for 2-D
+    data, else the top two principal directions of ``X - b*``), points
+    coloured by ray, the atoms as arrows from ``b*``, the ``lam`` circle (exact
+    in 2-D) and, if given, the geometric median. Right: the sorted distances
+    ``||x_i - b*||`` against ``lam``: points beyond it get a nonzero code.
+
+    Returns
+    -------
+    Path
+        The written file.
+    """
+    plt = _plt()
+    X = np.asarray(X, dtype=np.float64)
+    b = solution.bias
+    lam = solution.lam
+    D = X - b
+    if X.shape[1] == 2:
+        P = np.eye(2)
+        axes_label = ("x1", "x2")
+    else:
+        _, _, Vt = np.linalg.svd(D[: min(len(D), 20000)], full_matrices=False)
+        P = Vt[:2].T if Vt.shape[0] >= 2 else np.c_[Vt[0], np.zeros(X.shape[1])]
+        axes_label = ("PC1 of X - b*", "PC2 of X - b*")
+    Y = D @ P
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 5))
+    rays = solution.rays
+    cmap = plt.get_cmap("tab10" if solution.width <= 10 else "viridis")
+    within = rays < 0
+    ax.scatter(Y[within, 0], Y[within, 1], s=12, c="0.6", label=f"within lam ({int(within.sum())})")
+    if solution.width:
+        colors = cmap((rays[~within] % 10) / 9 if solution.width <= 10 else rays[~within] / max(1, solution.width - 1))
+        ax.scatter(Y[~within, 0], Y[~within, 1], s=14, c=colors, label=f"on {solution.width} rays")
+        A = solution.dictionary @ P
+        reach = np.max(solution.code_values) + lam if solution.code_values.size else 1.0
+        for j, a in enumerate(A[:50]):
+            ax.annotate("", xy=a * reach, xytext=(0, 0),
+                        arrowprops=dict(arrowstyle="->", color="k", lw=1.0, alpha=0.7))
+    th = np.linspace(0, 2 * np.pi, 200)
+    ax.plot(lam * np.cos(th), lam * np.sin(th), "k--", lw=1, label="lam ball" + ("" if X.shape[1] == 2 else " (projected)"))
+    ax.plot([0], [0], "r*", ms=14, label="b* (Huber median)")
+    if geometric_median is not None:
+        g = (np.asarray(geometric_median) - b) @ P
+        ax.plot([g[0]], [g[1]], "bP", ms=10, label="geometric median")
+    ax.set_aspect("equal", adjustable="datalim")
+    ax.set_xlabel(axes_label[0])
+    ax.set_ylabel(axes_label[1])
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(title or f"wide-limit optimum: width {solution.width}, lam = {lam:g}")
+    r = np.sort(np.linalg.norm(D, axis=1))
+    ax2.plot(np.arange(r.size), r, ".", ms=3)
+    ax2.axhline(lam, color="k", ls="--", lw=1, label="lam")
+    ax2.set_xlabel("points, sorted")
+    ax2.set_ylabel("||x_i - b*||")
+    c = solution.certificate
+    ax2.set_title(f"value {c.value:.6g}, certified gap {c.gap:.1e}")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
