@@ -73,12 +73,51 @@ def first_nonfinite_row(X: np.ndarray) -> int | None:
     return None
 
 
-def check_data(X, name: str = "X") -> np.ndarray:
+def _finite_chunk(c, s):
+    from .streaming import raise_nonfinite
+
+    if not np.isfinite(c).all():
+        raise_nonfinite(c, s)
+    return None
+
+
+def _check_out_of_core(X, name: str, finite: bool | None):
+    """Shape/dtype checks of an ActivationSource or a dask array, without reading it."""
+    from .streaming import engine_for, is_dask_array
+
+    if len(X.shape) != 2:
+        raise ValueError(f"{name} must be 2-D of shape (N points, n dims), got shape {tuple(X.shape)}")
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise ValueError(f"{name} is empty: shape {tuple(X.shape)}")
+    kind = np.dtype(X.dtype).kind
+    if kind not in "fiub":
+        raise ValueError(f"{name} has non-numeric dtype {X.dtype}")
+    if is_dask_array(X):
+        if kind != "f" or X.dtype == np.float16:
+            X = X.astype(np.float32 if X.dtype == np.float16 else np.float64)
+        if len(X.chunks[1]) > 1:
+            X = X.rechunk({1: -1})  # passes need whole rows
+    if finite:  # chunkwise; otherwise the first pass of each computation checks
+        engine_for(X).reduce(_finite_chunk, lambda a, b: None, stage="check")
+    return X
+
+
+def check_data(X, name: str = "X", *, finite: bool | None = None):
     """Validate a data matrix: 2-D ``(N, n)``, non-empty, finite; float32 kept, ints -> float64.
 
     float32 input is kept as float32 (no full-size copy); every computation
     reads it in float64 chunks.
+
+    An :class:`~widelimit.io.ActivationSource` or a ``dask.array`` is checked
+    without being read: shape and dtype now, finiteness (``finite=None``,
+    the default) in the first pass of the computation that uses it, which
+    names the first bad row (and its shard); ``finite=True`` checks it now,
+    chunk by chunk. In-memory arrays are checked at once.
     """
+    from .streaming import is_dask_array
+
+    if is_dask_array(X) or (hasattr(X, "shards") and hasattr(X, "locate")):
+        return _check_out_of_core(X, name, finite)
     arr = to_numpy(X, name)
     if hasattr(arr, "toarray") and not isinstance(arr, np.ndarray):
         raise ValueError(f"{name} must be a dense array, got a sparse matrix")
@@ -90,7 +129,7 @@ def check_data(X, name: str = "X") -> np.ndarray:
     if arr.shape[0] == 0 or arr.shape[1] == 0:
         raise ValueError(f"{name} is empty: shape {arr.shape}")
     arr = _float_dtype(arr, name)
-    bad = first_nonfinite_row(arr)
+    bad = first_nonfinite_row(arr) if finite is not False else None
     if bad is not None:
         what = "NaN" if np.isnan(arr[bad]).any() else "Inf"
         raise ValueError(f"{name} has a non-finite value ({what}) in row {bad}")

@@ -42,7 +42,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validation import check_data, check_lam, check_vector, check_weights, chunk_rows
+import hashlib
+import json
+
+from ._validation import check_data, check_lam, check_vector, check_weights
+from .streaming import (
+    LocalEngine,
+    Progress,
+    data_fingerprint,
+    engine_for,
+    load_checkpoint,
+    raise_nonfinite,
+    save_checkpoint,
+)
 
 __all__ = ["MedianResult", "huber_median", "geometric_median", "huber_value"]
 
@@ -123,45 +135,67 @@ class _Pass:
     c0: np.ndarray | None = None  # geometric: sum over coinciding points of w_i (x_i - b)
 
 
-def _pass(X, w, b, lam, kind, eps_r):
-    """Accumulate, in float64, what one iteration and the certificate need at ``b``."""
-    N, n = X.shape
-    rows = chunk_rows(n)
-    value = A = B = a = w0 = 0.0
-    g = np.zeros(n)
+def _pass_chunk(c, s, b, lam, kind, eps_r, w):
+    """What one iteration and the certificate need at ``b``, from rows ``s:s+len(c)`` (float64 ``c``)."""
+    n = c.shape[1]
+    xt = c - b
+    r = np.sqrt(np.einsum("ij,ij->i", xt, xt))
+    ww = 1.0 if w is None else w
+    j = int(np.argmin(r))
+    rmin, imin = float(r[j]), s + j
+    wr = np.broadcast_to(ww, r.shape)
+    w0 = 0.0
     c0 = np.zeros(n)
-    rmin, imin = np.inf, -1
-    for s in range(0, N, rows):
-        xt = np.asarray(X[s : s + rows], dtype=np.float64) - b
-        r = np.sqrt(np.einsum("ij,ij->i", xt, xt))
-        ww = 1.0 if w is None else w[s : s + rows]
-        j = int(np.argmin(r))
-        if r[j] < rmin:
-            rmin, imin = float(r[j]), s + j
-        wr = np.broadcast_to(ww, r.shape)
-        if kind == "huber":
-            beyond = r > lam
-            c = np.where(beyond, lam / np.where(beyond, r, 1.0), 1.0)
-            value += float(wr @ np.where(beyond, 2.0 * lam * r - lam * lam, r * r))
-            cw = wr * c
-            g += cw @ xt
-            A += float(cw @ (r * r))
-            B += float((cw * c) @ (r * r))
-            a += float(cw.sum())
-        else:
-            far = r > eps_r
-            inv = np.where(far, 1.0 / np.where(far, r, 1.0), 0.0)
-            cw = wr * inv
-            value += float(wr @ r)
-            g += cw @ xt
-            A += float(wr[far] @ r[far])
-            B += float(wr[far].sum())
-            a += float(cw.sum())
-            if not far.all():
-                near = ~far
-                w0 += float(wr[near].sum())
-                c0 += wr[near] @ xt[near]
+    if kind == "huber":
+        beyond = r > lam
+        cc = np.where(beyond, lam / np.where(beyond, r, 1.0), 1.0)
+        value = float(wr @ np.where(beyond, 2.0 * lam * r - lam * lam, r * r))
+        cw = wr * cc
+        g = cw @ xt
+        A = float(cw @ (r * r))
+        B = float((cw * cc) @ (r * r))
+        a = float(cw.sum())
+    else:
+        far = r > eps_r
+        inv = np.where(far, 1.0 / np.where(far, r, 1.0), 0.0)
+        cw = wr * inv
+        value = float(wr @ r)
+        g = cw @ xt
+        A = float(wr[far] @ r[far])
+        B = float(wr[far].sum())
+        a = float(cw.sum())
+        if not far.all():
+            near = ~far
+            w0 = float(wr[near].sum())
+            c0 = wr[near] @ xt[near]
+    if not np.isfinite(value):
+        raise_nonfinite(c, s)
     return _Pass(value, g, a, A, B, rmin, imin, w0, c0)
+
+
+def _merge_pass(p: _Pass, q: _Pass) -> _Pass:
+    """Combine the sums of two row blocks (associative; ties of the nearest point go to the lower row)."""
+    near = p if (p.rmin, p.imin) <= (q.rmin, q.imin) else q
+    return _Pass(p.value + q.value, p.g + q.g, p.a + q.a, p.A + q.A, p.B + q.B, near.rmin, near.imin,
+                 p.w0 + q.w0, p.c0 + q.c0)
+
+
+def _pass(X, w, b, lam, kind, eps_r, engine=None):
+    """One pass over ``X`` at ``b`` (float64 accumulation over row chunks)."""
+    engine = engine or LocalEngine(X)
+    return engine.reduce(_pass_chunk, _merge_pass, b, lam, kind, eps_r, extras=(w,))
+
+
+def _mean_chunk(c, s, w):
+    """Weighted column sums and the largest |entry| of a block (also the finiteness check of the data)."""
+    tot = c.sum(0) if w is None else w @ c
+    if not np.isfinite(tot).all() and not np.isfinite(c).all():
+        raise_nonfinite(c, s)
+    return tot, float(np.abs(c).max())
+
+
+def _merge_mean(p, q):
+    return p[0] + q[0], max(p[1], q[1])
 
 
 def _lower_bound(p: _Pass, W: float, mean_minus_b: np.ndarray, lam, kind) -> float:
@@ -244,9 +278,8 @@ def _solve_1d(t, w, lam, kind):
     return lo, hi
 
 
-def _line_of(X, idx, tol_abs):
-    """Try to fit a line through rows ``idx`` of X: returns (origin, direction) or None if not collinear."""
-    P = np.asarray(X[idx], dtype=np.float64)
+def _line_of(P, tol_abs):
+    """Try to fit a line through the rows of ``P``: returns (origin, direction) or None if not collinear."""
     o = P[0]
     D = P - o
     d2 = np.einsum("ij,ij->i", D, D)
@@ -260,34 +293,47 @@ def _line_of(X, idx, tol_abs):
     return o, u
 
 
-def _collinear(X, rng_idx, dtype_eps):
-    """Detect data on one line (or one point). Returns (origin, unit direction or None) or None."""
-    N, n = X.shape
-    scale = 0.0
-    rows = chunk_rows(n)
-    for s in range(0, N, rows):
-        scale = max(scale, float(np.abs(np.asarray(X[s : s + rows], dtype=np.float64)).max()))
-    tol_abs = 64.0 * dtype_eps * max(scale, 1e-300) * np.sqrt(n)
+def _far_chunk(c, s, o):
+    """The row of a block farthest from ``o``: ``(distance, row, x - o)``."""
+    D = c - o
+    d = np.sqrt(np.einsum("ij,ij->i", D, D))
+    j = int(np.argmax(d))
+    return float(d[j]), s + j, D[j]
+
+
+def _merge_far(p, q):
+    return p if (p[0], -p[1]) >= (q[0], -q[1]) else q
+
+
+def _offline_chunk(c, s, o, u):
+    """Largest distance of a block's rows from the line ``o + t u``."""
+    D = c - o
+    off = D - np.outer(D @ u, u)
+    return float(np.sqrt(np.einsum("ij,ij->i", off, off)).max())
+
+
+def _project_chunk(c, s, o, u):
+    return (c - o) @ u
+
+
+def _collinear(engine, rng_idx, tol_abs):
+    """Detect data on one line (or one point): (origin, unit direction or None), or None."""
+    N = engine.N
     if N > rng_idx.size:  # a random subsample that is not collinear rules it out cheaply
-        if _line_of(X, rng_idx, tol_abs) is None:
-            return None, tol_abs, 1
-    fit = _line_of(X, np.arange(min(N, 4096)), tol_abs)
+        if _line_of(engine.take(rng_idx), tol_abs) is None:
+            return None
+    fit = _line_of(engine.take(np.arange(min(N, 4096))), tol_abs)
     if fit is None:
-        return None, tol_abs, 1
+        return None
     o, u = fit
-    # full check, chunked; a direction is picked up from the first point off o if none yet
-    for s in range(0, N, rows):
-        D = np.asarray(X[s : s + rows], dtype=np.float64) - o
-        if u is None:
-            d = np.sqrt(np.einsum("ij,ij->i", D, D))
-            j = int(np.argmax(d))
-            if d[j] > tol_abs:
-                u = D[j] / d[j]
-        if u is not None:
-            off = D - np.outer(D @ u, u)
-            if np.sqrt(np.einsum("ij,ij->i", off, off)).max() > tol_abs:
-                return None, tol_abs, 2
-    return (o, u), tol_abs, 2
+    if u is None:  # the first rows coincide: the direction is that of the farthest point
+        d, _i, D = engine.reduce(_far_chunk, _merge_far, o, stage="collinear")
+        if d <= tol_abs:
+            return o, None
+        u = D / d
+    if engine.reduce(_offline_chunk, max, o, u, stage="collinear") > tol_abs:
+        return None
+    return o, u
 
 
 # --------------------------------------------------------------------------------------
@@ -295,7 +341,10 @@ def _collinear(X, rng_idx, dtype_eps):
 # --------------------------------------------------------------------------------------
 
 
-def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
+_CKPT_VERSION = 1
+
+
+def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed, progress=None, checkpoint=None):
     X = check_data(X)
     N, n = X.shape
     if kind == "huber":
@@ -306,27 +355,48 @@ def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
     rng = np.random.default_rng(seed)
     m = min(N, hess_rows)
     sub = np.sort(rng.choice(N, size=m, replace=False)) if m < N else np.arange(N)
-    passes = 0
+    engine = engine_for(X, progress)
+    lam_out = lam if kind == "huber" else None
 
-    # weighted mean (one pass)
-    mean = np.zeros(n)
-    rows = chunk_rows(n)
-    for s in range(0, N, rows):
-        c = np.asarray(X[s : s + rows], dtype=np.float64)
-        mean += c.sum(0) if w is None else w[s : s + rows] @ c
-    mean /= W
-    passes += 1
+    def report(stage, val=None, lb=None):
+        if progress is not None:
+            progress(Progress(stage, engine.passes, N, N, value=val, lower_bound=lb, done=True))
 
-    line, _tol_abs, p_used = _collinear(X, sub, dtype_eps)
-    passes += p_used
+    problem = None
+    state = None
+    if checkpoint is not None:
+        problem = {
+            "version": _CKPT_VERSION, "kind": kind, "lam": lam, "tol": tol, "xtol": xtol, "max_iter": max_iter,
+            "hess_rows": hess_rows, "seed": seed, "data": data_fingerprint(X),
+            "weights": None if w is None else hashlib.sha1(w.tobytes()).hexdigest(),
+        }
+        state = load_checkpoint(checkpoint)
+        if state is not None and state[0].get("problem") != json.loads(json.dumps(problem)):
+            raise ValueError(f"{checkpoint}: checkpoint of a different problem (data, lam, weights or "
+                             "settings changed); delete it or choose another path")
+
     eps_r = 0.0
-    if kind == "geometric":
-        eps_r = 8.0 * _EPS * max(1.0, float(np.abs(mean).max()))
 
-    def certify(b):
-        p = _pass(X, w, b, lam, kind, eps_r)
+    def certify(b, stage="newton"):
+        engine.stage = stage
+        p = engine.reduce(_pass_chunk, _merge_pass, b, lam, kind, eps_r, extras=(w,))
         lb = _lower_bound(p, W, mean - b, lam, kind) / W
         return p, p.value / W, lb
+
+    if state is None:
+        # weighted mean and data scale (one pass; it also checks that every row is finite)
+        engine.stage = "mean"
+        tot, scale = engine.reduce(_mean_chunk, _merge_mean, extras=(w,))
+        mean = tot / W
+        report("mean")
+        tol_abs = 64.0 * dtype_eps * max(scale, 1e-300) * np.sqrt(n)
+        line = _collinear(engine, sub, tol_abs)
+    else:
+        meta, arr = state
+        mean = arr["mean"]
+        line = None
+    if kind == "geometric":
+        eps_r = 8.0 * _EPS * max(1.0, float(np.abs(mean).max()))
 
     if line is not None:
         o, u = line
@@ -334,41 +404,57 @@ def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
             b = o.copy()
             seg = np.stack([b, b])
         else:
-            t = np.empty(N)
-            for s in range(0, N, rows):
-                t[s : s + rows] = (np.asarray(X[s : s + rows], dtype=np.float64) - o) @ u
-            passes += 1
+            t = engine.map_rows(_project_chunk, o, u, stage="collinear")
             lo, hi = _solve_1d(t, w, lam, kind)
             seg = np.stack([o + lo * u, o + hi * u])
             b = o + 0.5 * (lo + hi) * u
-        p, val, lb = certify(b)
-        passes += 1
+        p, val, lb = certify(b, "certificate")
+        report("certificate", val, lb)
         gap = max(0.0, val - lb)
         return MedianResult(
-            point=b, value=val, lower_bound=lb, gap=gap, segment=seg, n_passes=passes, n_iter=0,
+            point=b, value=val, lower_bound=lb, gap=gap, segment=seg, n_passes=engine.passes, n_iter=0,
             converged=gap <= tol * max(val, 1e-300) or gap <= 1e3 * _EPS * max(val, 1e-300),
-            method="collinear-exact", kind=kind, lam=lam if kind == "huber" else None,
+            method="collinear-exact", kind=kind, lam=lam_out,
         )
 
-    # warm start: solve on the subsample (in memory, cheap), then polish on all data
-    if m < N:
-        ws = None if w is None else w[sub]
-        warm = _solve(np.asarray(X[sub], dtype=np.float64), lam, ws, kind, 1e-10, 1e-8, max_iter, hess_rows, seed)
-        b = warm.point.copy()
-    else:
-        b = mean.copy()
-    Xs = np.asarray(X[sub], dtype=np.float64)
+    Xs = engine.take(sub)
     ws_sub = np.ones(m) if w is None else w[sub]
     wsum_sub = float(ws_sub.sum())
     scale = max(1e-300, float(np.sqrt(np.mean(np.sum((Xs - Xs.mean(0)) ** 2, axis=1)))))
+    if state is None:
+        # warm start: solve on the subsample (in memory, cheap), then polish on all data
+        if m < N:
+            ws = None if w is None else w[sub]
+            warm = _solve(Xs, lam, ws, kind, 1e-10, 1e-8, max_iter, hess_rows, seed)
+            b = warm.point.copy()
+        else:
+            b = mean.copy()
+        p, val, lb = certify(b)
+        history = [(val, lb)]
+        it = 0
+        small_step = False
+        passes0 = 0
+    else:
+        b = arr["b"]
+        p = _Pass(meta["value"], arr["g"], meta["a"], meta["A"], meta["B"], meta["rmin"], meta["imin"],
+                  meta["w0"], arr["c0"])
+        val, lb, it, small_step = meta["val"], meta["lb"], meta["it"], meta["small_step"]
+        history = [tuple(h) for h in arr["history"].tolist()]
+        passes0 = meta["passes"]
 
-    p, val, lb = certify(b)
-    passes += 1
-    history = [(val, lb)]
+    def save():
+        if checkpoint is None:
+            return
+        save_checkpoint(checkpoint, {
+            "problem": problem, "val": val, "lb": lb, "it": it, "small_step": bool(small_step),
+            "passes": passes0 + engine.passes, "value": p.value, "a": p.a, "A": p.A, "B": p.B,
+            "rmin": p.rmin, "imin": int(p.imin), "w0": p.w0,
+        }, {"mean": mean, "b": b, "g": p.g, "c0": p.c0, "history": np.asarray(history, dtype=np.float64)})
+
+    save()
+    report("newton", val, lb)
     round_rel = 64 * _EPS * np.sqrt(N)  # rounding level of a sum of N terms
-    it = 0
     converged = False
-    small_step = False
     while it < max_iter:
         gap = max(0.0, val - lb)
         if gap <= tol * max(val, 1e-300) and small_step:
@@ -396,13 +482,11 @@ def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
         d = V @ ((V.T @ gdir) / den)
         trial = b + d
         pt, vt, lbt = certify(trial)
-        passes += 1
         ok = vt < val or (vt <= val * (1 + round_rel) and np.linalg.norm(_grad(pt, kind)) < np.linalg.norm(gdir))
         if not ok and kind == "geometric" and p.w0 == 0 and p.rmin < np.linalg.norm(d):
             # converging onto a data point: try it
-            trial = np.asarray(X[p.imin], dtype=np.float64).copy()
+            trial = engine.take([p.imin])[0].copy()
             pt, vt, lbt = certify(trial)
-            passes += 1
             ok = vt <= val
         if not ok:
             # majorise-minimise step: never increases the value
@@ -412,7 +496,6 @@ def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
                 ng = float(np.linalg.norm(p.g))
                 mm = b + (1.0 - min(1.0, p.w0 / ng)) * p.g / a
             pt, vt, lbt = certify(mm)
-            passes += 1
             if vt > val:  # rounding level: nothing left to gain
                 small_step = True
                 gap = max(0.0, val - lb)
@@ -423,16 +506,18 @@ def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
         b, p, val, lb = trial, pt, vt, max(lb, lbt)  # any dual bound seen is valid
         history.append((val, lb))
         small_step = step <= xtol * scale
+        save()
+        report("newton", val, lb)
     gap = max(0.0, val - lb)
     converged = converged or gap <= tol * max(val, 1e-300)
     return MedianResult(
-        point=b, value=val, lower_bound=lb, gap=gap, segment=np.stack([b, b]), n_passes=passes,
-        n_iter=it, converged=converged, method="newton", kind=kind,
-        lam=lam if kind == "huber" else None, history=history,
+        point=b, value=val, lower_bound=lb, gap=gap, segment=np.stack([b, b]), n_passes=passes0 + engine.passes,
+        n_iter=it, converged=converged, method="newton", kind=kind, lam=lam_out, history=history,
     )
 
 
-def huber_median(X, lam, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, hess_rows=4096, seed=0) -> MedianResult:
+def huber_median(X, lam, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, hess_rows=4096, seed=0,
+                 progress=None, checkpoint=None) -> MedianResult:
     r"""Certified minimiser of the Huber location objective: the optimal SAE bias.
 
     .. math:: b^\star \in \arg\min_b H(b), \quad H(b) = \frac{1}{\sum_i w_i}\sum_i w_i\, h_\lambda(\|x_i - b\|).
@@ -444,8 +529,11 @@ def huber_median(X, lam, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, h
 
     Parameters
     ----------
-    X : array (N, n)
-        Points (float32 accepted; accumulated in float64).
+    X : array (N, n), ActivationSource or dask.array
+        Points (float16/bfloat16/float32 accepted; accumulated in float64). An
+        :class:`~widelimit.io.ActivationSource` is streamed chunk by chunk
+        (memory independent of N); a ``dask.array`` runs each pass as one
+        Dask reduction (:mod:`widelimit.dask_backend`).
     lam : float
         Huber threshold ``lam > 0``.
     weights : array (N,), optional
@@ -461,15 +549,27 @@ def huber_median(X, lam, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, h
         Size of the random subsample used for the Newton matrix.
     seed : int
         Seed of that subsample.
+    progress : callable, optional
+        Called with a :class:`widelimit.streaming.Progress` after every chunk
+        and after every pass (with the current value and certified bound).
+    checkpoint : str or Path, optional
+        A file (``.npz``) holding the O(n) state after every completed pass
+        (the current point, the sums at it, the pass count). If it exists
+        when the call starts, the run resumes from it, and gives the same
+        result as an uninterrupted run; a checkpoint of different data, ``lam``
+        or settings is refused.
 
     Returns
     -------
     MedianResult
+        ``n_passes`` counts passes over the data (including those made before
+        a resume).
     """
-    return _solve(X, lam, weights, "huber", tol, xtol, max_iter, hess_rows, seed)
+    return _solve(X, lam, weights, "huber", tol, xtol, max_iter, hess_rows, seed, progress, checkpoint)
 
 
-def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, hess_rows=4096, seed=0) -> MedianResult:
+def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, hess_rows=4096, seed=0,
+                     progress=None, checkpoint=None) -> MedianResult:
     r"""Certified geometric median :math:`\arg\min_b \frac{1}{\sum w}\sum_i w_i\|x_i - b\|`.
 
     Points may coincide with the median (handled with the optimal subgradient,
@@ -477,7 +577,7 @@ def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, he
     solved exactly and an optimal *segment* is returned when the weights split
     evenly (e.g. two points). See :func:`huber_median` for the parameters.
     """
-    return _solve(X, None, weights, "geometric", tol, xtol, max_iter, hess_rows, seed)
+    return _solve(X, None, weights, "geometric", tol, xtol, max_iter, hess_rows, seed, progress, checkpoint)
 
 
 def huber_value(X, b, lam, weights=None) -> float:
@@ -486,5 +586,5 @@ def huber_value(X, b, lam, weights=None) -> float:
     lam = check_lam(lam)
     w = check_weights(weights, X.shape[0])
     b = check_vector(b, X.shape[1], "b")
-    p = _pass(X, w, b, lam, "huber", 0.0)
+    p = _pass(X, w, b, lam, "huber", 0.0, engine_for(X))
     return p.value / (X.shape[0] if w is None else float(w.sum()))

@@ -1,0 +1,241 @@
+r"""Passes over the data as map-reduce: one engine for arrays, on-disk sources and Dask.
+
+Every algorithm that certifies (the medians, :func:`widelimit.verify`,
+``certify_sae``) reads ``X`` only through *passes*: a pure per-chunk function
+``fn(chunk, start, *args, *row_aligned_blocks) -> partial`` applied to
+consecutive row blocks (float64 copies, at most :data:`CHUNK_BYTES` each),
+and an associative ``merge(partial, partial)``. The state between passes is
+O(n) (a bias, a gradient, a few sums), so
+
+* :class:`LocalEngine` runs a pass chunk by chunk in this process (NumPy arrays,
+  ``np.memmap``, :class:`widelimit.io.ActivationSource`), reading the next
+  chunk in a background thread while the current one is reduced; peak memory is a few chunks,
+  independent of N;
+* :class:`widelimit.dask_backend.DaskEngine` runs the same functions as one Dask
+  reduction over the chunks of a ``dask.array`` (workers of a
+  ``dask.distributed`` cluster).
+
+:func:`engine_for` picks the engine from the type of ``X``. Progress is
+reported through an optional callback receiving :class:`Progress` events;
+solvers never print.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ._validation import CHUNK_BYTES, chunk_rows
+
+__all__ = ["Progress", "LocalEngine", "engine_for", "NonFiniteRow", "is_dask_array"]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress event of a streaming computation.
+
+    Attributes
+    ----------
+    stage : str
+        What the pass computes (``"mean"``, ``"newton"``, ``"certificate"``, ...).
+    pass_index : int
+        Passes over the data started so far (this one included).
+    rows_done, rows_total : int
+        Rows of the current pass reduced so far, and N.
+    value, lower_bound : float or None
+        After an iteration of a median: the objective at the current point and
+        the best certified lower bound so far (``None`` in chunk events).
+    done : bool
+        ``True`` for the event that closes a pass.
+    """
+
+    stage: str
+    pass_index: int
+    rows_done: int
+    rows_total: int
+    value: float | None = None
+    lower_bound: float | None = None
+    done: bool = False
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+class NonFiniteRow(ValueError):
+    """Raised inside a pass: global row ``row`` holds NaN or Inf (the engine adds where it lives)."""
+
+    def __init__(self, row: int, what: str):
+        super().__init__(f"non-finite value ({what}) in row {row}")
+        self.row, self.what = int(row), what
+
+    def __reduce__(self):  # survives pickling back from a Dask worker
+        return (NonFiniteRow, (self.row, self.what))
+
+
+def raise_nonfinite(chunk: np.ndarray, start: int) -> None:
+    """Raise :class:`NonFiniteRow` for the first row of ``chunk`` (global row ``start + i``) that is not finite."""
+    ok = np.isfinite(chunk).all(axis=1)
+    i = int(np.flatnonzero(~ok)[0])
+    raise NonFiniteRow(start + i, "NaN" if np.isnan(chunk[i]).any() else "Inf")
+
+
+def is_dask_array(X) -> bool:
+    """Whether ``X`` is a ``dask.array.Array`` (without importing dask)."""
+    return type(X).__module__.split(".")[0] == "dask" and hasattr(X, "chunks") and hasattr(X, "dask")
+
+
+def _where(X, row: int) -> str:
+    loc = getattr(X, "locate", None)
+    if loc is None:
+        return ""
+    shard, r = loc(row)
+    return f" (shard {shard}, row {r})"
+
+
+def nonfinite_error(X, err: NonFiniteRow, name: str = "X") -> ValueError:
+    """The user-facing error for a non-finite row, naming the shard for sources."""
+    return ValueError(f"{name} has a non-finite value ({err.what}) in row {err.row}{_where(X, err.row)}")
+
+
+class LocalEngine:
+    """Run passes chunk by chunk in this process.
+
+    Parameters
+    ----------
+    X : array-like (N, n)
+        Anything with ``.shape`` and row slicing ``X[s:e]``: a NumPy array, an
+        ``np.memmap``, an :class:`~widelimit.io.ActivationSource`.
+    rows : int, optional
+        Rows per chunk (default: a float64 chunk of :data:`CHUNK_BYTES`).
+    progress : callable, optional
+        Receives a :class:`Progress` after every chunk.
+    prefetch : bool, optional
+        Read the next chunk in a background thread (default: for sources that
+        are not in-memory arrays).
+    """
+
+    def __init__(self, X, rows: int | None = None, progress: ProgressFn | None = None, prefetch: bool | None = None):
+        self.X = X
+        self.N, self.n = int(X.shape[0]), int(X.shape[1])
+        self.rows = int(rows or chunk_rows(self.n))
+        self.progress = progress
+        self.passes = 0
+        self.stage = "pass"
+        self.prefetch = (not isinstance(X, np.ndarray)) if prefetch is None else bool(prefetch)
+
+    def _chunks(self):
+        N, rows, X = self.N, self.rows, self.X
+        starts = range(0, N, rows)
+
+        def load(s):
+            return np.asarray(X[s : min(N, s + rows)], dtype=np.float64)
+
+        if not self.prefetch or N <= rows:
+            for s in starts:
+                yield s, load(s)
+            return
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            nxt = pool.submit(load, 0)
+            for s in starts:
+                cur = nxt.result()
+                if s + rows < N:
+                    nxt = pool.submit(load, s + rows)
+                yield s, cur
+
+    def reduce(self, fn, merge, *args, extras=(), stage: str | None = None):
+        """``merge`` of ``fn(chunk, start, *args, *extra_blocks)`` over all row chunks (one pass).
+
+        ``extras`` are row-aligned arrays (weights ``(N,)``, codes ``(N, k)``,
+        dense or scipy.sparse, or ``None``) sliced like the chunk.
+        """
+        self.passes += 1
+        stage = stage or self.stage
+        acc = None
+        try:
+            for s, c in self._chunks():
+                e = s + c.shape[0]
+                blocks = [None if x is None else x[s:e] for x in extras]
+                part = fn(c, s, *args, *blocks)
+                acc = part if acc is None else merge(acc, part)
+                if self.progress is not None:
+                    self.progress(Progress(stage, self.passes, e, self.N, done=e == self.N))
+        except NonFiniteRow as err:
+            raise nonfinite_error(self.X, err) from None
+        return acc
+
+    def map_rows(self, fn, *args, stage: str | None = None) -> np.ndarray:
+        """Concatenate ``fn(chunk, start, *args)`` (1-D per-row results) over all chunks (one pass)."""
+        self.passes += 1
+        out = np.empty(self.N)
+        for s, c in self._chunks():
+            out[s : s + c.shape[0]] = fn(c, s, *args)
+        return out
+
+    def take(self, idx) -> np.ndarray:
+        """Rows ``idx`` (sorted or not) as float64 (random access; not counted as a pass)."""
+        return np.asarray(self.X[np.asarray(idx)], dtype=np.float64)
+
+
+def engine_for(X, progress: ProgressFn | None = None):
+    """The engine that runs passes over ``X``: a Dask engine for ``dask.array``, else local."""
+    if is_dask_array(X):
+        from .dask_backend import DaskEngine
+
+        return DaskEngine(X, progress=progress)
+    return LocalEngine(X, progress=progress)
+
+
+def data_fingerprint(X) -> list:
+    """What identifies ``X`` for a checkpoint: shard names/sizes/mtimes, a Dask name, or a content hash."""
+    if hasattr(X, "fingerprint"):
+        return ["source"] + X.fingerprint()
+    if is_dask_array(X):
+        return ["dask", X.name, list(X.shape)]
+    import hashlib
+
+    h = hashlib.sha1()
+    N = X.shape[0]
+    for idx in (slice(0, 64), slice(max(0, N - 64), N)):
+        h.update(np.ascontiguousarray(np.asarray(X[idx], dtype=np.float64)).tobytes())
+    return ["array", list(X.shape), str(X.dtype), h.hexdigest()]
+
+
+# --------------------------------------------------------------------------------------
+# checkpoints: O(n) state, written atomically after every completed pass
+# --------------------------------------------------------------------------------------
+
+
+def save_checkpoint(path, meta: dict, arrays: dict) -> None:
+    """Write ``meta`` (JSON-able) and small float arrays to ``path`` (.npz) atomically."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+                 **{k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path) -> tuple[dict, dict] | None:
+    """``(meta, arrays)`` from a checkpoint written by :func:`save_checkpoint`, or ``None`` if absent."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["__meta__"]).decode())
+            arrays = {k: z[k] for k in z.files if k != "__meta__"}
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{path}: not a readable widelimit checkpoint ({type(e).__name__})") from None
+    return meta, arrays
+
+
+__all__ += ["CHUNK_BYTES", "save_checkpoint", "load_checkpoint", "data_fingerprint", "raise_nonfinite",
+            "nonfinite_error"]
