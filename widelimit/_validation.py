@@ -176,7 +176,17 @@ def check_weights(weights, N: int) -> np.ndarray | None:
 
 
 def check_codes(Z, N: int, k: int, name: str = "Z", nonneg: bool = True):
-    """Validate codes ``(N, k)``: dense float64 array or scipy sparse (kept sparse, CSR)."""
+    """Validate codes ``(N, k)``: dense float64 array or scipy sparse (kept sparse, CSR).
+
+    A ``dask.array`` is checked for shape here and for sign and finiteness
+    block by block in the pass that reads it.
+    """
+    from .streaming import is_dask_array
+
+    if is_dask_array(Z):
+        if Z.ndim != 2 or tuple(Z.shape) != (N, k):
+            raise ValueError(f"{name} has shape {tuple(Z.shape)}, expected (N, k) = ({N}, {k}) from X and W")
+        return Z.astype(np.float64)
     Z = to_numpy(Z, name)
     if hasattr(Z, "tocsr") and not isinstance(Z, np.ndarray):
         Z = Z.tocsr().astype(np.float64)

@@ -31,8 +31,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ._validation import check_lam
-from .median import MedianResult, huber_median, huber_value
-from .objective import _check_triple, residual_chunks
+from .median import MedianResult, huber_median
+from .objective import _check_triple, huber_h, residual_block
+from .streaming import engine_for, raise_nonfinite
 
 __all__ = ["Certificate", "verify"]
 
@@ -96,26 +97,40 @@ class Certificate:
         return {k: (bool(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in asdict(self).items()}
 
 
-def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float) -> Certificate:
-    """Certificate of a validated triple; ``median`` supplies the global lower bound."""
+def _cert_chunk(c, s, W, b, lam, Zc):
+    """Sums the certificate needs from one block of rows: ``(sum ||e||^2, sum e, max ||e||^2, E^T Z, sum h(||x-b||))``."""
+    xt = c - b
+    hb = float(huber_h(np.sqrt(np.einsum("ij,ij->i", xt, xt)), lam).sum())
+    E = residual_block(c, b, Zc, W)
+    ee = np.einsum("ij,ij->i", E, E)
+    rec = float(ee.sum())
+    if not (np.isfinite(rec) and np.isfinite(hb)):
+        raise_nonfinite(c, s)
+    k = W.shape[0]
+    EtZ = np.zeros((k, c.shape[1]))
+    if k and isinstance(Zc, np.ndarray) and Zc.size and not (Zc.min() >= 0 and np.isfinite(Zc).all()):
+        i = int(np.flatnonzero(~((Zc >= 0) & np.isfinite(Zc)).all(axis=1))[0])
+        raise ValueError(f"Z must be finite and >= 0 (nonnegative codes); row {s + i} is not")
+    if k and isinstance(Zc, np.ndarray):
+        EtZ += Zc.T @ E
+    elif k:  # sparse codes: touch only the nonzeros, O(nnz n)
+        z = Zc.tocoo()
+        np.add.at(EtZ, z.col, z.data[:, None] * E[z.row])
+    return rec, E.sum(axis=0), float(ee.max()), EtZ, hb
+
+
+def _merge_cert(p, q):
+    return p[0] + q[0], p[1] + q[1], max(p[2], q[2]), p[3] + q[3], p[4] + q[4]
+
+
+def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float, progress=None) -> Certificate:
+    """Certificate of a validated triple (one pass over X); ``median`` supplies the global lower bound."""
     N, n = X.shape
     k = W.shape[0]
     norms = np.linalg.norm(W, axis=1)
-    Wu = np.divide(W, norms[:, None], out=np.zeros_like(W), where=norms[:, None] > 0)
-    rec = 0.0
-    esum = np.zeros(n)
-    emax = 0.0
-    EtZ = np.zeros((k, n))
-    for s, e, E in residual_chunks(X, W, Z, b):
-        ee = np.einsum("ij,ij->i", E, E)
-        rec += float(ee.sum())
-        esum += E.sum(axis=0)
-        emax = max(emax, float(ee.max()))
-        if k and isinstance(Z, np.ndarray):
-            EtZ += Z[s:e].T @ E
-        elif k:  # sparse codes: touch only the nonzeros, O(nnz n)
-            c = Z[s:e].tocoo()
-            np.add.at(EtZ, c.col, c.data[:, None] * E[c.row])
+    engine = engine_for(X, progress)
+    engine.stage = "certificate"
+    rec, esum, emax, EtZ, hsum = engine.reduce(_cert_chunk, _merge_cert, W, b, lam, extras=(Z,))
     # codes for unit atoms (reconstruction Z W = (Z * norms) Wu)
     colsum = np.asarray(Z.sum(axis=0), dtype=np.float64).ravel() * norms
     EtZu = EtZ * norms[:, None]
@@ -127,7 +142,7 @@ def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float)
     )
     lb = median.lower_bound
     gap = max(0.0, value - lb)
-    H_b = huber_value(X, b, lam)
+    H_b = hsum / N
     return Certificate(
         value=value,
         reconstruction=rec / N,
@@ -151,7 +166,8 @@ def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float)
     )
 
 
-def verify(X, lam, W, Z, b, *, tol: float = 1e-9, atol: float = 0.0, median: MedianResult | None = None) -> Certificate:
+def verify(X, lam, W, Z, b, *, tol: float = 1e-9, atol: float = 0.0, median: MedianResult | None = None,
+           progress=None, checkpoint=None) -> Certificate:
     r"""Certify any candidate dictionary, codes and bias against the global optimum.
 
     Parameters
@@ -173,6 +189,16 @@ def verify(X, lam, W, Z, b, *, tol: float = 1e-9, atol: float = 0.0, median: Med
         Absolute slack added to ``tol * value``.
     median : MedianResult, optional
         A Huber median of ``X`` at the same ``lam`` (reused instead of recomputed).
+    progress : callable, optional
+        Receives :class:`widelimit.streaming.Progress` events (median passes, then the certificate pass).
+    checkpoint : str or Path, optional
+        Checkpoint file of the Huber median (see :func:`widelimit.huber_median`).
+
+    ``X`` may be an :class:`~widelimit.io.ActivationSource` (streamed, memory
+    independent of N) or a ``dask.array`` (:mod:`widelimit.dask_backend`);
+    ``Z`` is then an in-memory dense or scipy.sparse array, or for Dask a
+    ``dask.array`` with the same row chunks as ``X``. Cost: the median's
+    passes plus one.
 
     Returns
     -------
@@ -181,7 +207,7 @@ def verify(X, lam, W, Z, b, *, tol: float = 1e-9, atol: float = 0.0, median: Med
     """
     X, W, Z, b, lam = _check_triple(X, W, Z, b, lam)
     if median is None:
-        median = huber_median(X, lam)
+        median = huber_median(X, lam, progress=progress, checkpoint=checkpoint)
     elif median.kind != "huber" or median.lam != check_lam(lam):
         raise ValueError("median must be a Huber median computed with the same lam")
-    return _certificate(X, W, Z, b, lam, median, float(tol), float(atol))
+    return _certificate(X, W, Z, b, lam, median, float(tol), float(atol), progress)

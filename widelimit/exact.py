@@ -167,7 +167,8 @@ def _narrowest_bias(X, med: MedianResult, lam, tol, signed) -> tuple[np.ndarray,
     return best
 
 
-def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bool = False) -> WideLimitSolution:
+def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bool = False,
+          progress=None, checkpoint=None) -> WideLimitSolution:
     r"""Solve the wide-limit sparse dictionary-learning problem exactly, with a certificate.
 
     Minimises ``mean_i ||z_i W + b - x_i||^2 + 2 lam ||z_i||_1`` over unit-norm
@@ -193,6 +194,15 @@ def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
         Signed codes (``z`` in R with penalty ``|z|``): atoms are lines, not
         rays, so antipodal rays share one atom. The lower bound is the same.
 
+    progress : callable, optional
+        Receives :class:`widelimit.streaming.Progress` events of the passes.
+    checkpoint : str or Path, optional
+        Checkpoint file of the Huber median (resumable; see :func:`widelimit.huber_median`).
+
+    ``X`` may be an :class:`~widelimit.io.ActivationSource`: it is streamed;
+    memory is O(N) scalars (each point's ray and code, which the solution
+    returns) plus a chunk, never O(N n).
+
     Returns
     -------
     WideLimitSolution
@@ -207,7 +217,7 @@ def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     X = check_data(X)
     lam = check_lam(lam)
     tol_dir = default_ray_tol(X.dtype) if ray_tol is None else float(ray_tol)
-    med = huber_median(X, lam, tol=min(1e-12, tol), xtol=1e-13)
+    med = huber_median(X, lam, tol=min(1e-12, tol), xtol=1e-13, progress=progress, checkpoint=checkpoint)
     b, groups = _narrowest_bias(X, med, lam, tol_dir, signed)
     Wd = groups.atoms(X)
     z = groups.code_values(X, Wd)
@@ -217,7 +227,7 @@ def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     if signed:
         cert = _signed_certificate(X, Wd, Zs, b, lam, med, tol)
     else:
-        cert = _certificate(X, Wd, Zs, b, lam, med, tol, 0.0)
+        cert = _certificate(X, Wd, Zs, b, lam, med, tol, 0.0, progress)
     excess = cert.value - cert.lower_bound_at_bias
     return WideLimitSolution(
         value=cert.value, bias=b, bias_segment=med.segment, dictionary=Wd, rays=groups.rays,

@@ -79,12 +79,6 @@ class ObjectiveValue:
         return float(self.value)
 
 
-def _matmul_rows(Z, s: int, e: int, W: np.ndarray) -> np.ndarray:
-    """``Z[s:e] @ W`` for dense or scipy-sparse ``Z``, as a dense float64 array."""
-    part = Z[s:e] @ W
-    return np.asarray(part, dtype=np.float64)
-
-
 def _check_triple(X, W, Z, b, lam, nonneg=True):
     X = check_data(X)
     N, n = X.shape
@@ -95,6 +89,14 @@ def _check_triple(X, W, Z, b, lam, nonneg=True):
     return X, W, Z, b, lam
 
 
+def residual_block(Xc, b, Zc, W) -> np.ndarray:
+    """``E = Xc - b - Zc W`` in float64 for one block of rows (``Zc`` dense or scipy.sparse)."""
+    E = np.asarray(Xc, dtype=np.float64) - b
+    if W.shape[0]:
+        E -= np.asarray(Zc @ W, dtype=np.float64)
+    return E
+
+
 def residual_chunks(X, W, Z, b):
     """Yield ``(start, stop, E)`` with ``E = X[s:e] - b - Z[s:e] W`` in float64, chunk by chunk."""
     N, n = X.shape
@@ -102,10 +104,7 @@ def residual_chunks(X, W, Z, b):
     rows = chunk_rows(max(n, W.shape[0]) if dense else n)
     for s in range(0, N, rows):
         e = min(N, s + rows)
-        E = np.asarray(X[s:e], dtype=np.float64) - b
-        if W.shape[0]:
-            E -= _matmul_rows(Z, s, e, W)
-        yield s, e, E
+        yield s, e, residual_block(X[s:e], b, Z[s:e], W)
 
 
 def sae_objective(X, W, Z, b, lam, *, signed: bool = False) -> ObjectiveValue:

@@ -141,6 +141,9 @@ def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> R
     for s in range(0, N, rows):
         D = np.asarray(X[s : s + rows], dtype=np.float64) - b
         r = np.sqrt(np.einsum("ij,ij->i", D, D))
+        if not np.isfinite(r).all():  # out-of-core data is checked as it is read
+            i = int(np.flatnonzero(~np.isfinite(r))[0])
+            raise ValueError(f"X has a non-finite value in row {s + i}")
         radii[s : s + rows] = r
         D /= np.where(r > 0, r, 1.0)[:, None]
         if signed:
