@@ -47,8 +47,9 @@ def _float_dtype(arr: np.ndarray, name: str) -> np.ndarray:
     return arr
 
 
-def chunk_rows(n_cols: int, budget: int = CHUNK_BYTES) -> int:
-    """Rows per chunk so that a float64 chunk of ``n_cols`` columns fits in ``budget`` bytes."""
+def chunk_rows(n_cols: int, budget: int | None = None) -> int:
+    """Rows per chunk so that a float64 chunk of ``n_cols`` columns fits in ``budget`` bytes (default :data:`CHUNK_BYTES`)."""
+    budget = CHUNK_BYTES if budget is None else budget
     return max(1, budget // (8 * max(1, n_cols)))
 
 

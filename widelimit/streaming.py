@@ -3,7 +3,7 @@ r"""Passes over the data as map-reduce: one engine for arrays, on-disk sources a
 Every algorithm that certifies (the medians, :func:`widelimit.verify`,
 ``certify_sae``) reads ``X`` only through *passes*: a pure per-chunk function
 ``fn(chunk, start, *args, *row_aligned_blocks) -> partial`` applied to
-consecutive row blocks (float64 copies, at most :data:`CHUNK_BYTES` each),
+consecutive row blocks (float64 copies, at most ``widelimit._validation.CHUNK_BYTES`` each),
 and an associative ``merge(partial, partial)``. The state between passes is
 O(n) (a bias, a gradient, a few sums), so
 
@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from ._validation import CHUNK_BYTES, chunk_rows
+from ._validation import chunk_rows
 
 __all__ = ["Progress", "LocalEngine", "engine_for", "NonFiniteRow", "is_dask_array"]
 
@@ -112,7 +112,7 @@ class LocalEngine:
         Anything with ``.shape`` and row slicing ``X[s:e]``: a NumPy array, an
         ``np.memmap``, an :class:`~widelimit.io.ActivationSource`.
     rows : int, optional
-        Rows per chunk (default: a float64 chunk of :data:`CHUNK_BYTES`).
+        Rows per chunk (default: a float64 chunk of ``_validation.CHUNK_BYTES``).
     progress : callable, optional
         Receives a :class:`Progress` after every chunk.
     prefetch : bool, optional
@@ -237,5 +237,5 @@ def load_checkpoint(path) -> tuple[dict, dict] | None:
     return meta, arrays
 
 
-__all__ += ["CHUNK_BYTES", "save_checkpoint", "load_checkpoint", "data_fingerprint", "raise_nonfinite",
+__all__ += ["save_checkpoint", "load_checkpoint", "data_fingerprint", "raise_nonfinite",
             "nonfinite_error"]

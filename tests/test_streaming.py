@@ -1,0 +1,270 @@
+"""Out-of-core sources and streaming: same numbers as in memory, bounded memory, faults, resume."""
+
+import json
+import struct
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import widelimit as wl
+from widelimit import _validation
+from widelimit.io import ActivationSource, DataError
+from widelimit.streaming import Progress
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+def _clustered(rng, N=6000, n=12, dtype=np.float32):
+    """Points on a few rays plus a dense core (so some points sit within lam of the median)."""
+    U = rng.standard_normal((5, n))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    lab = rng.integers(0, 5, N)
+    X = U[lab] * rng.uniform(0.0, 6.0, N)[:, None] + 0.05 * rng.standard_normal((N, n))
+    return (X + 1.0).astype(dtype)
+
+
+def _write_npy_shards(tmp_path, X, cuts, name="npy"):
+    d = tmp_path / name
+    d.mkdir()
+    edges = [0, *cuts, X.shape[0]]
+    for i, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+        np.save(d / f"part_{i}.npy", X[a:b])
+    return d
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """Chunks of 64 KiB, so the test data span many chunks and several shards per chunk."""
+    monkeypatch.setattr(_validation, "CHUNK_BYTES", 1 << 16)
+
+
+# --------------------------------------------------------------------------------------
+# sources
+# --------------------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(cuts=st.lists(st.integers(1, 199), max_size=5, unique=True), a=st.integers(0, 200), b=st.integers(0, 200),
+       idx=st.lists(st.integers(-200, 199), min_size=1, max_size=20))
+def test_source_rows_match_array_across_shard_boundaries(tmp_path_factory, cuts, a, b, idx):
+    X = np.arange(200 * 3, dtype=np.float32).reshape(200, 3)
+    d = _write_npy_shards(tmp_path_factory.mktemp("s"), X, sorted(cuts))
+    S = ActivationSource.open(d)
+    assert S.shape == (200, 3) and len(S) == 200 and S.dtype == np.float32
+    assert np.array_equal(S[a:b], X[a:b])
+    assert np.array_equal(S[np.array(idx)], X[np.array(idx)])
+    assert np.array_equal(S[idx[0]], X[idx[0]])
+    assert np.array_equal(S[a:b, 1], X[a:b, 1])
+
+
+def test_safetensors_shards_bf16_f16_and_natural_order(tmp_path, rng):
+    import torch
+    from safetensors.torch import save_file
+
+    X = rng.standard_normal((300, 5)).astype(np.float32)
+    d = tmp_path / "st"
+    d.mkdir()
+    t = torch.tensor(X).to(torch.bfloat16)
+    save_file({"acts": t[:100].contiguous(), "ids": torch.arange(100)}, d / "acts_2.safetensors")
+    save_file({"acts": t[100:].contiguous(), "ids": torch.arange(200)}, d / "acts_10.safetensors")
+    S = ActivationSource.open(d, key="acts")
+    assert [s.name.rsplit("/", 1)[-1] for s in S.shards] == ["acts_2.safetensors", "acts_10.safetensors"]
+    assert S.storage_dtypes == ["bf16"] and S.dtype == np.float32
+    assert np.array_equal(S[:], t.float().numpy())  # bf16 -> f32 is exact
+    save_file({"x": torch.tensor(X).half()}, tmp_path / "h.safetensors")
+    assert np.array_equal(ActivationSource.open(tmp_path / "h.safetensors")[:], X.astype(np.float16).astype(np.float32))
+    with pytest.raises(DataError, match="several tensors"):
+        ActivationSource.open(d)
+
+
+def test_datasets_arrow_cache_as_saelens_writes_it(tmp_path, rng):
+    datasets = pytest.importorskip("datasets")
+    X = rng.standard_normal((60 * 8, 6)).astype(np.float32)
+    hook = "blocks.3.hook_resid_pre"
+    feats = datasets.Features({hook: datasets.Array2D(shape=(8, 6), dtype="float32"),
+                               "token_ids": datasets.Sequence(datasets.Value("int32"), length=8)})
+    for i in range(2):  # SAELens' shard_0, shard_1 folders, each a save_to_disk dataset
+        part = X[i * 240 : (i + 1) * 240].reshape(30, 8, 6)
+        ds = datasets.Dataset.from_dict({hook: part, "token_ids": np.zeros((30, 8), np.int32)}, features=feats)
+        ds.save_to_disk(str(tmp_path / "cache" / f"shard_{i}"), num_shards=2)
+    S = ActivationSource.open(tmp_path / "cache")
+    assert S.shape == X.shape and len(S.shards) == 4
+    assert np.array_equal(S[:], X) and np.array_equal(S[5:413], X[5:413])
+    # one vector per row (Sequence(float)) and a single .arrow file
+    ds = datasets.Dataset.from_dict({"acts": X}, features=datasets.Features({"acts": datasets.Sequence(datasets.Value("float32"))}))
+    ds.save_to_disk(str(tmp_path / "flat"))
+    S2 = ActivationSource.open(tmp_path / "flat", column="acts")
+    assert np.array_equal(S2[100:200], X[100:200])
+    with pytest.raises(DataError, match="no column"):
+        ActivationSource.open(tmp_path / "flat", column="nope")
+
+
+def test_corrupted_and_truncated_shards_name_the_shard(tmp_path, rng):
+    X = rng.standard_normal((100, 4)).astype(np.float32)
+    d = _write_npy_shards(tmp_path, X, [40, 70])
+    bad = d / "part_1.npy"
+    bad.write_bytes(bad.read_bytes()[:-10])  # truncated
+    with pytest.raises(DataError, match=r"part_1\.npy: truncated"):
+        ActivationSource.open(d)
+    bad.write_bytes(b"\x93NUMPY garbage" + b"\0" * 200)  # corrupted header
+    with pytest.raises(DataError, match=r"part_1\.npy: corrupted"):
+        ActivationSource.open(d)
+    np.save(bad, X[:30, :3])  # wrong width
+    with pytest.raises(DataError, match=r"part_1\.npy: shard has 3 dims"):
+        ActivationSource.open(d)
+
+    from safetensors.numpy import save_file
+
+    p = tmp_path / "a.safetensors"
+    save_file({"x": X}, p)
+    raw = p.read_bytes()
+    p.write_bytes(raw[:-100])
+    with pytest.raises(DataError, match=r"a\.safetensors: truncated"):
+        ActivationSource.open(p)
+    p.write_bytes(struct.pack("<Q", 40) + b"{not json" + b" " * 31 + raw[48:])
+    with pytest.raises(DataError, match=r"a\.safetensors: corrupted"):
+        ActivationSource.open(p)
+    p.write_bytes(struct.pack("<Q", 10**12) + raw[8:])
+    with pytest.raises(DataError, match=r"a\.safetensors: corrupted or truncated"):
+        ActivationSource.open(p)
+
+
+def test_truncated_arrow_shard_names_it(tmp_path, rng):
+    datasets = pytest.importorskip("datasets")
+    X = rng.standard_normal((200, 4)).astype(np.float32)
+    ds = datasets.Dataset.from_dict({"acts": X}, features=datasets.Features({"acts": datasets.Sequence(datasets.Value("float32"))}))
+    ds.save_to_disk(str(tmp_path / "c"), num_shards=2)
+    f = tmp_path / "c" / "data-00001-of-00002.arrow"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(DataError, match=r"data-00001-of-00002\.arrow"):
+        ActivationSource.open(tmp_path / "c")
+
+
+def test_nonfinite_row_is_reported_with_its_shard(tmp_path, rng):
+    X = _clustered(rng, N=3000, n=6)
+    X[2345, 2] = np.nan
+    S = ActivationSource.open(_write_npy_shards(tmp_path, X, [1000, 2000]))
+    # shape checks only, without reading
+    assert _validation.check_data(S) is S
+    with pytest.raises(ValueError, match=r"row 2345 \(shard .*part_2\.npy, row 345\)"):
+        _validation.check_data(S, finite=True)
+    with pytest.raises(ValueError, match=r"NaN\) in row 2345 \(shard .*part_2\.npy"):
+        wl.huber_median(S, 1.0)
+    with pytest.raises(ValueError, match="row 2345"):
+        wl.geometric_median(S)
+
+
+# --------------------------------------------------------------------------------------
+# streaming == in memory
+# --------------------------------------------------------------------------------------
+
+
+def test_streaming_equals_in_memory(tmp_path, rng):
+    X = _clustered(rng)
+    lam = 1.5
+    S = ActivationSource.open(_write_npy_shards(tmp_path, X, [1234, 1235, 4000]))
+    for f in (lambda A: wl.huber_median(A, lam), lambda A: wl.geometric_median(A)):
+        a, b = f(X), f(S)
+        assert _rel(b.point, a.point) <= 1e-10 and _rel(b.value, a.value) <= 1e-10
+        assert _rel(b.lower_bound, a.lower_bound) <= 1e-10 and b.n_passes == a.n_passes
+    sa, sb = wl.solve(X, lam), wl.solve(S, lam)
+    assert sb.width == sa.width and np.array_equal(sb.rays, sa.rays)
+    assert _rel(sb.value, sa.value) <= 1e-10 and _rel(sb.dictionary, sa.dictionary) <= 1e-10
+    ca, cb = wl.verify(X, lam, sa.dictionary, sa.sparse_codes, sa.bias), wl.verify(S, lam, sa.dictionary, sa.sparse_codes, sa.bias)
+    for k in ("value", "lower_bound", "lower_bound_at_bias", "gap", "bias_stationarity", "dual_min", "max_residual_norm"):
+        assert abs(getattr(cb, k) - getattr(ca, k)) <= 1e-10 * max(abs(getattr(ca, k)), abs(ca.value)), k
+    assert cb.certified == ca.certified
+    # an independent check of the streamed Huber value: closed form on the whole array
+    r = np.linalg.norm(X.astype(np.float64) - sb.bias, axis=1)
+    assert _rel(sb.median.value, np.mean(wl.huber_h(r, lam))) <= 1e-12
+
+
+def test_bf16_source_equals_in_memory_rounded(tmp_path, rng):
+    import torch
+    from safetensors.torch import save_file
+
+    X = _clustered(rng, N=2000, n=8)
+    t = torch.tensor(X).to(torch.bfloat16)
+    save_file({"acts": t}, tmp_path / "a.safetensors")
+    S = ActivationSource.open(tmp_path / "a.safetensors")
+    a, b = wl.huber_median(t.float().numpy(), 1.0), wl.huber_median(S, 1.0)
+    assert _rel(b.point, a.point) <= 1e-10 and _rel(b.value, a.value) <= 1e-10
+
+
+def test_memory_is_bounded_independently_of_N(tmp_path, rng):
+    """Peak allocation of a streamed median does not grow with N (a chunk budget, not O(N n))."""
+    n = 16
+    peaks = {}
+    for N in (20_000, 80_000):
+        X = _clustered(rng, N=N, n=n)
+        S = ActivationSource.open(_write_npy_shards(tmp_path, X, [N // 3], name=f"m{N}"))
+        del X
+        tracemalloc.start()
+        res = wl.huber_median(S, 1.5, hess_rows=512)
+        peaks[N] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert res.converged
+    full = 80_000 * n * 8
+    assert peaks[80_000] < full / 6, peaks  # far below one float64 copy of X
+    assert peaks[80_000] < 1.5 * peaks[20_000] + (1 << 18), peaks  # flat in N
+
+
+# --------------------------------------------------------------------------------------
+# progress and checkpoint / resume
+# --------------------------------------------------------------------------------------
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_progress_events_and_resume_after_interruption(tmp_path, rng):
+    X = _clustered(rng, N=8000, n=10)
+    S = ActivationSource.open(_write_npy_shards(tmp_path, X, [3000]))
+    lam = 1.0
+    events = []
+    ref = wl.huber_median(S, lam, progress=events.append)
+    assert all(isinstance(e, Progress) for e in events)
+    ends = [e for e in events if e.done and e.value is not None]
+    assert ends and all(e.lower_bound <= e.value for e in ends)
+    assert max(e.pass_index for e in events) == ref.n_passes
+    assert any(not e.done and 0 < e.rows_done < e.rows_total for e in events)  # chunk-level events
+
+    ck = tmp_path / "median.ckpt.npz"
+
+    def interrupt_at(k):
+        def cb(ev):
+            if ev.pass_index >= k and ev.rows_done > ev.rows_total // 2:
+                raise _Stop
+        return cb
+
+    with pytest.raises(_Stop):
+        wl.huber_median(S, lam, checkpoint=ck, progress=interrupt_at(ref.n_passes - 1))
+    assert ck.exists()
+    seen = []
+    res = wl.huber_median(S, lam, checkpoint=ck, progress=seen.append)
+    assert np.array_equal(res.point, ref.point) and res.value == ref.value and res.lower_bound == ref.lower_bound
+    assert res.n_passes == ref.n_passes  # total, counting the passes made before the interruption
+    assert max(e.pass_index for e in seen) < ref.n_passes  # only the lost pass(es) were redone
+    again = wl.huber_median(S, lam, checkpoint=ck)  # a finished run resumes to its result at once
+    assert np.array_equal(again.point, ref.point) and again.n_passes == ref.n_passes
+    with pytest.raises(ValueError, match="different problem"):
+        wl.huber_median(S, 2 * lam, checkpoint=ck)
+    meta = json.loads(bytes(np.load(ck)["__meta__"]).decode())
+    assert meta["problem"]["kind"] == "huber" and len(np.load(ck)["b"]) == 10  # O(n) state
+
+
+def test_solve_and_verify_forward_checkpoint_and_progress(tmp_path, rng):
+    X = _clustered(rng, N=3000, n=5)
+    S = ActivationSource.from_array(X)
+    ev = []
+    sol = wl.solve(S, 1.0, checkpoint=tmp_path / "c.npz", progress=ev.append)
+    assert (tmp_path / "c.npz").exists() and {e.stage for e in ev} >= {"mean", "newton", "certificate"}
+    cert = wl.verify(S, 1.0, sol.dictionary, sol.sparse_codes, sol.bias, median=sol.median)
+    assert cert.certified and _rel(cert.value, sol.value) <= 1e-12
