@@ -268,3 +268,20 @@ def test_solve_and_verify_forward_checkpoint_and_progress(tmp_path, rng):
     assert (tmp_path / "c.npz").exists() and {e.stage for e in ev} >= {"mean", "newton", "certificate"}
     cert = wl.verify(S, 1.0, sol.dictionary, sol.sparse_codes, sol.bias, median=sol.median)
     assert cert.certified and _rel(cert.value, sol.value) <= 1e-12
+
+
+def test_cli_bound_streams_a_folder_and_resumes(tmp_path, rng, capsys):
+    from widelimit.cli import main
+
+    X = _clustered(rng, N=4000, n=6)
+    d = _write_npy_shards(tmp_path, X, [1500])
+    ck = tmp_path / "ck.npz"
+    assert main(["bound", str(d), "--lam", "1.5", "--json", "--no-progress", "--checkpoint", str(ck)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ref = wl.huber_median(X, 1.5)
+    assert _rel(out["lower_bound"], ref.lower_bound) <= 1e-10 and _rel(out["bias"], ref.point) <= 1e-10
+    assert out["n_passes"] == ref.n_passes and out["converged"] and ck.exists()
+    assert main(["bound", str(d), "--lam", "1.5"]) == 0  # table with a progress bar on stderr
+    assert "certified" in capsys.readouterr().out
+    assert main(["bound", str(tmp_path / "missing"), "--lam", "1"]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -5,6 +5,8 @@ The main entry points:
 - :func:`solve` -- the narrowest globally optimal (W, Z, b), with a certificate;
 - :func:`verify` -- certify any candidate (W, Z, b) against the global optimum;
 - :func:`huber_median`, :func:`geometric_median` -- certified optimal biases;
+- :class:`ActivationSource` -- activations on disk (``.npy`` / ``.safetensors`` shards, a
+  ``datasets`` Arrow cache), streamed by every solver; ``dask.array`` input runs on a cluster;
 - :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form.
 """
 
@@ -21,11 +23,13 @@ from .objective import (
     unconstrained_objective,
 )
 from .rays import RayGroups, group_rays
+from .io import ActivationSource
 from . import datasets
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ActivationSource",
     "Certificate",
     "MedianResult",
     "ObjectiveValue",
