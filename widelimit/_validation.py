@@ -12,8 +12,11 @@ from typing import Iterator
 
 import numpy as np
 
-#: Bytes of float64 working memory one chunk of rows may use.
-CHUNK_BYTES = 1 << 25  # 32 MiB
+#: Bytes of float64 working memory one chunk of rows may use. Small enough that a chunk
+#: and its temporaries stay in the CPU cache (each pass makes several sweeps over a
+#: chunk; at 32 MiB they all went to RAM and a pass ran ~3.5x slower), large enough
+#: that per-chunk overhead is negligible.
+CHUNK_BYTES = 1 << 21  # 2 MiB
 
 
 def to_numpy(a, name: str = "array") -> np.ndarray:

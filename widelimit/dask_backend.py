@@ -37,10 +37,13 @@ import numpy as np
 
 from .streaming import NonFiniteRow, Progress, is_dask_array, nonfinite_error
 
-__all__ = ["DaskEngine", "from_source", "PERSIST"]
+__all__ = ["DaskEngine", "from_source", "PERSIST", "BLOCK_BYTES"]
 
 #: Default persistence policy of :class:`DaskEngine`: ``"auto"``, ``True`` or ``False``.
 PERSIST = "auto"
+
+#: Default float64 bytes per Dask block made by :func:`from_source` (one task per block and pass).
+BLOCK_BYTES = 1 << 26  # 64 MiB
 
 _BIG_ARG = 1 << 20  # arguments above this many bytes become one shared graph key
 
@@ -52,8 +55,8 @@ def from_source(source, rows: int | None = None):
     ----------
     source : ActivationSource or array-like (N, n)
     rows : int, optional
-        Rows per block (default: a float64 block of ``CHUNK_BYTES`` bytes, the
-        same budget as single-process streaming, rounded to divide shards evenly when possible).
+        Rows per block (default: :data:`BLOCK_BYTES` of float64 per block; a
+        task reduces its block in cache-sized chunks, as the single-process engine does).
 
     Returns
     -------
@@ -69,7 +72,7 @@ def from_source(source, rows: int | None = None):
     from .streaming import data_fingerprint
 
     N, n = int(source.shape[0]), int(source.shape[1])
-    rows = int(rows or chunk_rows(n))
+    rows = int(rows or chunk_rows(n, BLOCK_BYTES))
     name = "widelimit-source-" + tokenize(data_fingerprint(source), rows)
     return da.from_array(source, chunks=(rows, n), asarray=True, lock=False, name=name,
                          meta=np.empty((0, n), dtype=source.dtype))
@@ -84,8 +87,17 @@ def _client():
         return None
 
 
-def _apply(fn, block, start, args, *extras):
-    return fn(np.asarray(block, dtype=np.float64), start, *args, *extras)
+def _apply(fn, merge, block, start, args, *extras):
+    """One block, reduced on the worker in cache-sized chunks by the single-process engine."""
+    from .streaming import LocalEngine
+
+    return LocalEngine(block, offset=start, prefetch=False).reduce(fn, merge, *args, extras=extras)
+
+
+def _apply_rows(fn, block, start, args):
+    from .streaming import LocalEngine
+
+    return LocalEngine(block, offset=start, prefetch=False).map_rows(fn, *args)
 
 
 class DaskEngine:
@@ -160,7 +172,7 @@ class DaskEngine:
         ex = [self._extra_blocks(x) for x in extras]
         app = dask.delayed(_apply, pure=True)
         mrg = dask.delayed(merge, pure=True)
-        parts = [app(fn, blk, int(s), args, *[e[j] for e in ex])
+        parts = [app(fn, merge, blk, int(s), args, *[e[j] for e in ex])
                  for j, (blk, s) in enumerate(zip(self._blocks(), self.offsets[:-1]))]
         while len(parts) > 1:  # binary tree of merges: O(log blocks) depth, O(n) per message
             parts = [mrg(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
@@ -174,7 +186,7 @@ class DaskEngine:
         import dask
 
         self.passes += 1
-        app = dask.delayed(_apply, pure=True)
+        app = dask.delayed(_apply_rows, pure=True)
         args = self._shared(args)
         parts = [app(fn, blk, int(s), args) for blk, s in zip(self._blocks(), self.offsets[:-1])]
         return np.concatenate(self._compute(parts))

@@ -118,10 +118,14 @@ class LocalEngine:
     prefetch : bool, optional
         Read the next chunk in a background thread (default: for sources that
         are not in-memory arrays).
+    offset : int
+        Global index of ``X``'s first row (when ``X`` is one block of a larger matrix).
     """
 
-    def __init__(self, X, rows: int | None = None, progress: ProgressFn | None = None, prefetch: bool | None = None):
+    def __init__(self, X, rows: int | None = None, progress: ProgressFn | None = None, prefetch: bool | None = None,
+                 offset: int = 0):
         self.X = X
+        self.offset = int(offset)
         self.N, self.n = int(X.shape[0]), int(X.shape[1])
         self.rows = int(rows or chunk_rows(self.n))
         self.progress = progress
@@ -161,11 +165,13 @@ class LocalEngine:
             for s, c in self._chunks():
                 e = s + c.shape[0]
                 blocks = [None if x is None else x[s:e] for x in extras]
-                part = fn(c, s, *args, *blocks)
+                part = fn(c, self.offset + s, *args, *blocks)
                 acc = part if acc is None else merge(acc, part)
                 if self.progress is not None:
                     self.progress(Progress(stage, self.passes, e, self.N, done=e == self.N))
         except NonFiniteRow as err:
+            if self.offset:  # one block of a larger matrix: the caller knows where the row lives
+                raise
             raise nonfinite_error(self.X, err) from None
         return acc
 
@@ -174,7 +180,7 @@ class LocalEngine:
         self.passes += 1
         out = np.empty(self.N)
         for s, c in self._chunks():
-            out[s : s + c.shape[0]] = fn(c, s, *args)
+            out[s : s + c.shape[0]] = fn(c, self.offset + s, *args)
         return out
 
     def take(self, idx) -> np.ndarray:
