@@ -188,7 +188,7 @@ def _pass(X, w, b, lam, kind, eps_r, engine=None):
 
 def _mean_chunk(c, s, w):
     """Weighted column sums and the largest |entry| of a block (also the finiteness check of the data)."""
-    tot = c.sum(0) if w is None else w @ c
+    tot = c.sum(0, dtype=np.float64) if w is None else w @ c
     if not np.isfinite(tot).all() and not np.isfinite(c).all():
         raise_nonfinite(c, s)
     return tot, float(np.abs(c).max())

@@ -3,7 +3,9 @@ r"""Passes over the data as map-reduce: one engine for arrays, on-disk sources a
 Every algorithm that certifies (the medians, :func:`widelimit.verify`,
 ``certify_sae``) reads ``X`` only through *passes*: a pure per-chunk function
 ``fn(chunk, start, *args, *row_aligned_blocks) -> partial`` applied to
-consecutive row blocks (float64 copies, at most ``widelimit._validation.CHUNK_BYTES`` each),
+consecutive row blocks (float32 or float64 as stored, at most ``widelimit._validation.CHUNK_BYTES``
+of float64 each; the functions accumulate in float64: ``chunk - b`` with a float64 ``b``
+is float64 and exact, sums take ``dtype=np.float64``),
 and an associative ``merge(partial, partial)``. The state between passes is
 O(n) (a bias, a gradient, a few sums), so
 
@@ -138,7 +140,8 @@ class LocalEngine:
         starts = range(0, N, rows)
 
         def load(s):
-            return np.asarray(X[s : min(N, s + rows)], dtype=np.float64)
+            c = np.asarray(X[s : min(N, s + rows)])
+            return c if c.dtype in (np.float32, np.float64) else c.astype(np.float64)
 
         if not self.prefetch or N <= rows:
             for s in starts:
