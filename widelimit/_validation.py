@@ -77,6 +77,24 @@ def first_nonfinite_row(X: np.ndarray) -> int | None:
     return None
 
 
+def is_out_of_core(X) -> bool:
+    """Whether ``X`` is read by row slices rather than converted to an array.
+
+    True for :class:`~widelimit.io.ActivationSource`, ``dask.array`` and any other 2-D
+    array-like with ``shape``, ``dtype`` and slicing that is not a NumPy array, a torch
+    tensor or a scipy.sparse matrix (h5py / zarr arrays, row-wise wrappers).
+    """
+    from .streaming import is_dask_array
+
+    if isinstance(X, np.ndarray) or hasattr(X, "detach") or hasattr(X, "toarray"):
+        return False
+    if is_dask_array(X):
+        return True
+    shape = getattr(X, "shape", None)
+    return (shape is not None and len(shape) == 2 and hasattr(X, "dtype") and hasattr(X, "__getitem__")
+            and not isinstance(X, (list, tuple)))
+
+
 def _finite_chunk(c, s):
     from .streaming import raise_nonfinite
 
@@ -118,9 +136,7 @@ def check_data(X, name: str = "X", *, finite: bool | None = None):
     names the first bad row (and its shard); ``finite=True`` checks it now,
     chunk by chunk. In-memory arrays are checked at once.
     """
-    from .streaming import is_dask_array
-
-    if is_dask_array(X) or (hasattr(X, "shards") and hasattr(X, "locate")):
+    if is_out_of_core(X):
         return _check_out_of_core(X, name, finite)
     arr = to_numpy(X, name)
     if hasattr(arr, "toarray") and not isinstance(arr, np.ndarray):
