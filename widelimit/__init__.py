@@ -5,7 +5,9 @@ The main entry points:
 - :func:`solve` -- the narrowest globally optimal (W, Z, b), with a certificate;
 - :func:`verify` -- certify any candidate (W, Z, b) against the global optimum;
 - :func:`huber_median`, :func:`geometric_median` -- certified optimal biases;
-- :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form.
+- :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form;
+- :func:`load_sae`, :func:`certify_sae` -- load a trained SAE (SAELens, dictionary_learning, sparsify)
+  and measure how far it is from the global optimum of its own objective.
 """
 
 from .certificate import Certificate, verify
@@ -21,6 +23,8 @@ from .objective import (
     unconstrained_objective,
 )
 from .rays import RayGroups, group_rays
+from .sae import SAE, load_sae
+from .sae_certify import SAECertificate, certify_sae
 
 __version__ = "0.1.0"
 
@@ -29,13 +33,17 @@ __all__ = [
     "MedianResult",
     "ObjectiveValue",
     "RayGroups",
+    "SAE",
+    "SAECertificate",
     "WideLimitSolution",
     "balance",
+    "certify_sae",
     "geometric_median",
     "group_rays",
     "huber_h",
     "huber_median",
     "huber_value",
+    "load_sae",
     "optimal_dictionary",
     "q_objective",
     "sae_objective",

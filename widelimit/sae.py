@@ -79,6 +79,7 @@ __all__ = [
     "save_dictionary_learning",
     "save_sparsify",
     "save_plain",
+    "orthogonal_rays_sae",
 ]
 
 #: Architectures the toolkit can encode with.
@@ -370,6 +371,53 @@ class SAE:
                 "rescale_acts_by_decoder_norm": bool(self.rescale_acts_by_decoder_norm),
                 "source_format": self.source_format, "path": self.path, "dtype": self.dtype,
                 "l1_coefficient": self.l1_coefficient, "warnings": list(self.warnings)}
+
+
+def orthogonal_rays_sae(lam: float, *, n_pairs: int = 4, dim: int = 12, points_per_ray: int = 15,
+                        radius=(1.0, 5.0), architecture: str = "standard", n_core: int = 0, seed: int = 0):
+    r"""Data with a known globally optimal SAE (any width), for tests and sanity checks.
+
+    Rays ``±q_j`` (``q_j`` orthonormal, ``j < n_pairs``) from a random centre
+    ``c``, the same radii ``t > lam`` on both rays of a pair, plus ``n_core``
+    points at ``c`` itself. Then ``b* = c`` (the clipped residuals cancel in
+    pairs) and the tied SAE ``W_dec = [Q; -Q]``, ``W_enc = W_dec^T``, encoder
+    bias ``-lam`` reconstructs ``x = c + t q`` as ``c + (t - lam) q``: residual
+    ``lam q``, objective ``h_lam(t)`` per point, which is the wide-limit lower
+    bound of theory.md §3. So this SAE attains the global optimum exactly, for
+    the architectures ``standard``, ``jumprelu`` (threshold 0), ``topk``
+    (``k = 1``) and ``gated`` (``b_gate = b_mag = -lam``, ``r_mag = 0``).
+
+    Returns
+    -------
+    X : ndarray (2 * n_pairs * points_per_ray + n_core, dim)
+    sae : SAE
+    """
+    if 2 * n_pairs > 2 * dim or n_pairs > dim:
+        raise ValueError(f"need n_pairs <= dim, got n_pairs={n_pairs}, dim={dim}")
+    if radius[0] <= lam:
+        raise ValueError(f"radii must exceed lam so every ray point is coded (radius[0]={radius[0]}, lam={lam})")
+    rng = np.random.default_rng(seed)
+    Q = np.linalg.qr(rng.standard_normal((dim, n_pairs)))[0].T
+    U = np.vstack([Q, -Q])
+    c = rng.standard_normal(dim)
+    t = rng.uniform(radius[0], radius[1], (n_pairs, points_per_ray))
+    t = np.vstack([t, t])
+    X = (c + t[:, :, None] * U[:, None, :]).reshape(-1, dim)
+    if n_core:
+        X = np.vstack([X, np.tile(c, (n_core, 1))])
+    k = U.shape[0]
+    kw = {"W_dec": U, "b_dec": c, "W_enc": U.T.copy(), "architecture": architecture, "dtype": "float64"}
+    if architecture == "standard":
+        kw["b_enc"] = np.full(k, -lam)
+    elif architecture == "jumprelu":
+        kw.update(b_enc=np.full(k, -lam), threshold=np.zeros(k))
+    elif architecture == "topk":
+        kw.update(b_enc=np.full(k, -lam), k=1)
+    elif architecture == "gated":
+        kw.update(b_gate=np.full(k, -lam), b_mag=np.full(k, -lam), r_mag=np.zeros(k))
+    else:
+        raise ValueError(f"architecture must be standard, jumprelu, topk or gated, got {architecture!r}")
+    return X, SAE(**kw)
 
 
 # --------------------------------------------------------------------------------------
