@@ -4,11 +4,13 @@ The main entry points:
 
 - :func:`solve` -- the narrowest globally optimal (W, Z, b), with a certificate;
 - :func:`verify` -- certify any candidate (W, Z, b) against the global optimum;
+- :func:`optimal_codes` -- certified optimal nonnegative codes for a fixed dictionary and bias;
 - :func:`huber_median`, :func:`geometric_median` -- certified optimal biases;
 - :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form.
 """
 
 from .certificate import Certificate, verify
+from .coding import CodingResult, optimal_codes
 from .exact import WideLimitSolution, solve
 from .median import MedianResult, geometric_median, huber_median, huber_value
 from .objective import (
@@ -27,6 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Certificate",
+    "CodingResult",
     "MedianResult",
     "ObjectiveValue",
     "RayGroups",
@@ -37,6 +40,7 @@ __all__ = [
     "huber_h",
     "huber_median",
     "huber_value",
+    "optimal_codes",
     "optimal_dictionary",
     "q_objective",
     "sae_objective",
