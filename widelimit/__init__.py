@@ -4,6 +4,7 @@ The main entry points:
 
 - :func:`solve` -- the narrowest globally optimal (W, Z, b), with a certificate;
 - :func:`verify` -- certify any candidate (W, Z, b) against the global optimum;
+- :func:`optimal_codes` -- certified optimal nonnegative codes for a fixed dictionary and bias;
 - :func:`huber_median`, :func:`geometric_median` -- certified optimal biases;
 - :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form;
 - :func:`load_sae`, :func:`certify_sae` -- load a trained SAE (SAELens, dictionary_learning, sparsify)
@@ -11,6 +12,7 @@ The main entry points:
 """
 
 from .certificate import Certificate, verify
+from .coding import CodingResult, optimal_codes
 from .exact import WideLimitSolution, solve
 from .median import MedianResult, geometric_median, huber_median, huber_value
 from .objective import (
@@ -25,11 +27,13 @@ from .objective import (
 from .rays import RayGroups, group_rays
 from .sae import SAE, load_sae
 from .sae_certify import SAECertificate, certify_sae
+from . import datasets
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Certificate",
+    "CodingResult",
     "MedianResult",
     "ObjectiveValue",
     "RayGroups",
@@ -44,6 +48,7 @@ __all__ = [
     "huber_median",
     "huber_value",
     "load_sae",
+    "optimal_codes",
     "optimal_dictionary",
     "q_objective",
     "sae_objective",
