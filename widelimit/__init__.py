@@ -4,13 +4,17 @@ The main entry points:
 
 - :func:`solve` -- the narrowest globally optimal (W, Z, b), with a certificate;
 - :func:`verify` -- certify any candidate (W, Z, b) against the global optimum;
+- :func:`optimal_codes` -- certified optimal nonnegative codes for a fixed dictionary and bias;
 - :func:`huber_median`, :func:`geometric_median` -- certified optimal biases;
 - :class:`ActivationSource` -- activations on disk (``.npy`` / ``.safetensors`` shards, a
   ``datasets`` Arrow cache), streamed by every solver; ``dask.array`` input runs on a cluster;
-- :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form.
+- :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form;
+- :func:`load_sae`, :func:`certify_sae` -- load a trained SAE (SAELens, dictionary_learning, sparsify)
+  and measure how far it is from the global optimum of its own objective.
 """
 
 from .certificate import Certificate, verify
+from .coding import CodingResult, optimal_codes
 from .exact import WideLimitSolution, solve
 from .median import MedianResult, geometric_median, huber_median, huber_value
 from .objective import (
@@ -24,6 +28,8 @@ from .objective import (
 )
 from .rays import RayGroups, group_rays
 from .io import ActivationSource
+from .sae import SAE, load_sae
+from .sae_certify import SAECertificate, certify_sae
 from . import datasets
 
 __version__ = "0.1.0"
@@ -31,16 +37,22 @@ __version__ = "0.1.0"
 __all__ = [
     "ActivationSource",
     "Certificate",
+    "CodingResult",
     "MedianResult",
     "ObjectiveValue",
     "RayGroups",
+    "SAE",
+    "SAECertificate",
     "WideLimitSolution",
     "balance",
+    "certify_sae",
     "geometric_median",
     "group_rays",
     "huber_h",
     "huber_median",
     "huber_value",
+    "load_sae",
+    "optimal_codes",
     "optimal_dictionary",
     "q_objective",
     "sae_objective",
