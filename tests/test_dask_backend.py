@@ -105,3 +105,14 @@ def test_nonfinite_row_on_a_worker_names_the_row(client, data):
     Y[777, 3] = np.inf
     with pytest.raises(ValueError, match=r"\(Inf\) in row 777"):
         wl.huber_median(da.from_array(Y, chunks=(2500, 5)), 1.0)
+
+
+def test_certify_sae_on_cluster(client):
+    from widelimit.sae import orthogonal_rays_sae
+
+    X, sae = orthogonal_rays_sae(0.5, n_pairs=3, dim=8, points_per_ray=60, n_core=20, seed=2)
+    a = wl.certify_sae(sae, X, lam=0.5, batch_size=128)
+    b = wl.certify_sae(sae, da.from_array(X, chunks=(100, -1)), lam=0.5, batch_size=128)
+    for k in ("sae_objective", "lower_bound", "lower_bound_at_bias", "global_gap", "bias_stationarity"):
+        assert abs(getattr(b, k) - getattr(a, k)) <= 1e-10 * max(1.0, abs(a.sae_objective)), k
+    assert b.certified_optimal == a.certified_optimal

@@ -285,3 +285,18 @@ def test_cli_bound_streams_a_folder_and_resumes(tmp_path, rng, capsys):
     assert "certified" in capsys.readouterr().out
     assert main(["bound", str(tmp_path / "missing"), "--lam", "1"]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_certify_sae_streams_a_source(tmp_path):
+    from widelimit.sae import orthogonal_rays_sae
+
+    X, sae = orthogonal_rays_sae(0.5, n_pairs=3, dim=8, points_per_ray=60, n_core=20, seed=2)
+    X = X.astype(np.float32)
+    S = ActivationSource.open(_write_npy_shards(tmp_path, X, [150, 151]))
+    a = wl.certify_sae(sae, X, lam=0.5, batch_size=128)
+    b = wl.certify_sae(sae, S, lam=0.5, batch_size=128)
+    for k in ("sae_objective", "lower_bound", "lower_bound_at_bias", "global_gap", "bias_stationarity",
+              "max_residual_norm"):
+        assert abs(getattr(b, k) - getattr(a, k)) <= 1e-10 * max(1.0, abs(a.sae_objective)), k
+    assert b.certified_optimal == a.certified_optimal
+    assert _rel(b.optimal_bias, a.optimal_bias) <= 1e-10

@@ -74,8 +74,13 @@ def from_source(source, rows: int | None = None):
     N, n = int(source.shape[0]), int(source.shape[1])
     rows = int(rows or chunk_rows(n, BLOCK_BYTES))
     name = "widelimit-source-" + tokenize(data_fingerprint(source), rows)
+    _SOURCES[name] = source
     return da.from_array(source, chunks=(rows, n), asarray=True, lock=False, name=name,
                          meta=np.empty((0, n), dtype=source.dtype))
+
+
+#: dask array name -> the source it reads (random row access without a pass over the blocks)
+_SOURCES: dict = {}
 
 
 def _client():
@@ -119,6 +124,7 @@ class DaskEngine:
             raise ValueError("DaskEngine needs a dask.array")
         if len(X.chunks[1]) > 1:
             X = X.rechunk({1: -1})
+        self.source = _SOURCES.get(X.name)
         self.N, self.n = int(X.shape[0]), int(X.shape[1])
         self.progress = progress
         self.passes = 0
@@ -192,6 +198,16 @@ class DaskEngine:
         return np.concatenate(self._compute(parts))
 
     def take(self, idx) -> np.ndarray:
-        """Rows ``idx`` as float64 (gathered on the client; not a pass)."""
+        """Rows ``idx`` as float64 (gathered on the client; not a pass).
+
+        Data persisted on the workers are gathered from them; an array made by
+        :func:`from_source` and not persisted is read from its source directly
+        (a random subsample would otherwise load every block it touches).
+        """
         idx = np.asarray(idx, dtype=np.int64)
+        if self.source is not None and not self.persisted:
+            try:
+                return np.asarray(self.source[idx], dtype=np.float64)
+            except OSError:  # the client cannot see the files: let the workers read them
+                pass
         return np.asarray(self._compute(self.X[idx]), dtype=np.float64)
