@@ -67,6 +67,8 @@ def test_verify_on_cluster_with_dask_codes(client, tmp_path):
     sol = wl.solve(X, lam)
     assert sol.width == 6
     D = from_source(ActivationSource.open(tmp_path / "x.npy"), rows=2000)
+    sd = wl.solve(D, lam)  # the per-point output is gathered on the client
+    assert sd.width == 6 and abs(sd.value - sol.value) <= 1e-10 * sol.value and sd.certified
     ref = wl.verify(X, lam, sol.dictionary, sol.codes, sol.bias, median=sol.median)
     Zd = da.from_array(sol.codes, chunks=(3000, -1))  # different row chunks: aligned by the engine
     for Z in (Zd, sol.sparse_codes):

@@ -128,10 +128,6 @@ class _Shard(abc.ABC):
     n: int
     kind: str  # "f16", "bf16", "f32", "f64"
 
-    @property
-    def out_dtype(self) -> np.dtype:
-        return np.dtype(np.float64) if self.kind == "f64" else np.dtype(np.float32)
-
     @abc.abstractmethod
     def read(self, s: int, e: int) -> np.ndarray:
         """Rows ``s:e`` of this shard as float32 (float64 for float64 storage)."""

@@ -54,6 +54,7 @@ from .streaming import (
     load_checkpoint,
     raise_nonfinite,
     save_checkpoint,
+    scratch,
 )
 
 __all__ = ["MedianResult", "huber_median", "geometric_median", "huber_value"]
@@ -138,7 +139,7 @@ class _Pass:
 def _pass_chunk(c, s, b, lam, kind, eps_r, w):
     """What one iteration and the certificate need at ``b``, from rows ``s:s+len(c)`` (float64 ``c``)."""
     n = c.shape[1]
-    xt = c - b
+    xt = np.subtract(c, b, out=scratch(c.shape))
     r = np.sqrt(np.einsum("ij,ij->i", xt, xt))
     ww = 1.0 if w is None else w
     j = int(np.argmin(r))
@@ -191,7 +192,7 @@ def _mean_chunk(c, s, w):
     tot = c.sum(0, dtype=np.float64) if w is None else w @ c
     if not np.isfinite(tot).all() and not np.isfinite(c).all():
         raise_nonfinite(c, s)
-    return tot, float(np.abs(c).max())
+    return tot, float(max(c.max(), -c.min()))  # max |c_ij| without a chunk-sized temporary
 
 
 def _merge_mean(p, q):
