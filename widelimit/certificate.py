@@ -33,7 +33,7 @@ import numpy as np
 from ._validation import check_lam
 from .median import MedianResult, huber_median
 from .objective import _check_triple, huber_h, residual_block
-from .streaming import engine_for, raise_nonfinite
+from .streaming import engine_for, raise_nonfinite, scratch
 
 __all__ = ["Certificate", "verify"]
 
@@ -99,9 +99,9 @@ class Certificate:
 
 def _cert_chunk(c, s, W, b, lam, Zc):
     """Sums the certificate needs from one block of rows: ``(sum ||e||^2, sum e, max ||e||^2, E^T Z, sum h(||x-b||))``."""
-    xt = c - b
+    xt = np.subtract(c, b, out=scratch(c.shape, "a"))
     hb = float(huber_h(np.sqrt(np.einsum("ij,ij->i", xt, xt)), lam).sum())
-    E = residual_block(c, b, Zc, W)
+    E = residual_block(c, b, Zc, W, out=scratch(c.shape, "b"))
     ee = np.einsum("ij,ij->i", E, E)
     rec = float(ee.sum())
     if not (np.isfinite(rec) and np.isfinite(hb)):

@@ -89,9 +89,12 @@ def _check_triple(X, W, Z, b, lam, nonneg=True):
     return X, W, Z, b, lam
 
 
-def residual_block(Xc, b, Zc, W) -> np.ndarray:
-    """``E = Xc - b - Zc W`` in float64 for one block of rows (``Zc`` dense or scipy.sparse)."""
-    E = np.asarray(Xc, dtype=np.float64) - b
+def residual_block(Xc, b, Zc, W, out=None) -> np.ndarray:
+    """``E = Xc - b - Zc W`` in float64 for one block of rows (``Zc`` dense or scipy.sparse).
+
+    ``out``: an optional float64 array of ``Xc``'s shape to write ``E`` into.
+    """
+    E = np.subtract(Xc, b, out=out, dtype=np.float64)
     if W.shape[0]:
         E -= np.asarray(Zc @ W, dtype=np.float64)
     return E
