@@ -123,9 +123,10 @@ def _timed_median(X, lam):
         if ev.done and (not marks or marks[-1][0] != ev.pass_index):
             marks.append((ev.pass_index, ev.stage, time.perf_counter() - t0))
 
+    c0 = time.process_time()
     res = wl.huber_median(X, lam, progress=cb)
     total = time.perf_counter() - t0
-    return res, total, marks
+    return res, total, marks, time.process_time() - c0
 
 
 def stage_stream(d: Path, lam: float) -> dict:
@@ -133,10 +134,10 @@ def stage_stream(d: Path, lam: float) -> dict:
 
     S = ActivationSource.open(d)
     _evict(d)
-    res, total, marks = _timed_median(S, lam)
+    res, total, marks, cpu = _timed_median(S, lam)
     times = np.diff([0.0] + [m[2] for m in marks])
     return {
-        "seconds": total, "n_passes": res.n_passes, "n_iter": res.n_iter, "converged": bool(res.converged),
+        "seconds": total, "cpu_seconds": cpu, "n_passes": res.n_passes, "n_iter": res.n_iter, "converged": bool(res.converged),
         "rel_gap": res.rel_gap, "lower_bound": res.lower_bound, "value": res.value, "bias": res.point.tolist(),
         "pass_seconds": times.tolist(), "pass_stages": [m[1] for m in marks],
         "first_pass_seconds": float(times[0]), "median_pass_seconds": float(np.median(times)),
@@ -156,11 +157,15 @@ def stage_dask(d: Path, lam: float, workers: int) -> dict:
         X = wdb.from_source(ActivationSource.open(d))
         client.run(lambda: None)
         _evict(d)
-        res, total, marks = _timed_median(X, lam)
+        wcpu0 = client.run(time.process_time)
+        res, total, marks, cpu = _timed_median(X, lam)
+        wcpu1 = client.run(time.process_time)
         rss = client.run(_maxrss_mb)
     times = np.diff([0.0] + [m[2] for m in marks])
     return {
-        "seconds": total, "n_passes": res.n_passes, "converged": bool(res.converged), "rel_gap": res.rel_gap,
+        "seconds": total, "client_cpu_seconds": cpu,
+        "worker_cpu_seconds": sum(wcpu1[k] - wcpu0[k] for k in wcpu1 if k in wcpu0),
+        "n_passes": res.n_passes, "converged": bool(res.converged), "rel_gap": res.rel_gap,
         "lower_bound": res.lower_bound, "value": res.value, "bias": res.point.tolist(),
         "pass_seconds": times.tolist(), "median_pass_seconds": float(np.median(times)),
         "min_pass_seconds": float(times.min()), "workers": workers, "blocks": len(X.chunks[0]),
@@ -233,6 +238,7 @@ def main() -> None:
         "pass_over_warm_read": stream["median_pass_seconds"] / warm,
         "first_pass_over_cold_read": stream["first_pass_seconds"] / cold,
         "dask_over_single_time": dask["seconds"] / stream["seconds"],
+        "dask_over_single_cpu": (dask["worker_cpu_seconds"] + dask["client_cpu_seconds"]) / stream["cpu_seconds"],
         "dask_vs_single_bias_rel": float(np.abs(b1 - b2).max() / max(np.abs(b1).max(), 1e-300)),
         "dask_vs_single_value_rel": abs(dask["value"] - stream["value"]) / abs(stream["value"]),
         "command": "PYTHONPATH=. python3 benchmarks/streaming.py " + " ".join(sys.argv[1:]),
@@ -249,11 +255,13 @@ def main() -> None:
         "|---|---|",
         f"| plain sequential read, cold / warm page cache | {cold:.1f} s ({result['read_cold_GBps']:.2f} GB/s) / {warm:.1f} s ({result['read_warm_GBps']:.2f} GB/s) |",
         f"| single process: passes, total | {s['n_passes']} passes, {s['seconds']:.1f} s (converged: {s['converged']}, rel gap {s['rel_gap']:.1e}) |",
+        f"| single process: throughput (data bytes per pass time, median pass) | {result['GB'] / s['median_pass_seconds']:.2f} GB/s |",
         f"| single process: median pass / warm read | {s['median_pass_seconds']:.2f} s / {warm:.2f} s = **{result['pass_over_warm_read']:.2f}x** |",
         f"| single process: first (cold) pass / cold read | {s['first_pass_seconds']:.2f} s / {cold:.2f} s = **{result['first_pass_over_cold_read']:.2f}x** |",
         f"| single process: peak RSS | **{s['peak_rss_MB']:.0f} MB** |",
         f"| Dask LocalCluster ({k['workers']} workers, {k['blocks']} blocks): total, median pass | {k['seconds']:.1f} s, {k['median_pass_seconds']:.2f} s |",
         f"| Dask / single-process time | **{result['dask_over_single_time']:.2f}x** |",
+        f"| CPU seconds: single process / Dask workers + client | {s['cpu_seconds']:.0f} / {k['worker_cpu_seconds']:.0f} + {k['client_cpu_seconds']:.0f} (ratio {result['dask_over_single_cpu']:.2f}) |",
         f"| Dask peak RSS: workers / client | {', '.join(f'{v:.0f}' for v in k['worker_peak_rss_MB'])} MB / {k['client_peak_rss_MB']:.0f} MB |",
         f"| Dask vs single process: bias, value (relative) | {result['dask_vs_single_bias_rel']:.1e}, {result['dask_vs_single_value_rel']:.1e} |",
         "",

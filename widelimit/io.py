@@ -175,7 +175,7 @@ class _FileShard(_Shard):
     def read(self, s: int, e: int) -> np.ndarray:
         row_bytes = self.n * self.raw_dtype.itemsize
         nbytes = (e - s) * row_bytes
-        buf = bytearray(nbytes)
+        buf = np.empty(nbytes, dtype=np.uint8)  # not zero-filled, unlike bytearray
         view = memoryview(buf)
         got, pos = 0, self.offset + s * row_bytes
         try:
@@ -187,7 +187,7 @@ class _FileShard(_Shard):
                 got += k
         except OSError as err:
             raise DataError(f"{self.path}: could not read shard ({err.strerror or err})") from None
-        raw = np.frombuffer(buf, dtype=self.raw_dtype).reshape(e - s, self.n)
+        raw = buf.view(self.raw_dtype).reshape(e - s, self.n)
         return _widen(raw, self.kind)
 
     def fingerprint(self) -> list:
