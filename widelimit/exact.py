@@ -44,7 +44,7 @@ class WideLimitSolution:
     bias_segment : ndarray (2, n)
         Endpoints of the set of optimal biases (equal rows when unique).
     dictionary : ndarray (k, n)
-        Unit-norm atoms, one per ray.
+        Unit-norm atoms, one per ray (float32 for float32 data, else float64).
     rays : ndarray (N,) of int
         Atom used by each point, ``-1`` for points within ``lam`` of ``b*``.
     code_values : ndarray (N,)
@@ -209,7 +209,9 @@ def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     tol_dir = default_ray_tol(X.dtype) if ray_tol is None else float(ray_tol)
     med = huber_median(X, lam, tol=min(1e-12, tol), xtol=1e-13)
     b, groups = _narrowest_bias(X, med, lam, tol_dir, signed)
-    Wd = groups.atoms(X)
+    # atoms keep float32 for float32 data (as scikit-learn estimators do): the certificate
+    # below evaluates the returned float32 atoms in float64, so it stays rigorous
+    Wd = groups.atoms(X, dtype=np.float32 if X.dtype == np.float32 else np.float64)
     z = groups.code_values(X, Wd)
     N = X.shape[0]
     on = np.flatnonzero(groups.rays >= 0)
