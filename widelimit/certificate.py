@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
 from ._validation import check_lam, chunk_rows, row_norms
 from .median import MedianResult, huber_median
@@ -141,7 +142,8 @@ def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float)
         comp_single += float(np.sum(c_val[one] * (1.0 - ee[c_row[one]] / (lam * lam))))
         m = ~one
         if m.any():
-            np.add.at(EtZ, slot[c_col[m]], c_val[m][:, None] * E[c_row[m]])
+            S = sp.csr_array((c_val[m], (slot[c_col[m]], c_row[m])), shape=(multi.size, e - s))
+            EtZ += S @ E
     pen = 2.0 * lam * float(colsum.sum())
     value = (rec + pen) / N
     if sparse:

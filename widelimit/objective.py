@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg
+import scipy.sparse as sp
 
 from ._validation import (
     check_codes,
@@ -89,9 +90,9 @@ def _matmul_rows(Z, s: int, e: int, W: np.ndarray) -> np.ndarray:
     if isinstance(Z, np.ndarray):
         return Z[s:e] @ np.asarray(W, dtype=np.float64)
     c = Z[s:e].tocoo()
-    out = np.zeros((e - s, W.shape[1]))
-    np.add.at(out, c.row, c.data[:, None] * np.asarray(W[c.col], dtype=np.float64))
-    return out
+    cols, inv = np.unique(c.col, return_inverse=True)
+    S = sp.csr_array((c.data, (c.row, inv)), shape=(e - s, cols.size))
+    return np.asarray(S @ np.asarray(W[cols], dtype=np.float64))
 
 
 def _check_triple(X, W, Z, b, lam, nonneg=True):

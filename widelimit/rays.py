@@ -132,12 +132,16 @@ def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> R
     RayGroups
     """
     X = check_data(X)
-    N, n = X.shape
-    b = check_vector(b, n, "b")
-    lam = check_lam(lam)
+    b = check_vector(b, X.shape[1], "b")
     tol = default_ray_tol(X.dtype) if tol is None else float(tol)
     if not (tol >= 0 and np.isfinite(tol)):
         raise ValueError(f"ray_tol must be a finite number >= 0, got {tol!r}")
+    return _group_rays(X, b, check_lam(lam), tol, signed, seed)
+
+
+def _group_rays(X, b, lam, tol, signed, seed) -> RayGroups:
+    """:func:`group_rays` on validated input."""
+    N, n = X.shape
     rng = np.random.default_rng(seed)
     p = min(n, 8)
     V = np.linalg.qr(rng.standard_normal((n, p)))[0]  # p orthonormal random directions
