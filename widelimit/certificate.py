@@ -29,10 +29,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
-from ._validation import check_lam
+from ._validation import check_lam, row_norms
 from .median import MedianResult, huber_median
-from .objective import _check_triple, huber_h, residual_block
+from .objective import _check_triple, _matmul_rows, huber_h
 from .streaming import engine_for, raise_nonfinite, scratch
 
 __all__ = ["Certificate", "verify"]
@@ -97,59 +98,91 @@ class Certificate:
         return {k: (bool(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in asdict(self).items()}
 
 
-def _cert_chunk(c, s, W, b, lam, Zc):
-    """Sums the certificate needs from one block of rows: ``(sum ||e||^2, sum e, max ||e||^2, E^T Z, sum h(||x-b||))``."""
-    xt = np.subtract(c, b, out=scratch(c.shape, "a"))
-    hb = float(huber_h(np.sqrt(np.einsum("ij,ij->i", xt, xt)), lam).sum())
-    E = residual_block(c, b, Zc, W, out=scratch(c.shape, "b"))
+def _cert_chunk(c, s, W, b, lam, norms, count, slot, n_multi, Zc):
+    """The certificate's sums over one block of rows (a pure function of the block).
+
+    Returns ``(sum ||e||^2, sum e, max ||e||^2, EtZ, sum h(||x - b||), comp_single)`` where, for
+    sparse codes, ``EtZ`` holds ``E^T Z_d`` (unit atoms) only for atoms used by two or more
+    points (``slot``) and ``comp_single`` settles atoms used by one point: ``z (1 - ||e||^2 / lam^2)``;
+    for dense codes ``EtZ = E^T Z`` (k x n).
+    """
+    k, n = W.shape
+    D = np.subtract(c, b, out=scratch(c.shape, "a"))
+    hub = float(huber_h(np.sqrt(np.einsum("ij,ij->i", D, D)), lam).sum())
+    E = np.subtract(D, _matmul_rows(Zc, 0, c.shape[0], W), out=scratch(c.shape, "b")) if k else D
     ee = np.einsum("ij,ij->i", E, E)
     rec = float(ee.sum())
-    if not (np.isfinite(rec) and np.isfinite(hb)):
+    if not (np.isfinite(rec) and np.isfinite(hub)):
         raise_nonfinite(c, s)
-    k = W.shape[0]
-    EtZ = np.zeros((k, c.shape[1]))
-    if k and isinstance(Zc, np.ndarray) and Zc.size and not (Zc.min() >= 0 and np.isfinite(Zc).all()):
-        i = int(np.flatnonzero(~((Zc >= 0) & np.isfinite(Zc)).all(axis=1))[0])
-        raise ValueError(f"Z must be finite and >= 0 (nonnegative codes); row {s + i} is not")
-    if k and isinstance(Zc, np.ndarray):
-        EtZ += Zc.T @ E
-    elif k:  # sparse codes: touch only the nonzeros, O(nnz n)
-        z = Zc.tocoo()
-        np.add.at(EtZ, z.col, z.data[:, None] * E[z.row])
-    return rec, E.sum(axis=0), float(ee.max()), EtZ, hb
+    esum, emax = E.sum(axis=0), float(ee.max())
+    if not k:
+        return rec, esum, emax, np.zeros((0, n)), hub, 0.0
+    if isinstance(Zc, np.ndarray):
+        if Zc.size and not (Zc.min() >= 0 and np.isfinite(Zc).all()):  # dask blocks arrive unchecked
+            i = int(np.flatnonzero(~((Zc >= 0) & np.isfinite(Zc)).all(axis=1))[0])
+            raise ValueError(f"Z must be finite and >= 0 (nonnegative codes); row {s + i} is not")
+        return rec, esum, emax, Zc.T @ E, hub, 0.0
+    z = Zc.tocoo()
+    c_row, c_col, c_val = z.row, z.col, z.data * norms[z.col]
+    one = count[c_col] == 1
+    comp_single = float(np.sum(c_val[one] * (1.0 - ee[c_row[one]] / (lam * lam))))
+    EtZ = np.zeros((n_multi, n))
+    m = ~one
+    if m.any():
+        S = sp.csr_array((c_val[m], (slot[c_col[m]], c_row[m])), shape=(n_multi, c.shape[0]))
+        EtZ += S @ E
+    return rec, esum, emax, EtZ, hub, comp_single
 
 
 def _merge_cert(p, q):
-    return p[0] + q[0], p[1] + q[1], max(p[2], q[2]), p[3] + q[3], p[4] + q[4]
+    return p[0] + q[0], p[1] + q[1], max(p[2], q[2]), p[3] + q[3], p[4] + q[4], p[5] + q[5]
 
 
 def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float, progress=None) -> Certificate:
-    """Certificate of a validated triple (one pass over X); ``median`` supplies the global lower bound."""
+    """Certificate of a validated triple (one pass over X); ``median`` supplies the global bound.
+
+    The pass is one reduction of :func:`_cert_chunk` (in-process for arrays and sources, on the
+    workers for Dask). Memory: O(chunk) plus, for sparse codes, ``n`` floats per atom used by two
+    or more points (atoms used by one point are settled point by point), plus ``k x n`` for dense codes.
+    """
     N, n = X.shape
     k = W.shape[0]
-    norms = np.linalg.norm(W, axis=1)
+    norms = row_norms(W)
+    sparse = hasattr(Z, "tocoo")
+    colsum = np.asarray(Z.sum(axis=0), dtype=np.float64).ravel() * norms  # ||Z_d||_1 for unit atoms
+    if sparse:
+        count = np.bincount(Z.indices, minlength=k) if k else np.zeros(0, dtype=np.int64)
+        multi = np.flatnonzero(count > 1)
+        slot = np.full(k, -1, dtype=np.int64)
+        slot[multi] = np.arange(multi.size)
+    else:
+        count = slot = multi = None
     engine = engine_for(X, progress)
     engine.stage = "certificate"
-    rec, esum, emax, EtZ, hsum = engine.reduce(_cert_chunk, _merge_cert, W, b, lam, extras=(Z,))
-    # codes for unit atoms (reconstruction Z W = (Z * norms) Wu)
-    colsum = np.asarray(Z.sum(axis=0), dtype=np.float64).ravel() * norms
-    EtZu = EtZ * norms[:, None]
+    rec, esum, emax, EtZ, hub, comp_single = engine.reduce(
+        _cert_chunk, _merge_cert, W, b, lam, norms, count, slot, 0 if multi is None else multi.size, extras=(Z,))
     pen = 2.0 * lam * float(colsum.sum())
     value = (rec + pen) / N
-    live = colsum > 0
-    comp = (lam / N) * float(
-        np.sum(colsum[live] - np.einsum("ij,ij->i", EtZu[live], EtZu[live]) / (lam * lam * colsum[live]))
-    )
+    if sparse:
+        cs = colsum[multi]
+        live = cs > 0
+        comp_multi = float(np.sum(cs[live] - np.einsum("ij,ij->i", EtZ[live], EtZ[live]) / (lam * lam * cs[live])))
+        comp = (lam / N) * (comp_single + comp_multi)
+    else:
+        EtZ *= norms[:, None]
+        live = colsum > 0
+        comp = (lam / N) * float(
+            np.sum(colsum[live] - np.einsum("ij,ij->i", EtZ[live], EtZ[live]) / (lam * lam * colsum[live]))
+        )
     lb = median.lower_bound
     gap = max(0.0, value - lb)
-    H_b = hsum / N
     return Certificate(
         value=value,
         reconstruction=rec / N,
         penalty=pen / N,
         lower_bound=lb,
         lower_bound_error=median.gap,
-        lower_bound_at_bias=H_b,
+        lower_bound_at_bias=hub / N,
         gap=gap,
         rel_gap=gap / max(abs(value), 1e-300),
         bias_stationarity=float(np.linalg.norm(esum / N)),
@@ -161,7 +194,7 @@ def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float,
         atol=atol,
         n_points=N,
         dim=n,
-        width=int(np.count_nonzero(live)) if k else 0,
+        width=int(np.count_nonzero(colsum > 0)),
         lam=lam,
     )
 

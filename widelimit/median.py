@@ -345,12 +345,9 @@ def _collinear(engine, rng_idx, tol_abs):
 _CKPT_VERSION = 1
 
 
-def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed, progress=None, checkpoint=None):
-    X = check_data(X)
+def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None, checkpoint=None):
+    """Solve a median problem on validated data ``X`` with validated weights ``w`` (or None)."""
     N, n = X.shape
-    if kind == "huber":
-        lam = check_lam(lam)
-    w = check_weights(weights, N)
     W = float(N) if w is None else float(w.sum())
     dtype_eps = float(np.finfo(X.dtype).eps)
     rng = np.random.default_rng(seed)
@@ -571,7 +568,9 @@ def huber_median(X, lam, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, h
         ``n_passes`` counts passes over the data (including those made before
         a resume).
     """
-    return _solve(X, lam, weights, "huber", tol, xtol, max_iter, hess_rows, seed, progress, checkpoint)
+    X = check_data(X)
+    return _solve(X, check_lam(lam), check_weights(weights, X.shape[0]), "huber", tol, xtol, max_iter, hess_rows,
+                  seed, progress, checkpoint)
 
 
 def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, hess_rows=4096, seed=0,
@@ -583,7 +582,9 @@ def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, he
     solved exactly and an optimal *segment* is returned when the weights split
     evenly (e.g. two points). See :func:`huber_median` for the parameters.
     """
-    return _solve(X, None, weights, "geometric", tol, xtol, max_iter, hess_rows, seed, progress, checkpoint)
+    X = check_data(X)
+    return _solve(X, None, check_weights(weights, X.shape[0]), "geometric", tol, xtol, max_iter, hess_rows, seed,
+                  progress, checkpoint)
 
 
 def huber_value(X, b, lam, weights=None) -> float:
