@@ -58,7 +58,8 @@ class Progress:
         After an iteration of a median: the objective at the current point and
         the best certified lower bound so far (``None`` in chunk events).
     done : bool
-        ``True`` for the event that closes a pass.
+        ``True`` for the engine's event that closes a pass, and for the solver's
+        event after each iteration (which carries ``value`` and ``lower_bound``).
     """
 
     stage: str
