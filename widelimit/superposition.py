@@ -41,6 +41,7 @@ Rescaling: ``Ltilde(c W) = 2 c^{2m} A - c^{4m} B`` is maximised at
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -67,6 +68,7 @@ __all__ = [
     "linear_optimum",
     "ltilde",
     "ltilde_from_gram_sums",
+    "ltilde_exact_torch",
     "ltilde_mc",
     "optimal_scale",
     "scaled_frame",
@@ -215,6 +217,7 @@ def check_W(W, name: str = "W") -> np.ndarray:
 # --------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
 def _x_moments_cumulants(p: float, m: int, law: Law) -> tuple[np.ndarray, np.ndarray]:
     """Moments ``E x^k`` and cumulants ``kappa_k`` of ``x = b xi`` for ``k = 0..2m``."""
     K = 2 * m
@@ -509,7 +512,7 @@ def unsuperposed_optimum(p: float, d: int, m: int = 3, xi="rademacher", n: int |
     return k * p * law.moment(m + 1) ** 2 / law.moment(2 * m)
 
 
-def sparse_limit_ceiling(d: int, m: int = 3, xi="rademacher") -> float:
+def sparse_limit_ceiling(d: int, m: int = 3, xi="rademacher", n: int | None = None) -> float:
     r"""``lim_{p -> 0} sup_W Ltilde(W) / p <= (mu_{m+1}^2 / mu_{2m}) C(d + m - 1, m)``.
 
     As ``p -> 0`` only one-active-feature terms survive: ``A/p -> mu_{m+1} sum_i M_ii^m``
@@ -517,10 +520,12 @@ def sparse_limit_ceiling(d: int, m: int = 3, xi="rademacher") -> float:
     and ``T = sum u_i u_i^T``, the best rescaling gives
     ``(mu_{m+1}^2/mu_{2m}) (tr T)^2 / ||T||_F^2 <= (mu_{m+1}^2/mu_{2m}) rank T``,
     ``rank T <= C(d+m-1, m)`` -- the ``O(p d^m)`` upper bound with constant ``1/m!``,
-    attained by unit frames meeting the order-``m`` Welch bound.
+    attained by unit frames meeting the order-``m`` Welch bound. With ``n`` features also
+    ``rank T <= n``, so the ceiling is ``(mu_{m+1}^2/mu_{2m}) min(n, C(d+m-1, m))``.
     """
     m, law = check_m(m), get_law(xi)
-    return law.moment(m + 1) ** 2 / law.moment(2 * m) * math.comb(d + m - 1, m)
+    k = math.comb(d + m - 1, m) if n is None else min(n, math.comb(d + m - 1, m))
+    return law.moment(m + 1) ** 2 / law.moment(2 * m) * k
 
 
 def bound_orders(p, d, m: int = 3) -> dict:
@@ -677,6 +682,7 @@ def train(
     device="auto",
     W0=None,
     log_every: int = 50,
+    polish: bool = True,
     callback: Callable | None = None,
 ) -> TrainResult:
     r"""Gradient ascent (Adam) on ``Ltilde`` from random starts; returns the best restart.
@@ -690,6 +696,8 @@ def train(
     restarts, steps, lr : Adam restarts, steps per restart, learning rate (cosine-decayed to lr/20).
     init_scale : initial ``W`` entries are ``N(0, init_scale^2 / d)`` (columns of norm ~ init_scale).
     W0 : optional starting weights ``(d, n)`` for the first restart.
+    polish : after Adam, run L-BFGS (strong Wolfe) on the exact objective to converge to the
+        nearby stationary point (``objective="exact"`` only).
     callback : called as ``callback(restart, step, value)`` every ``log_every`` steps.
 
     The objective is divided by ``n p mu_2`` (= ``E||x||^2``) for a scale-free learning
@@ -741,6 +749,24 @@ def train(
                 hist.append(v)
                 if callback is not None:
                     callback(rs, step, v)
+        if polish and objective == "exact":
+            lbfgs = torch.optim.LBFGS([Wt], lr=1.0, max_iter=150, tolerance_grad=1e-12, tolerance_change=1e-16,
+                                      history_size=50, line_search_fn="strong_wolfe")
+
+            def closure():
+                lbfgs.zero_grad()
+                loss = -ltilde_exact_torch(Wt, p, m, law)[0] / norm
+                loss.backward()
+                return loss
+
+            before = Wt.detach().clone()
+            with torch.no_grad():
+                start = float(ltilde_exact_torch(Wt, p, m, law)[0])
+            lbfgs.step(closure)
+            with torch.no_grad():
+                after = float(ltilde_exact_torch(Wt, p, m, law)[0])
+                if not math.isfinite(after) or after < start:  # keep Adam's point if L-BFGS failed
+                    Wt.copy_(before)
         Wn = Wt.detach().cpu().double().numpy()
         if not np.isfinite(Wn).all():
             values.append(float("nan"))
@@ -760,5 +786,5 @@ def train(
         feature_stats(Wb, m, law),
         unsuperposed_optimum(p, d, m, law, n=n),
         {"d": d, "n": n, "p": p, "m": m, "law": law.name, "objective": objective, "restarts": restarts,
-         "steps": steps, "lr": lr, "seed": seed},
+         "steps": steps, "lr": lr, "seed": seed, "polish": polish},
     )
