@@ -45,19 +45,18 @@ def run_linear(out_dir=None, quick: bool = False) -> dict:
     ds = [2, 4] if quick else [2, 4, 8]
     ns_all = [4, 16] if quick else [2, 4, 8, 16, 32, 64, 128]
     laws = ["rademacher", "gaussian"] if quick else ["rademacher", "gaussian", "uniform", "laplace"]
-    ps = [0.1] if quick else [0.05, 0.5]
-    steps = 150 if quick else 600
-    restarts = 1 if quick else 2
+    combos = [(law, 0.1) for law in laws] + ([] if quick else [("rademacher", 0.5), ("gaussian", 0.01)])
+    steps = 150 if quick else 400
+    restarts = 1
     rows = []
-    for law in laws:
-        for p in ps:
-            for d in ds:
-                for n in [n for n in ns_all if n >= d]:
-                    res = sp.train(d, n, p, 1, law, restarts=restarts, steps=steps, lr=0.05, seed=d * 1000 + n)
-                    frame = sp.scaled_frame(fr.random_frame(d, n, seed=n).vectors, p, 1, law)
-                    opt = sp.linear_optimum(p, d, law, n=n)
-                    rows.append({"law": law, "p": p, "d": d, "n": n, "trained": res.value, "optimum": opt,
-                                 "random_frame": frame.value, "rel_err": abs(res.value - opt) / opt})
+    for law, p in combos:
+        for d in ds:
+            for n in [n for n in ns_all if n >= d]:
+                res = sp.train(d, n, p, 1, law, restarts=restarts, steps=steps, lr=0.05, seed=d * 1000 + n)
+                frame = sp.scaled_frame(fr.random_frame(d, n, seed=n).vectors, p, 1, law)
+                opt = sp.linear_optimum(p, d, law, n=n)
+                rows.append({"law": law, "p": p, "d": d, "n": n, "trained": res.value, "optimum": opt,
+                             "random_frame": frame.value, "rel_err": abs(res.value - opt) / opt})
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     ax = axes[0]
@@ -193,10 +192,10 @@ def run_p_sweep(out_dir=None, quick: bool = False) -> dict:
 def run_gd(out_dir=None, quick: bool = False) -> dict:
     """m = 3, Rademacher, d = 5, n = 20: Adam restarts across p vs unsuperposed and the p->0 ceiling."""
     m, law = 3, "rademacher"
-    d, n = (4, 12) if quick else (5, 20)
+    d, n = (3, 8) if quick else (5, 20)
     ps = [0.1, 0.01] if quick else [0.3, 0.1, 0.03, 0.01, 0.003, 0.001]
-    restarts = 2 if quick else 6
-    steps = 150 if quick else 1500
+    restarts = 1 if quick else 5
+    steps = 100 if quick else 1000
     rows = []
     best_W = {}
     for p in ps:
