@@ -58,6 +58,7 @@ __all__ = [
     "Rescaling",
     "FeatureStats",
     "TrainResult",
+    "best_scaled_value",
     "bound_orders",
     "check_m",
     "check_p",
@@ -65,6 +66,7 @@ __all__ = [
     "feature_stats",
     "finite_field_optimum",
     "get_law",
+    "gram_power_sums",
     "linear_optimum",
     "ltilde",
     "ltilde_from_gram_sums",
@@ -294,24 +296,36 @@ class LtildeValue:
         return {k: getattr(self, k) for k in ("value", "A", "B", "loss", "stderr", "method", "n_samples", "m", "p", "law")}
 
 
-def _exact_AB_numpy(W: np.ndarray, p: float, m: int, law: Law, rows: int | None = None) -> tuple[float, float]:
+def gram_power_sums(W, m: int, rows: int | None = None) -> tuple[np.ndarray, dict]:
+    """Per-feature Gram data of ``M = W^T W``: ``diag = M_ii`` and ``{k: sum_{j != i} M_ij^k}`` for even ``k <= 2m``.
+
+    This is all the exact formula needs, and it does not depend on ``p`` or the law:
+    compute it once and evaluate many ``(p, law)`` pairs with :func:`ltilde_from_gram_sums`.
+    Rows of ``M`` are formed in chunks (``O(n)`` memory per row, ``O(n^2 (d + m))`` time).
+    """
+    W = check_W(W)
+    m = check_m(m)
     d, n = W.shape
     rows = rows or max(1, (1 << 22) // max(1, n))
-    A = B = 0.0
+    diag = np.empty(n)
+    P = {k: np.empty(n) for k in range(2, 2 * m + 1, 2)}
     for s in range(0, n, rows):
-        Mc = W[:, s : s + rows].T @ W  # rows of M
+        Mc = W[:, s : s + rows].T @ W  # rows s.. of M
         idx = np.arange(Mc.shape[0])
-        diag = Mc[idx, s + idx].copy()
+        diag[s : s + len(idx)] = Mc[idx, s + idx]
         Mc[idx, s + idx] = 0.0
         M2 = Mc * Mc
-        P, Mk = {}, M2
+        Mk = M2
         for k in range(2, 2 * m + 1, 2):
-            P[k] = Mk.sum(axis=1)
+            P[k][s : s + len(idx)] = Mk.sum(axis=1)
             Mk = Mk * M2
-        a, b = _row_AB(diag, P, p, m, law)
-        A += float(np.sum(a))
-        B += float(np.sum(b))
-    return A, B
+    return diag, P
+
+
+def _exact_AB_numpy(W: np.ndarray, p: float, m: int, law: Law, rows: int | None = None) -> tuple[float, float]:
+    diag, P = gram_power_sums(W, m, rows)
+    a, b = _row_AB(diag, P, p, m, law)
+    return float(np.sum(a)), float(np.sum(b))
 
 
 def ltilde_exact_torch(W, p: float, m: int, xi="rademacher"):
@@ -543,6 +557,12 @@ def bound_orders(p, d, m: int = 3) -> dict:
 # --------------------------------------------------------------------------------------
 # constructions
 # --------------------------------------------------------------------------------------
+
+
+def best_scaled_value(gram_sums: tuple, p: float, m: int = 3, xi="rademacher") -> tuple[float, float]:
+    """``(c, value)``: best rescaling of the weights whose :func:`gram_power_sums` are ``gram_sums``."""
+    a, b = ltilde_from_gram_sums(gram_sums[0], gram_sums[1], p, m, xi)
+    return _best_scale(float(np.sum(a)), float(np.sum(b)), m)
 
 
 def scaled_frame(V, p: float, m: int = 3, xi="rademacher") -> Rescaling:

@@ -146,8 +146,8 @@ def run_p_sweep(out_dir=None, quick: bool = False) -> dict:
     d = q * q
     ps = np.logspace(-8, 0, 9 if quick else 25)
     laws = ["rademacher", "gaussian"] if quick else ["rademacher", "gaussian", "uniform"]
-    rand_ns = [d, 4 * d, 16 * d] if quick else [d, 2 * d, 4 * d, 8 * d, 16 * d, 40 * d]
-    frames = {n: fr.random_frame(d, n, seed=n).vectors for n in rand_ns}
+    rand_ns = [d, 4 * d, 16 * d] if quick else [d, 2 * d, 4 * d, 8 * d, 16 * d, 40 * d, 100 * d, 250 * d]
+    sums = {n: sp.gram_power_sums(fr.random_frame(d, n, seed=n).vectors, m) for n in rand_ns}  # p-, law-free
     res = {"d": d, "m": m, "q": q, "p": ps.tolist(), "laws": {}}
     for law in laws:
         ff, ff_r, rnd, rnd_n, uns = [], [], [], [], []
@@ -155,7 +155,7 @@ def run_p_sweep(out_dir=None, quick: bool = False) -> dict:
             b = _best_ff(q, float(p), m, law, rmax=q - 1)
             ff.append(b["value"])
             ff_r.append(b["r"])
-            vals = {n: sp.scaled_frame(V, float(p), m, law).value for n, V in frames.items()}
+            vals = {n: sp.best_scaled_value(g, float(p), m, law)[1] for n, g in sums.items()}
             nb = max(vals, key=vals.get)
             rnd.append(vals[nb])
             rnd_n.append(nb)
@@ -287,12 +287,13 @@ def run_frames(out_dir=None, quick: bool = False) -> dict:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     ax = axes[0]
     x = np.arange(len(rows))
-    lab = [f"q={r['q']},r={r['r']}\nn={r['n']}" for r in rows]
+    lab = [f"{r['q']},{r['r']}" for r in rows]
     ax.semilogy(x, [r["ff_coherence_predicted"] for r in rows], "o", label="finite-field coherence r/q")
     ax.semilogy(x, [r.get("random_coherence", np.nan) for r in rows], "s", label="random unit frame, same (d, n)")
     ax.semilogy(x, [r["welch"] for r in rows], "k_", ms=12, label="Welch bound sqrt((n-d)/(d(n-1)))")
     ax.semilogy(x, [r["welch_best_order"] for r in rows], "r_", ms=12, label="best order-k Welch coherence bound")
-    ax.set_xticks(x, lab, fontsize=5)
+    ax.set_xticks(x, lab, fontsize=6)
+    ax.set_xlabel("(q, r): d = q^2, n = q^(r+1)")
     ax.set_ylabel("coherence")
     ax.legend(fontsize=6)
     ax.set_title("coherence (d = q^2, n = q^(r+1))", fontsize=9)
@@ -301,7 +302,8 @@ def run_frames(out_dir=None, quick: bool = False) -> dict:
         ax.semilogy(x, [r[f"ff_sum_ratio_m{m}"] for r in rows], mk + "-", label=f"finite field, m={m}")
         ax.semilogy(x, [r.get(f"random_sum_ratio_m{m}", np.nan) for r in rows], mk + ":", label=f"random, m={m}")
     ax.axhline(1, color="k", lw=0.8)
-    ax.set_xticks(x, lab, fontsize=5)
+    ax.set_xticks(x, lab, fontsize=6)
+    ax.set_xlabel("(q, r): d = q^2, n = q^(r+1)")
     ax.set_ylabel("sum_ij G_ij^(2m) / max(n, n^2/C(d+m-1,m))")
     ax.set_title("order-m Welch sums (1 = bound met; p->0 Ltilde loses this factor)", fontsize=9)
     ax.legend(fontsize=6)
