@@ -9,7 +9,9 @@ from widelimit import frames as fr
 from widelimit import superposition as sp
 
 
-@pytest.mark.parametrize("q,r", [(2, 1), (3, 1), (3, 2), (5, 0), (5, 2), (5, 4), (7, 2), (11, 1)])
+@pytest.mark.parametrize(
+    "q,r", [(2, 1), (3, 1), (3, 2), (5, 0), (5, 2), (5, 4), (7, 2), (11, 1), (4, 1), (4, 3), (8, 2), (9, 2), (16, 1)]
+)
 def test_finite_field_frame_coherence_equals_prediction(q, r):
     F = fr.finite_field_frame(q, r)
     assert F.vectors.shape == (q * q, q ** (r + 1))
@@ -56,9 +58,33 @@ def test_welch_bounds_hold():
     assert fr.coherence(V) == pytest.approx(fr.welch_bound(2, 3))
 
 
+@pytest.mark.parametrize("q", [2, 3, 4, 8, 9, 16, 25, 27])
+def test_gf_tables_form_a_field(q):
+    add, mul = fr.gf_tables(q)
+    els = set(range(q))
+    assert all(set(add[x].tolist()) == els for x in range(q))  # additive group rows are permutations
+    assert all(set(mul[x, 1:].tolist()) == els - {0} for x in range(1, q))  # no zero divisors
+    assert (add[0] == np.arange(q)).all() and (mul[1] == np.arange(q)).all() and (mul[0] == 0).all()
+    x, y, z = np.meshgrid(np.arange(q), np.arange(q), np.arange(q), indexing="ij")
+    assert (mul[x, add[y, z]] == add[mul[x, y], mul[x, z]]).all()  # distributive
+    assert (mul[mul[x, y], z] == mul[x, mul[y, z]]).all()  # associative
+    p = fr.prime_power(q)[0]
+    px = np.zeros(q, dtype=int)
+    for _ in range(p):  # characteristic p: adding any x to itself p times gives 0
+        px = add[px, np.arange(q)]
+    assert (px == 0).all()
+
+
+def test_prime_power():
+    assert fr.prime_power(49) == (7, 2) and fr.prime_power(2) == (2, 1)
+    assert fr.prime_power(12) is None and fr.prime_power(1) is None and fr.prime_power(True) is None
+
+
 def test_frame_input_errors():
-    with pytest.raises(ValueError, match="prime"):
+    with pytest.raises(ValueError, match="prime power"):
         fr.finite_field_root_counts(1, 0)
+    with pytest.raises(ValueError, match="prime power"):
+        fr.finite_field_frame(12, 1)
     with pytest.raises(ValueError, match="positive integer"):
         fr.random_frame(0, 3)
     with pytest.raises(ValueError, match="positive integer"):

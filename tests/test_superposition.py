@@ -290,8 +290,8 @@ def test_bad_weights():
         sp.train(2, 3, 0.1, 4)
     with pytest.raises(ValueError, match="W0 has shape"):
         sp.train(2, 3, 0.1, 3, W0=np.ones((3, 2)))
-    with pytest.raises(ValueError, match="prime"):
-        fr.finite_field_frame(9, 2)
+    with pytest.raises(ValueError, match="prime power"):
+        fr.finite_field_frame(6, 2)
     with pytest.raises(ValueError, match=r"\[0, q-1\]"):
         fr.finite_field_frame(5, 5)
     with pytest.raises(ValueError, match="zero column"):

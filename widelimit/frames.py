@@ -20,7 +20,7 @@ and, splitting off the ``n`` diagonal terms,
 
 Finite-field polynomial incidence frame
 ---------------------------------------
-For a prime ``q`` and ``0 <= r <= q - 1`` index the coordinates of ``R^{q^2}`` by
+For a prime power ``q`` and ``0 <= r <= q - 1`` index the coordinates of ``R^{q^2}`` by
 pairs ``(a, b)`` in ``F_q x F_q`` and each polynomial ``f`` over ``F_q`` of degree
 ``<= r`` by a unit vector ``v_f = q^{-1/2} 1[b = f(a)]`` (the normalised graph of
 ``f``). Then ``d = q^2``, ``n = q^{r+1}`` and
@@ -39,6 +39,7 @@ frames far too large to store.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -54,7 +55,9 @@ __all__ = [
     "finite_field_root_counts",
     "finite_field_power_sum",
     "frame_power_sum",
+    "gf_tables",
     "is_prime",
+    "prime_power",
     "random_frame",
     "welch_bound",
     "welch_coherence_bound",
@@ -109,9 +112,73 @@ def is_prime(q: int) -> bool:
     return True
 
 
+def prime_power(q) -> tuple[int, int] | None:
+    """``(p, k)`` with ``q = p^k``, ``p`` prime, ``k >= 1``; ``None`` if ``q`` is not a prime power."""
+    if isinstance(q, bool) or not isinstance(q, (int, np.integer)) or q < 2:
+        return None
+    q = int(q)
+    p = next(f for f in range(2, q + 1) if q % f == 0)  # smallest factor: prime
+    k, rest = 0, q
+    while rest % p == 0:
+        rest //= p
+        k += 1
+    return (p, k) if rest == 1 else None
+
+
+def _poly_mulmod(a: list, b: list, mod: list, p: int) -> list:
+    """Product of coefficient lists (low degree first) over F_p, reduced modulo the monic ``mod``."""
+    out = [0] * (len(a) + len(b) - 1)
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            out[i + j] = (out[i + j] + x * y) % p
+    k = len(mod) - 1
+    for top in range(len(out) - 1, k - 1, -1):
+        c = out[top]
+        if c:
+            for j in range(k + 1):
+                out[top - k + j] = (out[top - k + j] - c * mod[j]) % p
+    return (out + [0] * k)[:k]
+
+
+def _digits(x: int, p: int, k: int) -> list:
+    return [(x // p**i) % p for i in range(k)]
+
+
+@functools.lru_cache(maxsize=32)
+def gf_tables(q: int) -> tuple[np.ndarray, np.ndarray]:
+    """Addition and multiplication tables of the finite field ``F_q`` (``q`` a prime power).
+
+    Elements are ``0..q-1``; for ``q = p^k`` the base-``p`` digits of an element are the
+    coefficients of a polynomial over ``F_p`` of degree ``< k``, multiplied modulo the first
+    monic irreducible polynomial of degree ``k`` (found by checking that every nonzero
+    element then has an inverse).
+    """
+    pk = prime_power(q)
+    if pk is None:
+        raise ValueError(f"q must be a prime power (the field F_q), got {q!r}")
+    p, k = pk
+    elems = np.arange(q)
+    dig = np.array([_digits(x, p, k) for x in range(q)])
+    add = ((dig[:, None, :] + dig[None, :, :]) % p) @ (p ** np.arange(k))
+    if k == 1:
+        return add.astype(np.int64), np.outer(elems, elems) % p
+    for tail in range(p**k):  # monic candidates x^k + tail
+        mod = _digits(tail, p, k) + [1]
+        if mod[0] == 0:
+            continue
+        mul = np.zeros((q, q), dtype=np.int64)
+        for x in range(q):
+            for y in range(x, q):
+                v = _poly_mulmod(_digits(x, p, k), _digits(y, p, k), mod, p)
+                mul[x, y] = mul[y, x] = sum(c * p**i for i, c in enumerate(v))
+        if all(len(set(mul[x, 1:].tolist())) == q - 1 and 0 not in mul[x, 1:] for x in range(1, q)):
+            return add.astype(np.int64), mul
+    raise RuntimeError(f"no irreducible polynomial found for q = {q}")  # pragma: no cover
+
+
 def _check_qr(q, r) -> tuple[int, int]:
-    if not is_prime(q):
-        raise ValueError(f"q must be a prime number (the field F_q), got {q!r}")
+    if prime_power(q) is None:
+        raise ValueError(f"q must be a prime power (the field F_q), got {q!r}")
     if not isinstance(r, (int, np.integer)) or isinstance(r, bool) or not 0 <= r <= q - 1:
         raise ValueError(
             f"r (the polynomial degree bound) must be an integer in [0, q-1] = [0, {q - 1}], got {r!r}; "
@@ -131,14 +198,14 @@ def finite_field_frame(q: int, r: int) -> Frame:
     Parameters
     ----------
     q : int
-        A prime.
+        A prime power (2, 3, 4, 5, 7, 8, 9, ...).
     r : int
         Degree bound, ``0 <= r <= q - 1``.
 
     Raises
     ------
     ValueError
-        If ``q`` is not prime, ``r`` is out of range, or the frame has more than
+        If ``q`` is not a prime power, ``r`` is out of range, or the frame has more than
         :data:`MAX_EXPLICIT_ENTRIES` entries (use :func:`finite_field_root_counts`
         for exact sums over larger frames).
     """
@@ -149,12 +216,13 @@ def finite_field_frame(q: int, r: int) -> Frame:
             f"finite_field_frame(q={q}, r={r}) has d*n = {d * n:.3g} entries (> {MAX_EXPLICIT_ENTRIES:.0e}); "
             "use finite_field_root_counts / finite_field_power_sum for exact sums without building it"
         )
+    add, mul = gf_tables(q)
     t = np.arange(n, dtype=np.int64)
     coeffs = np.stack([(t // q**k) % q for k in range(r + 1)], axis=0)  # (r+1, n)
     a = np.arange(q, dtype=np.int64)
     vals = np.zeros((n, q), dtype=np.int64)
-    for k in range(r, -1, -1):  # Horner, mod q
-        vals = (vals * a[None, :] + coeffs[k][:, None]) % q
+    for k in range(r, -1, -1):  # Horner in F_q
+        vals = add[mul[vals, a[None, :]], coeffs[k][:, None]]
     V = np.zeros((d, n))
     V[a[None, :] * q + vals, t[:, None]] = 1.0 / math.sqrt(q)
     return Frame(V, "finite-field", {"q": q, "r": r}, predicted_coherence=r / q)

@@ -102,7 +102,7 @@ def run_sparse_growth(out_dir=None, quick: bool = False) -> dict:
     """Very sparse regime (p = 1e-3 d^-m): exact Ltilde/p of the best finite-field frame vs d, log-log slopes."""
     law = "rademacher"
     ms = [1, 3] if quick else [1, 3, 5]
-    qs = [3, 5, 7, 11] if quick else [3, 5, 7, 11, 13, 17, 19, 23]
+    qs = [3, 4, 5, 7, 11] if quick else [3, 4, 5, 7, 8, 9, 11, 13, 16, 17, 19, 23, 25]
     out = {}
     for m in ms:
         pts = []
@@ -260,7 +260,7 @@ def run_gd(out_dir=None, quick: bool = False) -> dict:
 @register("superposition-frames", "finite-field and random frames against the Welch bounds (coherence and order-m sums)")
 def run_frames(out_dir=None, quick: bool = False) -> dict:
     """Coherence vs the Welch bound and sum_ij G_ij^(2m) vs the order-m Welch bound, finite-field vs random frames."""
-    qs = [3, 5, 7] if quick else [3, 5, 7, 11, 13]
+    qs = [3, 4, 5] if quick else [3, 4, 5, 7, 8, 9, 11, 13]
     rs = [1, 2, 3]
     ms = [1, 2, 3]
     max_rand_n = 1500 if quick else 4000
