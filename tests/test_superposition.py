@@ -244,6 +244,22 @@ def test_training_finds_superposition_when_sparse():
     assert len(res.restart_values) == 2
     assert res.value == pytest.approx(sp.ltilde(res.W, p, 3).value, rel=1e-12)
     assert res.value <= p * sp.sparse_limit_ceiling(d, 3, n=n) * 1.05
+    assert sp.stationarity(res.W, p, 3).local_max  # Adam + L-BFGS ends at a second-order stationary point
+
+
+@pytest.mark.parametrize("p", [0.3, 0.001])
+def test_unsuperposed_optimum_is_a_local_max(p):
+    d, n, m = 3, 5, 3
+    W = np.zeros((d, n))
+    W[np.arange(d), np.arange(d)] = 1.0  # Rademacher: ||W_i||^(2m) = mu_4/mu_6 = 1
+    st = sp.stationarity(W, p, m)
+    assert st.grad_norm < 1e-12 and st.local_max
+    assert st.n_flat == d * (d - 1) // 2  # only the rotations W -> U W are flat
+    # a random point is not stationary; a perturbation off the rotations lowers Ltilde
+    assert not sp.stationarity(random_W(0, d, n), p, m).local_max
+    D = np.zeros((d, n))
+    D[:, d:] = 1e-2 * np.random.default_rng(0).standard_normal((d, n - d))
+    assert sp.ltilde(W + D, p, m).value < sp.ltilde(W, p, m).value
 
 
 def test_training_on_monte_carlo_objective():
@@ -288,6 +304,8 @@ def test_bad_weights():
         sp.optimal_scale(np.full((2, 2), np.inf), 0.1, 1)
     with pytest.raises(ValueError, match="odd"):
         sp.train(2, 3, 0.1, 4)
+    with pytest.raises(ValueError, match="too many"):
+        sp.stationarity(np.ones((50, 100)), 0.1, 3)
     with pytest.raises(ValueError, match="W0 has shape"):
         sp.train(2, 3, 0.1, 3, W0=np.ones((3, 2)))
     with pytest.raises(ValueError, match="prime power"):

@@ -75,6 +75,8 @@ __all__ = [
     "optimal_scale",
     "scaled_frame",
     "sparse_limit_ceiling",
+    "Stationarity",
+    "stationarity",
     "train",
     "unsuperposed_optimum",
 ]
@@ -644,6 +646,60 @@ def feature_stats(W, m: int = 3, xi="rademacher", threshold: float = 0.5) -> Fea
     gain = (2 * law.moment(m + 1) * np.diag(M) ** m - law.moment(2 * m) * (M ** (2 * m)).sum(axis=1)) / g_star
     rep = gain >= threshold
     return FeatureStats(norms, D, gain, rep, int(rep.sum()), float(threshold))
+
+
+@dataclass
+class Stationarity:
+    """Gradient and Hessian of the exact ``Ltilde`` at ``W`` (flattened ``d*n`` parameters).
+
+    Attributes
+    ----------
+    grad_norm : float
+        ``||grad Ltilde(W)||_2``.
+    eigenvalues : ndarray (d*n,)
+        Eigenvalues of the Hessian, ascending.
+    n_flat : int
+        Eigenvalues with ``|lambda| <= tol * max|lambda|`` (the ``d(d-1)/2`` rotations
+        ``W -> U W`` are always flat).
+    local_max : bool
+        ``grad_norm <= tol * scale`` and no eigenvalue above ``tol * max|lambda|``: a
+        second-order stationary point for ascent (flat directions not resolved).
+    """
+
+    grad_norm: float
+    eigenvalues: np.ndarray
+    n_flat: int
+    local_max: bool
+
+    def as_dict(self) -> dict:
+        return {"grad_norm": self.grad_norm, "max_eigenvalue": float(self.eigenvalues[-1]),
+                "min_eigenvalue": float(self.eigenvalues[0]), "n_flat": self.n_flat, "local_max": self.local_max}
+
+
+def stationarity(W, p: float, m: int = 3, xi="rademacher", tol: float = 1e-7) -> Stationarity:
+    """Exact gradient norm and Hessian spectrum of ``Ltilde`` at ``W`` (torch autograd, float64).
+
+    Cost ``O((d n)^2)`` Hessian entries: meant for the small models of :func:`train`.
+    """
+    torch = _torch()
+    W = check_W(W)
+    m, p, law = check_m(m), check_p(p), get_law(xi)
+    d, n = W.shape
+    if d * n > 4000:
+        raise ValueError(f"stationarity: d*n = {d * n} parameters is too many for a dense Hessian (max 4000)")
+
+    def f(w):
+        return ltilde_exact_torch(w.reshape(d, n), p, m, law)[0]
+
+    w0 = torch.tensor(W.reshape(-1), dtype=torch.float64)
+    g = torch.autograd.functional.jacobian(f, w0)
+    H = torch.autograd.functional.hessian(f, w0)
+    ev = torch.linalg.eigvalsh((H + H.T) / 2).numpy()
+    scale = max(float(np.abs(ev).max()), 1e-300)
+    gn = float(torch.linalg.norm(g))
+    flat = int(np.sum(np.abs(ev) <= tol * scale))
+    local_max = gn <= tol * scale * max(1.0, float(np.linalg.norm(W))) and ev[-1] <= tol * scale
+    return Stationarity(gn, ev, flat, bool(local_max))
 
 
 # --------------------------------------------------------------------------------------

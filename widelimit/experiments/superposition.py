@@ -208,11 +208,16 @@ def run_gd(out_dir=None, quick: bool = False) -> dict:
         W0[np.arange(d), np.arange(d)] = (mu.moment(m + 1) / mu.moment(2 * m)) ** (1 / (2 * m))  # ||W_i||^(2m) = mu_{m+1}/mu_{2m}
         W0 += 1e-3 * np.random.default_rng(0).standard_normal((d, n))
         t0 = sp.train(d, n, p, m, law, restarts=1, steps=steps, lr=0.02, W0=W0)
+        W_uns = np.zeros((d, n))
+        W_uns[np.arange(d), np.arange(d)] = W0[np.arange(d), np.arange(d)]
+        st_uns = sp.stationarity(W_uns, p, m, law)
+        st_best = sp.stationarity(t.W, p, m, law)
         rows.append({"p": p, "best": t.value, "restarts": rv.tolist(), "unsuperposed": uns,
                      "ceiling_p_to_0": p * sp.sparse_limit_ceiling(d, m, law, n=n),
                      "n_represented": t.stats.n_represented, "sum_dimensionality": float(t.stats.dimensionality.sum()),
                      "frac_restarts_within_1pct": float(np.mean(rv >= 0.99 * t.value)),
-                     "from_unsuperposed_start": t0.value, "from_unsuperposed_n_represented": t0.stats.n_represented})
+                     "from_unsuperposed_start": t0.value, "from_unsuperposed_n_represented": t0.stats.n_represented,
+                     "unsuperposed_point": st_uns.as_dict(), "best_point": st_best.as_dict()})
         best_W[p] = t
     mc_p = ps[-1]
     tmc = sp.train(d, n, mc_p, m, law, objective="mc", restarts=1, steps=steps, lr=0.02, batch_size=1024 if quick else 8192,
