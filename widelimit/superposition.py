@@ -429,7 +429,8 @@ def ltilde_mc(
 
     Draws ``x = b * xi`` in batches on ``device`` (``"auto"``: CUDA when available),
     evaluates ``2 <x, f> - ||f||^2`` with ``f = (x W^T W)^m`` per sample and returns
-    the mean with ``stderr = sd / sqrt(n_samples)``. ``A`` and ``B`` are estimated
+    the mean with ``stderr = sd / sqrt(n_samples)``. Batches are capped at ``2^24 / n`` rows
+    so memory stays bounded. ``A`` and ``B`` are estimated
     from the same samples.
     """
     torch = _torch()
@@ -447,6 +448,7 @@ def ltilde_mc(
     n = W.shape[1]
     s1 = s2 = sa = sb = 0.0
     done = 0
+    batch_size = max(1, min(int(batch_size), (1 << 24) // max(1, n)))  # <= 16M entries per (batch, n) array
     while done < n_samples:
         bs = min(batch_size, n_samples - done)
         mask = (torch.rand((bs, n), generator=gen, device=dev, dtype=dt) < p).to(dt)
