@@ -674,7 +674,9 @@ class Stationarity:
     local_max: bool
 
     def as_dict(self) -> dict:
+        scale = max(float(np.abs(self.eigenvalues).max()), 1e-300)
         return {"grad_norm": self.grad_norm, "max_eigenvalue": float(self.eigenvalues[-1]),
+                "max_eigenvalue_rel": float(self.eigenvalues[-1]) / scale, "grad_norm_rel": self.grad_norm / scale,
                 "min_eigenvalue": float(self.eigenvalues[0]), "n_flat": self.n_flat, "local_max": self.local_max}
 
 

@@ -206,11 +206,9 @@ def run_gd(out_dir=None, quick: bool = False) -> dict:
         W0 = np.zeros((d, n))
         mu = sp.get_law(law)
         W0[np.arange(d), np.arange(d)] = (mu.moment(m + 1) / mu.moment(2 * m)) ** (1 / (2 * m))  # ||W_i||^(2m) = mu_{m+1}/mu_{2m}
+        st_uns = sp.stationarity(W0, p, m, law)  # the exact unsuperposed optimum
         W0 += 1e-3 * np.random.default_rng(0).standard_normal((d, n))
         t0 = sp.train(d, n, p, m, law, restarts=1, steps=steps, lr=0.02, W0=W0)
-        W_uns = np.zeros((d, n))
-        W_uns[np.arange(d), np.arange(d)] = W0[np.arange(d), np.arange(d)]
-        st_uns = sp.stationarity(W_uns, p, m, law)
         st_best = sp.stationarity(t.W, p, m, law)
         rows.append({"p": p, "best": t.value, "restarts": rv.tolist(), "unsuperposed": uns,
                      "ceiling_p_to_0": p * sp.sparse_limit_ceiling(d, m, law, n=n),
