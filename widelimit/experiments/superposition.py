@@ -302,8 +302,9 @@ def run_frames(out_dir=None, quick: bool = False) -> dict:
     ax.set_title("coherence (d = q^2, n = q^(r+1))", fontsize=9)
     ax = axes[1]
     for m, mk in zip(ms, "o^v"):
-        ax.semilogy(x, [r[f"ff_sum_ratio_m{m}"] for r in rows], mk + "-", label=f"finite field, m={m}")
-        ax.semilogy(x, [r.get(f"random_sum_ratio_m{m}", np.nan) for r in rows], mk + ":", label=f"random, m={m}")
+        (h,) = ax.semilogy(x, [r[f"ff_sum_ratio_m{m}"] for r in rows], mk, label=f"finite field, m={m}")
+        ax.semilogy(x, [r.get(f"random_sum_ratio_m{m}", np.nan) for r in rows], mk, mfc="none", color=h.get_color(),
+                    label=f"random (open), m={m}")
     ax.axhline(1, color="k", lw=0.8)
     ax.set_xticks(x, lab, fontsize=6)
     ax.set_xlabel("(q, r): d = q^2, n = q^(r+1)")
