@@ -18,6 +18,9 @@ __all__ = [
     "gaussian",
     "collinear",
     "hierarchical",
+    "sparse_variable",
+    "dense_symmetric",
+    "exclusive_categories",
     "digits",
     "iris",
     "BUILTIN",
@@ -131,6 +134,149 @@ def hierarchical(n_children: int = 3, dim: int = 10, points_per_child: int = 30,
                "parent_mag": np.full(labels.size, parent_scale), "child_mag": c}
 
 
+def _magnitudes(rng, size, low, high, distribution):
+    if not (0 < low <= high):
+        raise ValueError(f"need 0 < low <= high for the active values, got low={low}, high={high}")
+    if distribution == "uniform":
+        return rng.uniform(low, high, size)
+    if distribution == "exponential":
+        return low + rng.exponential(high - low, size)
+    raise ValueError(f"distribution must be 'uniform' or 'exponential', got {distribution!r}")
+
+
+def sparse_variable(n_points: int = 400, dim: int = 8, p: float = 0.3, *, low: float = 1.0, high: float = 3.0,
+                    distribution: str = "uniform", n_active: int | None = None, seed: int = 0):
+    r"""A sparse 1-D variable embedded in ``dim`` dimensions: ``x = s u``.
+
+    ``s = 0`` with probability ``1 - p`` and otherwise ``s > 0`` drawn from the
+    active distribution: ``"uniform"`` on ``[low, high]`` or ``"exponential"``
+    (``low`` plus an exponential of mean ``high - low``). ``u`` is a random unit
+    vector. This is the dense-antipodal-feature setting of theory.md §6: for
+    ``p`` below a threshold ``p*(lam)`` (``= 1/2`` when every active value is
+    ``>= 2 lam``) the optimum has one atom ``+u``; above it, the bias moves into
+    the active values and the zeros need the antipodal atom ``-u``.
+
+    Parameters
+    ----------
+    n_points, dim : int
+    p : float in [0, 1]
+        Activity: probability that a point is active (ignored when ``n_active`` is given).
+    low, high : float
+        Parameters of the active distribution (``0 < low <= high``).
+    distribution : {"uniform", "exponential"}
+    n_active : int, optional
+        Exact number of active points instead of Bernoulli(``p``) draws. The
+        active values are drawn first, so for a fixed ``seed`` and ``n_active``
+        they are the same whatever ``n_points`` is: adding zeros changes only the
+        activity. Active points come first in ``X``.
+    seed : int
+
+    Returns
+    -------
+    X : ndarray (n_points, dim)
+    truth : dict
+        ``direction`` u (dim,), ``values`` s (n_points,), ``active`` (bool mask),
+        ``p`` (the activity used: ``p`` or ``n_active / n_points``).
+    """
+    if n_points < 1 or dim < 1:
+        raise ValueError(f"n_points and dim must be >= 1, got {n_points}, {dim}")
+    rng = np.random.default_rng(seed)
+    u = _unit_rows(rng, 1, dim)[0]
+    if n_active is not None:
+        if not 0 <= n_active <= n_points:
+            raise ValueError(f"n_active must be in [0, n_points={n_points}], got {n_active}")
+        s = np.zeros(n_points)
+        s[:n_active] = _magnitudes(rng, n_active, low, high, distribution)
+        p = n_active / n_points
+    else:
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p must be a probability in [0, 1], got {p}")
+        on = rng.random(n_points) < p
+        s = np.zeros(n_points)
+        s[on] = _magnitudes(rng, int(on.sum()), low, high, distribution)
+    return s[:, None] * u, {"direction": u, "values": s, "active": s > 0, "p": float(p)}
+
+
+def dense_symmetric(n_points: int = 200, dim: int = 8, *, scale: float = 1.0, distribution: str = "normal",
+                    seed: int = 0):
+    r"""A dense symmetric 1-D variable embedded in ``dim`` dimensions: ``x = s u``.
+
+    ``s`` is drawn from ``N(0, scale^2)`` (``"normal"``) or uniform on
+    ``[-scale, scale]`` (``"uniform"``), and the sample is mirrored (``s`` and
+    ``-s`` both present, ``n_points`` must be even), so ``b* = 0`` is an optimal
+    bias for every ``lam``. With nonnegative codes the optimum needs the
+    antipodal pair ``+u, -u`` (width 2); with signed codes one line (width 1).
+
+    Returns
+    -------
+    X : ndarray (n_points, dim)
+    truth : dict
+        ``direction`` u, ``values`` s, ``centre`` (zeros: an optimal bias).
+    """
+    if n_points < 2 or n_points % 2:
+        raise ValueError(f"n_points must be an even number >= 2 (the sample is mirrored), got {n_points}")
+    rng = np.random.default_rng(seed)
+    u = _unit_rows(rng, 1, dim)[0]
+    if distribution == "normal":
+        h = scale * rng.standard_normal(n_points // 2)
+    elif distribution == "uniform":
+        h = rng.uniform(-scale, scale, n_points // 2)
+    else:
+        raise ValueError(f"distribution must be 'normal' or 'uniform', got {distribution!r}")
+    s = np.concatenate([h, -h])
+    return s[:, None] * u, {"direction": u, "values": s, "centre": np.zeros(dim)}
+
+
+def simplex_directions(k: int, dim: int, rng) -> np.ndarray:
+    """``k`` unit vectors in ``dim >= k - 1`` dimensions with pairwise cosine ``-1/(k-1)`` (sum zero), randomly rotated."""
+    E = np.eye(k) - 1.0 / k
+    E /= np.linalg.norm(E, axis=1, keepdims=True)
+    B = np.linalg.svd(E)[2][: k - 1]  # orthonormal basis of the simplex's span (k-1, k)
+    C = E @ B.T  # (k, k-1) coordinates
+    R = np.linalg.qr(rng.standard_normal((dim, k - 1)))[0]  # (dim, k-1) orthonormal
+    return C @ R.T
+
+
+def exclusive_categories(n_categories: int = 4, dim: int = 8, points_per_category: int = 30, *,
+                         magnitude=(1.0, 3.0), n_inactive: int = 0, centre=None, seed: int = 0):
+    r"""Mutually exclusive categories: each point is ``c + s u_j`` for exactly one category ``j``.
+
+    The category directions ``u_j`` form a regular simplex (pairwise cosine
+    ``-1/(K-1)``, summing to zero) in a random ``K-1``-dimensional subspace, and
+    every category uses the *same* magnitudes ``s`` (uniform on ``magnitude``),
+    so the data are invariant under permuting the categories. With that symmetry
+    the unique Huber median is the centre ``c`` for every ``lam`` (``K >= 3``),
+    and for ``lam < min s`` the narrowest optimum is exactly the category
+    directions, width ``K``. ``n_inactive`` points sit at ``c`` (no category).
+
+    Returns
+    -------
+    X : ndarray (K * points_per_category + n_inactive, dim)
+    truth : dict
+        ``centre`` (= b*), ``directions`` (K, dim), ``labels`` (category, -1 for inactive),
+        ``magnitudes`` (0 for inactive).
+    """
+    K = n_categories
+    if K < 3:
+        raise ValueError(f"n_categories must be >= 3 (two exclusive categories are one antipodal line), got {K}")
+    if dim < K - 1:
+        raise ValueError(f"dim must be >= n_categories - 1 = {K - 1}, got {dim}")
+    if not 0 < magnitude[0] <= magnitude[1]:
+        raise ValueError(f"magnitude must be (low, high) with 0 < low <= high, got {magnitude}")
+    rng = np.random.default_rng(seed)
+    U = simplex_directions(K, dim, rng)
+    c = np.zeros(dim) if centre is None else np.asarray(centre, dtype=np.float64)
+    s = rng.uniform(magnitude[0], magnitude[1], points_per_category)
+    X = (c + s[None, :, None] * U[:, None, :]).reshape(-1, dim)
+    labels = np.repeat(np.arange(K), points_per_category)
+    mags = np.tile(s, K)
+    if n_inactive:
+        X = np.vstack([X, np.tile(c, (n_inactive, 1))])
+        labels = np.concatenate([labels, -np.ones(n_inactive, dtype=int)])
+        mags = np.concatenate([mags, np.zeros(n_inactive)])
+    return X, {"centre": c, "directions": U, "labels": labels, "magnitudes": mags}
+
+
 def digits(*, seed: int = 0):
     """scikit-learn's bundled handwritten digits (1797 x 64, pixel values 0..16), shipped with the package."""
     from sklearn.datasets import load_digits
@@ -154,6 +300,9 @@ BUILTIN: dict[str, tuple[Callable, float]] = {
     "gaussian": (gaussian, 0.5),
     "collinear": (collinear, 1.0),
     "hierarchical": (hierarchical, 0.5),
+    "sparse1d": (sparse_variable, 0.1),
+    "dense1d": (dense_symmetric, 0.1),
+    "exclusive": (exclusive_categories, 0.5),
     "digits": (digits, 5.0),
     "iris": (iris, 0.5),
 }
