@@ -15,6 +15,7 @@ import numpy as np
 __all__ = [
     "symmetric_rays",
     "rays2d",
+    "balanced_rays2d",
     "gaussian",
     "collinear",
     "hierarchical",
@@ -91,6 +92,47 @@ def rays2d(seed: int = 0):
     core = c + np.array([0.6, 0.4]) + 0.15 * rng.standard_normal((20, 2))
     X = np.vstack(pts + [core])
     return X, {"centre": c, "directions": U, "labels": np.array(labels + [-1] * 20), "lam": 1.0}
+
+
+def balanced_rays2d(lam: float = 1.0, *, n_core: int = 30, seed: int = 0):
+    r"""2-D rays of unequal sizes around a centre ``c``, balanced by a core so that ``b* = c`` at this ``lam``.
+
+    Six rays of different lengths and counts start at ``c`` (every ray point at
+    distance ``>= 1.5 lam``), so the ray directions do not cancel and the
+    geometric median is pulled away from ``c``. ``n_core`` points inside the
+    ``lam``-ball of ``c`` are placed so that ``sum_core (x - c) = -lam sum_rays u_i``:
+    that is exactly the stationarity of the Huber objective at ``b = c``, and
+    since it is strictly convex the Huber median at this ``lam`` is ``c``. The
+    narrowest optimum is then the six ray directions (width 6), with the core's
+    codes all zero: the figure of theory.md §3.
+
+    Returns
+    -------
+    X : ndarray (sum of counts + n_core, 2)
+    truth : dict
+        ``centre`` (= b* at ``lam``), ``directions`` (6, 2), ``labels`` (ray, -1 for core), ``lam``.
+    """
+    lam = float(lam)
+    if not lam > 0:
+        raise ValueError(f"lam must be > 0, got {lam}")
+    rng = np.random.default_rng(seed)
+    c = np.array([1.0, -0.5])
+    angles = np.deg2rad([10.0, 75.0, 140.0, 200.0, 250.0, 310.0])
+    U = np.c_[np.cos(angles), np.sin(angles)]
+    counts = [30, 8, 6, 12, 4, 10]
+    pts, labels = [], []
+    for j, (u, m) in enumerate(zip(U, counts)):
+        t = lam * rng.uniform(1.5, 4.0 + j * 0.4, m)
+        pts.append(c + t[:, None] * u)
+        labels += [j] * m
+    S = np.asarray(counts, dtype=np.float64) @ U
+    ang = rng.uniform(0, 2 * np.pi, n_core)
+    V = 0.3 * lam * np.sqrt(rng.uniform(0, 1, n_core))[:, None] * np.c_[np.cos(ang), np.sin(ang)]
+    V += -V.mean(axis=0) - lam * S / n_core
+    if np.max(np.linalg.norm(V, axis=1)) >= lam:
+        raise ValueError(f"n_core={n_core} is too small to balance the rays inside the lam-ball; use more core points")
+    X = np.vstack(pts + [c + V])
+    return X, {"centre": c, "directions": U, "labels": np.array(labels + [-1] * n_core), "lam": lam}
 
 
 def gaussian(n_points: int = 500, dim: int = 16, *, seed: int = 0):
