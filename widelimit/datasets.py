@@ -151,29 +151,46 @@ def collinear(n_points: int = 50, dim: int = 5, *, seed: int = 0):
 
 
 def hierarchical(n_children: int = 3, dim: int = 10, points_per_child: int = 30, *, parent_scale: float = 2.0,
-                 child_scale=(0.5, 2.0), seed: int = 0):
+                 child_scale=(0.5, 2.0), n_parent_only: int = 0, n_inactive: int = 0, seed: int = 0):
     r"""Hierarchical data: a parent direction always active whenever any child is.
 
-    Point ``x = a u_parent + c u_child`` with a fixed parent magnitude
-    ``a = parent_scale`` and a child magnitude ``c`` uniform in ``child_scale``;
-    the parent and child directions are orthonormal.
+    Child point ``x = a u_parent + c u_child`` with a fixed parent magnitude
+    ``a = parent_scale`` and a child magnitude ``c`` uniform in ``child_scale``
+    (``(c, c)`` for a fixed one); the parent and child directions are orthonormal.
+    ``n_parent_only`` points ``a u_parent`` (parent without any child: "a dog that
+    is no labrador") and ``n_inactive`` points at 0 (nothing active) are appended.
+    The child frequency among parent points is
+    ``n_children * points_per_child / (n_children * points_per_child + n_parent_only)``.
+    Absorption (theory.md §6): one atom along ``a u_parent + c u_child`` costs
+    ``h(sqrt(a^2 + c^2))`` on a child point, less than ``h(a) + h(c)`` for the parent and
+    child atoms when ``a + c - sqrt(a^2 + c^2) > lam / 2`` (``a, c > lam``).
 
     Returns
     -------
-    X : ndarray (n_children * points_per_child, dim)
+    X : ndarray (n_children * points_per_child + n_parent_only + n_inactive, dim)
     truth : dict
-        ``parent`` (dim,), ``children`` (n_children, dim), ``labels``, ``parent_mag``, ``child_mag``.
+        ``parent`` (dim,), ``children`` (n_children, dim), ``labels`` (child index; -1 parent only,
+        -2 inactive), ``parent_mag``, ``child_mag``.
     """
     if dim < n_children + 1:
         raise ValueError(f"dim must be >= n_children + 1 = {n_children + 1}, got {dim}")
+    if not 0 <= child_scale[0] <= child_scale[1]:
+        raise ValueError(f"child_scale must be (low, high) with 0 <= low <= high, got {child_scale}")
+    if n_parent_only < 0 or n_inactive < 0:
+        raise ValueError(f"n_parent_only and n_inactive must be >= 0, got {n_parent_only}, {n_inactive}")
     rng = np.random.default_rng(seed)
     Qm = np.linalg.qr(rng.standard_normal((dim, n_children + 1)))[0].T
     parent, children = Qm[0], Qm[1:]
     labels = np.repeat(np.arange(n_children), points_per_child)
     c = rng.uniform(child_scale[0], child_scale[1], labels.size)
     X = parent_scale * parent + c[:, None] * children[labels]
-    return X, {"parent": parent, "children": children, "labels": labels,
-               "parent_mag": np.full(labels.size, parent_scale), "child_mag": c}
+    a = np.full(labels.size, parent_scale)
+    if n_parent_only or n_inactive:
+        X = np.vstack([X, np.tile(parent_scale * parent, (n_parent_only, 1)), np.zeros((n_inactive, dim))])
+        labels = np.concatenate([labels, np.full(n_parent_only, -1), np.full(n_inactive, -2)])
+        a = np.concatenate([a, np.full(n_parent_only, parent_scale), np.zeros(n_inactive)])
+        c = np.concatenate([c, np.zeros(n_parent_only + n_inactive)])
+    return X, {"parent": parent, "children": children, "labels": labels, "parent_mag": a, "child_mag": c}
 
 
 def _magnitudes(rng, size, low, high, distribution):

@@ -1,1 +1,273 @@
+r"""Feature absorption: the L1 penalty prefers one atom along parent + child.
 
+Data (:func:`widelimit.datasets.hierarchical`): child points ``a u_p + c u_j``,
+parent-only points ``a u_p`` and inactive points ``0``; ``u_p, u_j`` orthonormal.
+Two dictionaries of the same width ``K + 1``:
+
+- hierarchical: ``[u_p; u_1 .. u_K]``;
+- absorbed: ``[u_p; w_1 .. w_K]`` with ``w_j`` the best direction through the
+  child-``j`` points (``∝ a u_p + c u_j`` for a fixed child magnitude ``c``).
+
+With the bias at 0 (the inactive point) the optimal codes are separable per
+point. A child point costs ``h(a) + h(c)`` with the orthonormal hierarchical
+atoms and ``h(sqrt(a^2 + c^2))`` with its absorbed atom (the point lies on it, so
+the per-point lower bound ``h(||x||)`` is attained); parent-only and inactive
+points cost the same in both. Hence (exactly, for fixed ``c``)
+
+.. math:: L_{hier} - L_{abs} = f_{child}\,\big(h(a) + h(c) - h(\sqrt{a^2+c^2})\big),
+
+where ``f_child`` is the fraction of child points; for ``a, c > lam`` absorption
+wins iff ``a + c - sqrt(a^2 + c^2) > lam / 2``. The experiment computes both
+objectives with certified optimal codes (:func:`widelimit.coding.optimal_codes`),
+also with the bias optimised for each dictionary, and classifies what the
+gradient solver (:func:`widelimit.fit_dictionary`, width ``K + 1``, free bias)
+learns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import datasets
+from ..objective import huber_h
+from . import register
+from ._common import pyplot, save_figure, write_json
+
+__all__ = ["hierarchical_dictionary", "absorbed_dictionary", "fixed_dictionary_objective", "absorption_gain",
+           "classify", "run"]
+
+
+def hierarchical_dictionary(truth) -> np.ndarray:
+    """``[u_parent; u_children]`` (K + 1, n)."""
+    return np.vstack([truth["parent"], truth["children"]])
+
+
+def absorbed_dictionary(X, truth) -> np.ndarray:
+    """``[u_parent; w_1 .. w_K]``: ``w_j`` is the top right singular vector of the child-``j`` points (sign: towards them)."""
+    atoms = [truth["parent"]]
+    for j in range(truth["children"].shape[0]):
+        P = np.asarray(X, dtype=np.float64)[truth["labels"] == j]
+        w = np.linalg.svd(P, full_matrices=False)[2][0]
+        atoms.append(w if w @ P.sum(axis=0) >= 0 else -w)
+    return np.vstack(atoms)
+
+
+def absorption_gain(a, c, lam):
+    r"""Per child point, ``h(a) + h(c) - h(sqrt(a^2 + c^2))``: > 0 where absorption wins (bias 0, fixed magnitudes)."""
+    a, c = np.asarray(a, dtype=np.float64), np.asarray(c, dtype=np.float64)
+    return huber_h(a, lam) + huber_h(c, lam) - huber_h(np.hypot(a, c), lam)
+
+
+def fixed_dictionary_objective(X, W, lam, b=None, *, tol: float = 1e-9, max_rounds: int = 20,
+                               device: str = "cpu") -> dict:
+    r"""Objective of a fixed dictionary with optimal codes (and optimal bias when ``b`` is None), certified.
+
+    With ``b`` given this is :func:`widelimit.coding.optimal_codes` (per-point
+    duality gaps). With ``b = None`` the convex problem ``min_{Z >= 0, b}`` is
+    first solved by cvxpy (Clarabel), then polished by rounds of optimal codes
+    and the exact bias step ``b = mean(x - z W)``. The certified lower bound is
+    the joint dual: for residuals ``r_i`` with ``sum_i r_i = 0`` (true after the
+    bias step) and a scale ``s >= 0`` with ``s <w_d, r_i> <= lam ||w_d||``,
+
+    .. math:: \min_{Z\ge0,b} N L \ \ge\ \sum_i 2 s\langle r_i, x_i\rangle - s^2\|r_i\|^2
+
+    (``||a||^2 >= 2<theta, a> - ||theta||^2`` per point with ``theta_i = s r_i``; the
+    penalty dominates ``2 sum_d z_d <w_d, theta_i>``; the ``b`` terms cancel
+    because ``sum_i theta_i = 0``), maximised over ``s``.
+
+    Returns
+    -------
+    dict
+        ``value``, ``gap`` (certified, absolute), ``bias``, ``codes`` (CSR), ``rounds``.
+    """
+    from ..coding import optimal_codes
+
+    X = np.asarray(X, dtype=np.float64)
+    W = np.asarray(W, dtype=np.float64)
+    N, n = X.shape
+    if b is not None:
+        res = optimal_codes(X, W, np.asarray(b, dtype=np.float64), lam, tol=tol, device=device, dtype="float64")
+        return {"value": res.value, "gap": res.gap, "bias": np.asarray(b, dtype=np.float64), "codes": res.codes,
+                "rounds": 0}
+    import cvxpy as cp
+
+    norms = np.linalg.norm(W, axis=1)
+    Zv = cp.Variable((N, W.shape[0]), nonneg=True)
+    bv = cp.Variable(n)
+    obj = cp.sum_squares(Zv @ W + np.ones((N, 1)) @ cp.reshape(bv, (1, n), order="C") - X) \
+        + 2 * lam * cp.sum(Zv @ norms)
+    cp.Problem(cp.Minimize(obj / N)).solve(solver=cp.CLARABEL)
+    b = np.asarray(bv.value, dtype=np.float64)
+    Z = None
+    best = None
+    unit = W / np.where(norms > 0, norms, 1.0)[:, None]
+    for rounds in range(1, max_rounds + 1):
+        res = optimal_codes(X, W, b, lam, tol=tol * 1e-2, device=device, dtype="float64", Z0=Z)
+        Z = res.codes
+        b = (X - Z @ W).mean(axis=0)
+        R = X - b - Z @ W  # sums to zero
+        rr, rx = float(np.einsum("ij,ij->", R, R)), float(np.einsum("ij,ij->", R, X))
+        value = (rr + 2 * lam * float(np.asarray(Z.sum(axis=0)).ravel() @ norms)) / N
+        C = R @ unit[norms > 0].T
+        cmax = float(C.max()) if C.size else 0.0
+        smax = lam / cmax if cmax > 0 else np.inf
+        s = float(np.clip(rx / rr, 0.0, smax)) if rr > 0 else 0.0
+        gap = max(0.0, value - (2 * s * rx - s * s * rr) / N)
+        if best is None or gap < best["gap"]:
+            best = {"value": value, "gap": gap, "bias": b.copy(), "codes": Z, "rounds": rounds}
+        if gap <= tol * max(value, lam * lam):
+            break
+    return best
+
+
+def classify(W, truth, *, pure: float = 0.95, mixed: float = 0.2) -> dict:
+    """Classify a learned dictionary on hierarchical data.
+
+    For each child ``j`` its atom is the one most aligned with ``u_j``. The
+    dictionary is ``"absorbed"`` when every child atom also carries the parent
+    (``<w, u_p> >= mixed``), ``"hierarchical"`` when every child atom is pure
+    (``<w, u_j> >= pure``) and some atom is the parent (``<w, u_p> >= pure``),
+    ``"other"`` otherwise.
+    """
+    W = np.asarray(W, dtype=np.float64)
+    W = W / np.maximum(np.linalg.norm(W, axis=1, keepdims=True), 1e-300)
+    cp = W @ truth["parent"]
+    cc = W @ truth["children"].T
+    child_atom = cc.argmax(axis=0)
+    child_cos = cc.max(axis=0)
+    child_parent = cp[child_atom]
+    parent_atom = int(cp.argmax())
+    if np.all(child_parent >= mixed):
+        kind = "absorbed"
+    elif np.all(child_cos >= pure) and cp.max() >= pure:
+        kind = "hierarchical"
+    else:
+        kind = "other"
+    return {"kind": kind, "child_atoms": child_atom, "child_cos": child_cos, "child_parent_cos": child_parent,
+            "parent_atom": parent_atom, "parent_atom_cos": float(cp.max())}
+
+
+def _parent_firing(Z, parent_atom, truth) -> float:
+    """Fraction of child points on which the parent atom's code is > 0."""
+    Z = Z.toarray() if hasattr(Z, "toarray") else np.asarray(Z)
+    child = truth["labels"] >= 0
+    return float(np.mean(Z[child, parent_atom] > 1e-9))
+
+
+def _instance(f, *, K=3, ppc=20, a=2.0, c=1.5, n_inactive=40, seed=0):
+    n_child = K * ppc
+    n_po = int(round(n_child * (1 - f) / f))
+    return datasets.hierarchical(K, K + 3, ppc, parent_scale=a, child_scale=(c, c), n_parent_only=n_po,
+                                 n_inactive=n_inactive, seed=seed)
+
+
+def compare(X, t, lam, *, optimise_bias: bool = True) -> dict:
+    """Exact objectives of the hierarchical and absorbed dictionaries (bias 0, and optimal bias)."""
+    out = {}
+    for name, W in (("hierarchical", hierarchical_dictionary(t)), ("absorbed", absorbed_dictionary(X, t))):
+        r0 = fixed_dictionary_objective(X, W, lam, b=np.zeros(X.shape[1]))
+        d = {"value_b0": r0["value"], "gap_b0": r0["gap"],
+             "parent_firing_b0": _parent_firing(r0["codes"], 0, t)}
+        if optimise_bias:
+            rb = fixed_dictionary_objective(X, W, lam)
+            d.update(value_opt_bias=rb["value"], gap_opt_bias=rb["gap"], rounds=rb["rounds"],
+                     parent_firing_opt_bias=_parent_firing(rb["codes"], 0, t))
+        out[name] = d
+    return out
+
+
+@register("absorption", "feature absorption: hierarchical vs absorbed dictionary, exact and learned, over lam and f")
+def run(out_dir=None, quick: bool = False) -> dict:
+    """Feature absorption on hierarchical data: exact objectives, the learned dictionary's kind, parent firing rate."""
+    from .. import fit_dictionary
+
+    a, c, K = 2.0, 1.5, 3
+    lams = np.round(np.linspace(0.25, 2.75, 3 if quick else 11), 4)
+    fs = np.round(np.array([0.25, 0.75]) if quick else np.linspace(0.1, 0.9, 9), 4)
+    ppc = 8 if quick else 20
+    seeds = (0,) if quick else (0, 1, 2)
+    cells = []
+    for lam in lams:
+        for f in fs:
+            X, t = _instance(f, K=K, ppc=ppc, a=a, c=c)
+            cmp = compare(X, t, lam, optimise_bias=True)
+            frac = float(np.mean(t["labels"] >= 0))
+            pred = frac * float(absorption_gain(a, c, lam))
+            best = None
+            for s in seeds:
+                fit = fit_dictionary(X, lam, K + 1, encoder="none", seed=s)
+                if best is None or fit.value < best.value:
+                    best = fit
+            cl = classify(best.dictionary, t)
+            cells.append({
+                "lam": float(lam), "f_child": float(f), "n_points": X.shape[0], "child_fraction": frac,
+                "exact": cmp,
+                "delta_b0": cmp["hierarchical"]["value_b0"] - cmp["absorbed"]["value_b0"],
+                "delta_b0_predicted": pred,
+                "delta_opt_bias": cmp["hierarchical"]["value_opt_bias"] - cmp["absorbed"]["value_opt_bias"],
+                "learned": {"value": float(best.value), "kind": cl["kind"],
+                            "child_parent_cos": cl["child_parent_cos"], "parent_atom_cos": cl["parent_atom_cos"],
+                            "parent_firing_on_children": _parent_firing(best.codes, cl["parent_atom"], t)},
+            })
+    result = {"a": a, "c": c, "K": K, "lams": lams, "fs": fs, "cells": cells,
+              "max_abs_err_delta_b0": float(max(abs(x["delta_b0"] - x["delta_b0_predicted"]) for x in cells)),
+              "max_certified_gap": float(max(max(x["exact"][k]["gap_b0"], x["exact"][k]["gap_opt_bias"])
+                                             for x in cells for k in ("hierarchical", "absorbed")))}
+    _plot(result, out_dir)
+    write_json(out_dir, "absorption", result)
+    return result
+
+
+def _plot(res, out_dir):
+    plt = pyplot()
+    lams, fs = np.asarray(res["lams"]), np.asarray(res["fs"])
+    cells = res["cells"]
+    M = {(x["lam"], x["f_child"]): x for x in cells}
+    fig, axs = plt.subplots(1, 3, figsize=(15, 4.4))
+    ax = axs[0]
+    lf = np.linspace(0.05, lams.max() * 1.05, 300)
+    ax.plot(lf, absorption_gain(res["a"], res["c"], lf), "k-", label="h(a)+h(c)-h(sqrt(a²+c²))")
+    for f in fs:
+        xs = [x for x in cells if x["f_child"] == f]
+        ax.plot([x["lam"] for x in xs], [x["delta_b0"] / x["child_fraction"] for x in xs], "o", ms=4, mfc="none")
+    ax.axhline(0, color="0.5", lw=0.8)
+    ax.set_xlabel("lam")
+    ax.set_ylabel("(L_hier - L_abs) / child fraction")
+    ax.set_title(f"exact, bias 0 (a = {res['a']}, c = {res['c']}): > 0 means absorption wins", fontsize=9)
+    ax.legend(fontsize=7)
+
+    ax = axs[1]
+    D = np.array([[M[(float(l), float(f))]["delta_opt_bias"] for f in fs] for l in lams])
+    v = np.max(np.abs(D)) or 1.0
+    dl = (lams[1] - lams[0]) if lams.size > 1 else 1.0
+    df = (fs[1] - fs[0]) if fs.size > 1 else 1.0
+    im = ax.imshow(D, origin="lower", aspect="auto", cmap="RdBu", vmin=-v, vmax=v,
+                   extent=[fs[0] - df / 2, fs[-1] + df / 2, lams[0] - dl / 2, lams[-1] + dl / 2])
+    kinds = {"absorbed": "A", "hierarchical": "H", "other": "·"}
+    for i, l in enumerate(lams):
+        for j, f in enumerate(fs):
+            ax.text(f, l, kinds[M[(float(l), float(f))]["learned"]["kind"]], ha="center", va="center", fontsize=8)
+    ax.set_ylim(lams[0] - dl / 2, lams[-1] + dl / 2)
+    fig.colorbar(im, ax=ax, label="L_hier - L_abs (optimal bias)")
+    ax.set_xlabel("child frequency f")
+    ax.set_ylabel("lam")
+    ax.set_title("exact gain of absorption (colour); learned width-(K+1)\ndictionary: A absorbed, H hierarchical",
+                 fontsize=9)
+
+    ax = axs[2]
+    for f in fs[:: max(1, fs.size // 4)]:
+        xs = [x for x in cells if x["f_child"] == f]
+        ax.plot([x["lam"] for x in xs], [x["learned"]["parent_firing_on_children"] for x in xs], "o-", ms=4,
+                label=f"learned, f = {f:g}")
+    xs = [x for x in cells if x["f_child"] == fs[0]]
+    ax.plot([x["lam"] for x in xs], [x["exact"]["hierarchical"]["parent_firing_b0"] for x in xs], "k--",
+            label="hierarchical dict., optimal codes")
+    ax.plot([x["lam"] for x in xs], [x["exact"]["absorbed"]["parent_firing_b0"] for x in xs], "k:",
+            label="absorbed dict., optimal codes")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("lam")
+    ax.set_ylabel("parent feature firing rate on child points")
+    ax.set_title("absorption = the parent stops firing on children", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, out_dir, "absorption")
