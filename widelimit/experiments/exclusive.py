@@ -75,9 +75,12 @@ def run(out_dir=None, quick: bool = False) -> dict:
     Xa, ta = datasets.exclusive_categories(4, 12, ppc, seed=4)
     keep = ~((ta["labels"] == 0) & (np.arange(Xa.shape[0]) % 2 == 0))  # drop half of category 0
     sa = solve(Xa[keep], lam)
-    asym = {"K": 4, "n_points": int(keep.sum()), "width": sa.width, "bias_offset": float(np.linalg.norm(sa.bias)),
+    asym = {"K": 4, "n_points": int(keep.sum()), "n_category0": int(np.count_nonzero(ta["labels"][keep] == 0)),
+            "width": sa.width, "bias_offset": float(np.linalg.norm(sa.bias)),
             "certified": bool(sa.certified),
-            "note": "with unequal counts b* leaves the category lines, so every point is its own ray"}
+            "note": ("with half of category 0 removed, b* moves along u_0 (the symmetry of the other categories "
+                     "keeps it on that axis) and off the other category lines, each of whose points is then its "
+                     "own ray")}
     pic = rows[0]["_inner"]
     hist = rows[[(r["K"], r["n_inactive"] > 0) for r in rows].index((4, True))]["_inner"]
     for r in rows:
