@@ -90,7 +90,6 @@ def _plot(X, t, sol, gm, mean, res, out_dir):
     ax.plot(*mean, "gX", ms=10, label="mean")
     ax.plot(*b, "r*", ms=14, label="b* at lam = 1")
     fig.colorbar(sc, ax=ax, label="log10 lam")
-    ax.set_aspect("equal", adjustable="datalim")
     ax.legend(fontsize=8)
     ax.set_title("Huber median b*(lam): geometric median -> mean", fontsize=10)
 
