@@ -107,3 +107,76 @@ def test_rays_experiment_quick(tmp_path):
 
 def test_experiments_registered():
     assert {"antipodal", "absorption", "splitting", "exclusive", "rays"} <= set(names())
+
+
+# ---------------------------------------------------------------- absorption (exact parts)
+
+
+def _cvxpy_codes_value(X, W, b, lam):
+    """Independent: optimal nonnegative codes for fixed (W, b) by cvxpy, mean objective."""
+    import cvxpy as cp
+
+    Z = cp.Variable((X.shape[0], W.shape[0]), nonneg=True)
+    obj = cp.sum_squares(Z @ W + np.ones((X.shape[0], 1)) @ b[None, :] - X) + 2 * lam * cp.sum(Z)
+    prob = cp.Problem(cp.Minimize(obj / X.shape[0]))
+    prob.solve(solver=cp.CLARABEL)
+    return prob.value
+
+
+def test_absorbed_dictionary_beats_hierarchical_with_certified_codes():
+    from widelimit.experiments import absorption as A
+
+    lam, a, c = 0.5, 2.0, 1.5
+    X, t = datasets.hierarchical(3, 6, 6, parent_scale=a, child_scale=(c, c), n_parent_only=6, n_inactive=6, seed=0)
+    b0 = np.zeros(X.shape[1])
+    Wh, Wa = A.hierarchical_dictionary(t), A.absorbed_dictionary(X, t)
+    assert np.allclose(Wa[1:] @ t["parent"], a / np.hypot(a, c))         # absorbed atoms carry the parent
+    rh = A.fixed_dictionary_objective(X, Wh, lam, b=b0)
+    ra = A.fixed_dictionary_objective(X, Wa, lam, b=b0)
+    # certified: the gaps are far below the difference, so L_abs < L_hier is proven
+    assert rh["gap"] < 1e-8 and ra["gap"] < 1e-8
+    assert ra["value"] + ra["gap"] < rh["value"] - rh["gap"]
+    # independent computations: closed form and cvxpy
+    frac = np.mean(t["labels"] >= 0)
+    assert rh["value"] - ra["value"] == pytest.approx(frac * float(A.absorption_gain(a, c, lam)), rel=1e-7)
+    assert rh["value"] == pytest.approx(_cvxpy_codes_value(X, Wh, b0, lam), rel=1e-6)
+    assert ra["value"] == pytest.approx(_cvxpy_codes_value(X, Wa, b0, lam), rel=1e-6)
+    # the parent fires on every child point with the hierarchical atoms, on none with the absorbed ones
+    assert A._parent_firing(rh["codes"], 0, t) == 1.0 and A._parent_firing(ra["codes"], 0, t) == 0.0
+
+
+def test_fixed_dictionary_objective_with_optimal_bias_is_certified():
+    import cvxpy as cp
+    from widelimit.experiments import absorption as A
+
+    lam = 0.5
+    X, t = datasets.hierarchical(2, 4, 5, child_scale=(1.0, 2.0), n_parent_only=4, n_inactive=3, seed=1)
+    W = A.absorbed_dictionary(X, t)
+    r = A.fixed_dictionary_objective(X, W, lam)
+    # independent: SCS on the joint convex problem (different solver than the one used inside)
+    N, n = X.shape
+    Z = cp.Variable((N, W.shape[0]), nonneg=True)
+    b = cp.Variable(n)
+    obj = cp.sum_squares(Z @ W + np.ones((N, 1)) @ cp.reshape(b, (1, n), order="C") - X) + 2 * lam * cp.sum(Z)
+    prob = cp.Problem(cp.Minimize(obj / N))
+    prob.solve(solver=cp.SCS, eps=1e-9)
+    assert r["gap"] <= 1e-7 * r["value"]
+    assert r["value"] - r["gap"] <= prob.value + 1e-6 and r["value"] == pytest.approx(prob.value, rel=1e-5)
+    # the bias step leaves zero-mean residuals
+    R = X - r["bias"] - r["codes"] @ W
+    assert np.allclose(R.mean(axis=0), 0, atol=1e-12)
+
+
+def test_absorption_gain_closed_form():
+    from widelimit.experiments import absorption as A
+
+    a, c = 2.0, 1.5
+    lam = np.linspace(0.05, 1.4, 50)  # a, c > lam: gain = 2 lam (a + c - sqrt(a^2 + c^2)) - lam^2 > 0
+    assert np.allclose(A.absorption_gain(a, c, lam), 2 * lam * (a + c - np.hypot(a, c)) - lam**2)
+    rng = np.random.default_rng(0)
+    aa, cc, ll = rng.uniform(0, 3, (3, 2000))
+    g = A.absorption_gain(aa, cc, ll)
+    assert g.min() >= -1e-12                                   # absorption never loses at bias 0
+    r = np.hypot(aa, cc)
+    assert np.all(g[r > ll * (1 + 1e-6)] > 0) and np.allclose(g[r <= ll], 0, atol=1e-12)
+    assert A.absorption_gain(1.0, 1.0, 1.5) == pytest.approx(0, abs=1e-12) and A.absorption_gain(1.0, 1.0, 1.2) > 0

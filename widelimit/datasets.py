@@ -162,8 +162,8 @@ def hierarchical(n_children: int = 3, dim: int = 10, points_per_child: int = 30,
     The child frequency among parent points is
     ``n_children * points_per_child / (n_children * points_per_child + n_parent_only)``.
     Absorption (theory.md §6): one atom along ``a u_parent + c u_child`` costs
-    ``h(sqrt(a^2 + c^2))`` on a child point, less than ``h(a) + h(c)`` for the parent and
-    child atoms when ``a + c - sqrt(a^2 + c^2) > lam / 2`` (``a, c > lam``).
+    ``h(sqrt(a^2 + c^2))`` on a child point (bias 0), never more than ``h(a) + h(c)`` for
+    the parent and child atoms, and strictly less when ``sqrt(a^2 + c^2) > lam``.
 
     Returns
     -------
