@@ -21,6 +21,7 @@ from .objective import (
     unconstrained_objective,
 )
 from .rays import RayGroups, group_rays
+from . import datasets
 
 __version__ = "0.1.0"
 

@@ -74,24 +74,27 @@ def symmetric_rays(n_rays: int = 6, dim: int = 10, points_per_ray: int = 20, *, 
 
 
 def rays2d(seed: int = 0):
-    """The default demo dataset: 2-D points on six rays around a centre plus a tight core.
+    """The default demo dataset: 2-D points on six rays around a centre plus a core of 20 points.
 
-    Five rays of different lengths and a cluster near the centre, so that the
-    Huber median (``lam = 1``) differs visibly from the geometric median.
+    Three antipodal pairs of rays (angles 10, 75 and 140 degrees and their
+    opposites) carry the same radii on both sides and the core is point
+    symmetric, so the optimal bias is exactly the centre ``(1, -0.5)`` and, for
+    ``lam = 1``, the narrowest optimal dictionary has exactly six atoms.
     """
     rng = np.random.default_rng(seed)
     c = np.array([1.0, -0.5])
-    angles = np.deg2rad([10.0, 75.0, 140.0, 200.0, 250.0, 310.0])
-    U = np.c_[np.cos(angles), np.sin(angles)]
-    counts = [14, 10, 8, 12, 6, 10]
+    angles = np.deg2rad([10.0, 75.0, 140.0])
+    half = np.c_[np.cos(angles), np.sin(angles)]
+    U = np.vstack([half, -half])
     pts, labels = [], []
-    for j, (u, m) in enumerate(zip(U, counts)):
-        t = rng.uniform(1.5, 4.0 + j * 0.4, m)
-        pts.append(c + t[:, None] * u)
-        labels += [j] * m
-    core = c + np.array([0.6, 0.4]) + 0.15 * rng.standard_normal((20, 2))
-    X = np.vstack(pts + [core])
-    return X, {"centre": c, "directions": U, "labels": np.array(labels + [-1] * 20), "lam": 1.0}
+    for j, m in enumerate([12, 8, 10]):
+        t = rng.uniform(1.5, 3.0 + j, m)
+        pts += [c + t[:, None] * half[j], c - t[:, None] * half[j]]
+        labels += [[j] * m, [j + 3] * m]
+    v = 0.35 * rng.standard_normal((10, 2))
+    X = np.vstack(pts + [c + v, c - v])
+    labels = np.concatenate(labels + [[-1] * 20])
+    return X, {"centre": c, "directions": U, "labels": labels, "lam": 1.0}
 
 
 def balanced_rays2d(lam: float = 1.0, *, n_core: int = 30, seed: int = 0):
