@@ -180,3 +180,41 @@ def test_absorption_gain_closed_form():
     r = np.hypot(aa, cc)
     assert np.all(g[r > ll * (1 + 1e-6)] > 0) and np.allclose(g[r <= ll], 0, atol=1e-12)
     assert A.absorption_gain(1.0, 1.0, 1.5) == pytest.approx(0, abs=1e-12) and A.absorption_gain(1.0, 1.0, 1.2) > 0
+
+
+# ---------------------------------------------------------------- experiments using the gradient solver
+
+
+def test_absorption_experiment_quick(tmp_path):
+    res = get("absorption")(tmp_path, quick=True)
+    assert res["max_abs_err_delta_b0"] < 1e-8 and res["max_certified_gap"] < 1e-8
+    for x in res["cells"]:
+        assert x["delta_b0"] >= -1e-9                      # absorption never loses at bias 0
+        if x["wide_limit"]["width"] > 0:
+            # sparse features: the wide-limit optimum and the learned width-(K+1) dictionary are absorbed,
+            # and the parent stops firing on child points
+            assert x["wide_limit"]["kind"] == "absorbed" and x["learned"]["kind"] == "absorbed"
+            assert x["learned"]["parent_firing_on_children"] == 0.0
+            assert x["exact"]["hierarchical"]["parent_firing_b0"] == 1.0
+        assert x["wide_limit"]["learned_rel_gap"] >= -1e-9   # nothing beats the certified bound
+    assert (tmp_path / "absorption.png").exists()
+
+
+def test_splitting_frontier_quick(tmp_path):
+    res = get("splitting")(tmp_path, quick=True)
+    fr = res["hierarchical"]["frontier"]
+    v, lb = np.array(fr["values"]), fr["lower_bound"]
+    assert np.all(np.diff(v) <= 1e-9 * v[:-1])               # non-increasing in width
+    assert np.all(v >= lb * (1 - 1e-9))                       # never below the certified bound
+    k = fr["widths"].index(fr["n_rays"])
+    assert v[k] - lb <= 1e-8 * v[k]                           # meets the bound at the ray count
+    assert v[k - 1] - lb > 1e-3 * v[k - 1]                    # and not one atom earlier
+    assert fr["saturation_width"] == fr["n_rays"]
+    # independent: the bound is the Huber value at the certified median; the exact solution attains it
+    X, t = datasets.hierarchical(3, 7, 6, parent_scale=2.0, child_scale=(1.5, 1.5), n_parent_only=6,
+                                 n_inactive=48, seed=1)
+    sol = wl.solve(X, 0.5)
+    assert sol.width == fr["n_rays"] and sol.value == pytest.approx(lb, rel=1e-10)
+    d = res["digits"]["frontier"]
+    assert all(x >= d["lower_bound"] * (1 - 1e-9) for x in d["values"]) and d["values"][-1] < d["values"][0]
+    assert (tmp_path / "splitting.png").exists()
