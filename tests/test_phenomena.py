@@ -218,3 +218,16 @@ def test_splitting_frontier_quick(tmp_path):
     d = res["digits"]["frontier"]
     assert all(x >= d["lower_bound"] * (1 - 1e-9) for x in d["values"]) and d["values"][-1] < d["values"][0]
     assert (tmp_path / "splitting.png").exists()
+
+
+def test_cli_experiment_json_and_listing(tmp_path, capsys):
+    from widelimit.cli import main
+
+    assert main(["experiment", "exclusive", "--quick", "--json", "--out", str(tmp_path)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert len(lines) == 1 and json.loads(lines[0])["all_widths_equal_K"]
+    assert main(["experiment"]) == 0
+    listed = capsys.readouterr().out
+    assert all(n in listed for n in ("antipodal", "absorption", "splitting", "exclusive", "rays"))
+    assert main(["experiment", "nonexistent"]) == 2
+    assert "unknown experiment" in capsys.readouterr().err
