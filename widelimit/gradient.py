@@ -83,8 +83,8 @@ class FitResult:
     coding_gap : float
         Certified duality gap of ``codes`` for this dictionary and bias (mean per point).
     history : list of dict
-        ``{"step", "time_s", "value"}`` per recorded step (float32 objective during training;
-        the objective of the encoder's codes on the whole data for amortised encoders).
+        ``{"step", "time_s", "value"}`` per step: the float32 objective (full batch), or the
+        mean batch loss over the last ``window`` steps (minibatch and encoder training).
     n_steps : int
     stop_reason : str
         ``"rtol"`` (relative improvement below ``rtol``), ``"max_steps"`` or ``"max_time"``.
@@ -331,7 +331,6 @@ def _fit_free_minibatch(X, W, b, lam, opts, report, gen, dev, cdt):
     rng = np.random.default_rng(opts["seed"])
     step = 0
     reason = "max_steps"
-    ema = None
     while step < opts["max_steps"]:
         step += 1
         idx = np.sort(rng.choice(N, size=bs, replace=False))
@@ -345,9 +344,7 @@ def _fit_free_minibatch(X, W, b, lam, opts, report, gen, dev, cdt):
         W = _dict_steps(W, A, Bm, opts["dict_steps"])
         r = xt - z @ W
         b = b + r.mean(0) * min(1.0, 2.0 / (step + 1.0) ** 0.5)
-        val = float(_point_values(r, z, lam).double().mean())
-        ema = val if ema is None else 0.9 * ema + 0.1 * val
-        if report(step, ema):
+        if report(step, float(_point_values(r, z, lam).double().mean())):
             reason = report.reason
             break
     return W, b, None, step, reason
@@ -420,7 +417,6 @@ def _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, gen, dev, cdt):
     rng = np.random.default_rng(opts["seed"])
     step = 0
     reason = "max_steps"
-    ema = None
     perm, pos = rng.permutation(N), 0
     while step < opts["max_steps"]:
         step += 1
@@ -438,9 +434,7 @@ def _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, gen, dev, cdt):
         optim.step()
         with torch.no_grad():
             params["W_dec"].copy_(_rownorm(params["W_dec"], old=params["W_dec"]))
-        val = float(loss.detach().double())
-        ema = val if ema is None else 0.95 * ema + 0.05 * val
-        if report(step, ema):
+        if report(step, float(loss.detach().double())):
             reason = report.reason
             break
     with torch.no_grad():
@@ -489,27 +483,44 @@ def encoder_codes(X, encoder: str, encoder_params: dict, bias, *, batch_size: in
 
 
 class _Reporter:
-    """History, stopping rule (relative improvement / step or time budget) and the user callback."""
+    """History, stopping rule (relative improvement / step or time budget) and the user callback.
 
-    def __init__(self, rtol, window, max_time, callback, t0):
+    Deterministic (full-batch) objectives: stop when ``v[-1-window] - v[-1] <= rtol * window * |v[-1]|``.
+    Stochastic ones (``stochastic=True``: minibatch losses): the same test on the means of the
+    last two blocks of ``window`` steps, so batch noise does not stop or prolong the run.
+    """
+
+    def __init__(self, rtol, window, max_time, callback, t0, stochastic=False):
         self.rtol, self.window, self.max_time, self.callback, self.t0 = rtol, window, max_time, callback, t0
+        self.stochastic = stochastic
         self.history: list[dict] = []
+        self.raw: list[float] = []
         self.reason = "max_steps"
 
     def __call__(self, step, value) -> bool:
         t = time.perf_counter() - self.t0
-        self.history.append({"step": int(step), "time_s": t, "value": float(value)})
-        if self.callback is not None:
-            self.callback(dict(self.history[-1]))
         if not math.isfinite(value):
             raise FloatingPointError(f"the objective became {value} at step {step}; lower the learning rate")
+        self.raw.append(float(value))
+        w = self.window
+        shown = float(np.mean(self.raw[-w:])) if self.stochastic else float(value)
+        self.history.append({"step": int(step), "time_s": t, "value": shown})
+        if self.callback is not None:
+            self.callback(dict(self.history[-1]))
         if self.max_time is not None and t >= self.max_time:
             self.reason = "max_time"
             return True
-        h = self.history
-        if len(h) > self.window and self.rtol > 0:
-            old, new = h[-1 - self.window]["value"], value
-            if old - new <= self.rtol * self.window * abs(new):
+        if self.rtol <= 0:
+            return False
+        if self.stochastic:
+            if len(self.raw) >= 2 * w and len(self.raw) % w == 0:
+                old, new = np.mean(self.raw[-2 * w : -w]), np.mean(self.raw[-w:])
+                if old - new <= self.rtol * w * abs(new):
+                    self.reason = "rtol"
+                    return True
+        elif len(self.raw) > w:
+            old, new = self.raw[-1 - w], self.raw[-1]
+            if old - new <= self.rtol * w * abs(new):
                 self.reason = "rtol"
                 return True
         return False
@@ -551,6 +562,8 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
         Stop when the objective improved by less than ``rtol`` per step (relative) over
         the last ``window`` recorded steps.
     window : int
+        Steps over which the improvement is measured (at least 200 for minibatch and
+        encoder training, whose recorded objective is a moving average of batch losses).
     max_time : float, optional
         Stop after this many seconds.
     batch_size : int, optional
@@ -639,7 +652,10 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
             W = _rownorm(torch.as_tensor(init_arr, dtype=cdt, device=dev))
         else:
             W, b = _init_dictionary(src, b, lam, width, init, gen)
-    report = _Reporter(float(rtol), int(window), max_time, callback, t0)
+    # stochastic objectives (minibatches, Adam) are judged over a longer window
+    stochastic = amortised or minibatch
+    report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), max_time, callback, t0,
+                       stochastic=stochastic)
     opts = {"max_steps": int(max_steps), "code_steps": int(code_steps), "dict_steps": int(dict_steps),
             "resample_every": int(resample_every), "batch_size": batch_size, "seed": int(seed), "Z_init": None,
             "batch_code_steps": max(30, 3 * int(code_steps)), "lr": float(lr), "topk": topk,
