@@ -288,8 +288,8 @@ def _fit_free(Xd, W, b, lam, opts, report):
     Tc, Tw = opts["code_steps"], opts["dict_steps"]
     Xt = Xd - b
     Z = torch.zeros((N, W.shape[0]), dtype=Xd.dtype, device=Xd.device)
-    if opts["Z_init"] is not None:
-        Z = opts["Z_init"]
+    # start from (nearly) optimal codes for the initial atoms, so the first atom step is informed
+    Z = code_steps(Xt, W, lam, 1.0 / (_code_lipschitz(W) * (1 + 1e-5)), Z, 5 * Tc)
     R = Xt - Z @ W
     P = _point_values(R, Z, lam)
     step = 0
@@ -657,7 +657,7 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
     report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), max_time, callback, t0,
                        stochastic=stochastic)
     opts = {"max_steps": int(max_steps), "code_steps": int(code_steps), "dict_steps": int(dict_steps),
-            "resample_every": int(resample_every), "batch_size": batch_size, "seed": int(seed), "Z_init": None,
+            "resample_every": int(resample_every), "batch_size": batch_size, "seed": int(seed),
             "batch_code_steps": max(30, 3 * int(code_steps)), "lr": float(lr), "topk": topk,
             "bandwidth": bandwidth}
     enc_params: dict = {}
