@@ -13,9 +13,10 @@ Minimises theory.md §1's objective directly over a finite width ``k``:
    (nonnegative soft threshold, ``L = lambda_max(W W^T)``, per-point Nesterov momentum
    with adaptive restart; :func:`widelimit.coding.code_steps`), keeping a point's old
    code if the new one is worse (so the step never increases ``L``);
-2. atoms: projected gradient steps on the sphere with ``A = Z^T Z``, ``B = Z^T (X - b)``,
-   ``W <- rownormalise(W - (A W - B) / lambda_max(A))``; a projected step of length
-   ``1 / Lipschitz`` onto any closed set never increases the objective;
+2. atoms: block-coordinate sweeps on the sphere with ``A = Z^T Z``, ``B = Z^T (X - b)``:
+   atom ``d`` becomes ``c / ||c||`` with ``c = B_d - sum_{j != d} A_dj w_j``, the exact
+   minimiser over the unit sphere with the other atoms fixed (the projected block
+   gradient step of length ``1 / A_dd``), so the step never increases the objective;
 3. bias: the exact minimiser ``b = mean_i (x_i - z_i W)``.
 
 Every step is monotone, so the recorded objective decreases. In minibatch mode
@@ -83,8 +84,8 @@ class FitResult:
     coding_gap : float
         Certified duality gap of ``codes`` for this dictionary and bias (mean per point).
     history : list of dict
-        ``{"step", "time_s", "value"}`` per recorded step (float32 objective during training;
-        the objective of the encoder's codes on the whole data for amortised encoders).
+        ``{"step", "time_s", "value"}`` per step: the float32 objective (full batch), or the
+        mean batch loss over the last ``window`` steps (minibatch and encoder training).
     n_steps : int
     stop_reason : str
         ``"rtol"`` (relative improvement below ``rtol``), ``"max_steps"`` or ``"max_time"``.
@@ -204,7 +205,7 @@ def _directions(Xd, b, lam):
     return D, r, far
 
 
-def _init_dictionary(Xd, b, lam, width, init, gen, n_lloyd=30):
+def _init_dictionary(Xd, b, lam, width, init, gen, n_lloyd=30, learn_bias=True):
     """Initial ``(W, b)`` (torch, device) for ``init`` in :data:`INITS`."""
     import torch
 
@@ -240,7 +241,8 @@ def _init_dictionary(Xd, b, lam, width, init, gen, n_lloyd=30):
             res = (D * D).sum(1) - z * z
             worst = torch.argsort(res, descending=True)[: int((~used).sum())]
             W[~used] = _rownorm(D[worst])
-        b = (Xd - z[:, None] * W[a]).mean(0)
+        if learn_bias:
+            b = (Xd - z[:, None] * W[a]).mean(0)
         if cost >= prev * (1 - 1e-12):
             break
         prev = cost
@@ -256,11 +258,29 @@ def _point_values(R, Z, lam):
     return (R * R).sum(1) + 2.0 * lam * Z.sum(1)
 
 
-def _dict_steps(W, A, B, n_steps):
-    """Projected gradient steps on ``tr(W^T A W) - 2 tr(W^T B)`` over unit rows (monotone)."""
-    L = _lmax(A)
-    for _ in range(n_steps):
-        W = _rownorm(W - (A @ W - B) / L, old=W)
+def _dict_steps(W, A, B, n_sweeps):
+    """Block-coordinate sweeps over the atoms on the unit sphere (monotone).
+
+    Atom ``d`` minimises ``tr(W^T A W) - 2 tr(W^T B)`` with the others fixed: on the
+    sphere the minimiser is ``w_d = c / ||c||``, ``c = B_d - sum_{j != d} A_dj w_j``
+    (the projection of the block gradient step of length ``1 / A_dd``); unused atoms
+    (``A_dd = 0``) and ``c = 0`` keep their atom. ``A W`` is kept up to date by rank-one
+    corrections, so a sweep costs ``O(k^2 n)``.
+    """
+    import torch
+
+    W = W.clone()
+    AW = A @ W
+    diag = torch.diagonal(A).cpu().tolist()
+    for _ in range(n_sweeps):
+        for d, add in enumerate(diag):
+            if add <= 0:
+                continue
+            c = B[d] - AW[d] + add * W[d]
+            nc = c.norm()
+            w_new = torch.where(nc > 0, c / torch.clamp(nc, min=1e-30), W[d])
+            AW += A[:, d : d + 1] * (w_new - W[d])[None, :]
+            W[d] = w_new
     return W
 
 
@@ -288,8 +308,8 @@ def _fit_free(Xd, W, b, lam, opts, report):
     Tc, Tw = opts["code_steps"], opts["dict_steps"]
     Xt = Xd - b
     Z = torch.zeros((N, W.shape[0]), dtype=Xd.dtype, device=Xd.device)
-    if opts["Z_init"] is not None:
-        Z = opts["Z_init"]
+    # start from (nearly) optimal codes for the initial atoms, so the first atom step is informed
+    Z = code_steps(Xt, W, lam, 1.0 / (_code_lipschitz(W) * (1 + 1e-5)), Z, 5 * Tc)
     R = Xt - Z @ W
     P = _point_values(R, Z, lam)
     step = 0
@@ -308,7 +328,8 @@ def _fit_free(Xd, W, b, lam, opts, report):
         A = Z.T @ Z
         Bm = Z.T @ Xt
         W = _dict_steps(W, A, Bm, Tw)
-        b = (Xd - Z @ W).mean(0)
+        if opts["learn_bias"]:
+            b = (Xd - Z @ W).mean(0)
         Xt = Xd - b
         R = Xt - Z @ W
         P = _point_values(R, Z, lam)
@@ -331,7 +352,6 @@ def _fit_free_minibatch(X, W, b, lam, opts, report, gen, dev, cdt):
     rng = np.random.default_rng(opts["seed"])
     step = 0
     reason = "max_steps"
-    ema = None
     while step < opts["max_steps"]:
         step += 1
         idx = np.sort(rng.choice(N, size=bs, replace=False))
@@ -344,10 +364,9 @@ def _fit_free_minibatch(X, W, b, lam, opts, report, gen, dev, cdt):
         Bm = beta * Bm + (z.T @ xt) / bs
         W = _dict_steps(W, A, Bm, opts["dict_steps"])
         r = xt - z @ W
-        b = b + r.mean(0) * min(1.0, 2.0 / (step + 1.0) ** 0.5)
-        val = float(_point_values(r, z, lam).double().mean())
-        ema = val if ema is None else 0.9 * ema + 0.1 * val
-        if report(step, ema):
+        if opts["learn_bias"]:
+            b = b + r.mean(0) * min(1.0, 2.0 / (step + 1.0) ** 0.5)
+        if report(step, float(_point_values(r, z, lam).double().mean())):
             reason = report.reason
             break
     return W, b, None, step, reason
@@ -407,9 +426,9 @@ def _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, gen, dev, cdt):
         "W_enc": W.T.clone().requires_grad_(True),
         "b_enc": torch.full((k,), -lam, dtype=cdt, device=dev).requires_grad_(True),
         "W_dec": W.clone().requires_grad_(True),
-        "b_dec": b.clone().requires_grad_(True),
+        "b_dec": b.clone().requires_grad_(opts["learn_bias"]),
     }
-    train = list(params.values())
+    train = [p for p in params.values() if p.requires_grad]
     if encoder == "jumprelu":
         params["log_threshold"] = torch.full((k,), math.log(0.1 * lam), dtype=cdt, device=dev).requires_grad_(True)
         params["bandwidth"] = opts["bandwidth"] if opts["bandwidth"] is not None else 0.1 * lam
@@ -420,7 +439,6 @@ def _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, gen, dev, cdt):
     rng = np.random.default_rng(opts["seed"])
     step = 0
     reason = "max_steps"
-    ema = None
     perm, pos = rng.permutation(N), 0
     while step < opts["max_steps"]:
         step += 1
@@ -438,9 +456,7 @@ def _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, gen, dev, cdt):
         optim.step()
         with torch.no_grad():
             params["W_dec"].copy_(_rownorm(params["W_dec"], old=params["W_dec"]))
-        val = float(loss.detach().double())
-        ema = val if ema is None else 0.95 * ema + 0.05 * val
-        if report(step, ema):
+        if report(step, float(loss.detach().double())):
             reason = report.reason
             break
     with torch.no_grad():
@@ -489,27 +505,44 @@ def encoder_codes(X, encoder: str, encoder_params: dict, bias, *, batch_size: in
 
 
 class _Reporter:
-    """History, stopping rule (relative improvement / step or time budget) and the user callback."""
+    """History, stopping rule (relative improvement / step or time budget) and the user callback.
 
-    def __init__(self, rtol, window, max_time, callback, t0):
+    Deterministic (full-batch) objectives: stop when ``v[-1-window] - v[-1] <= rtol * window * |v[-1]|``.
+    Stochastic ones (``stochastic=True``: minibatch losses): the same test on the means of the
+    last two blocks of ``window`` steps, so batch noise does not stop or prolong the run.
+    """
+
+    def __init__(self, rtol, window, max_time, callback, t0, stochastic=False):
         self.rtol, self.window, self.max_time, self.callback, self.t0 = rtol, window, max_time, callback, t0
+        self.stochastic = stochastic
         self.history: list[dict] = []
+        self.raw: list[float] = []
         self.reason = "max_steps"
 
     def __call__(self, step, value) -> bool:
         t = time.perf_counter() - self.t0
-        self.history.append({"step": int(step), "time_s": t, "value": float(value)})
-        if self.callback is not None:
-            self.callback(dict(self.history[-1]))
         if not math.isfinite(value):
             raise FloatingPointError(f"the objective became {value} at step {step}; lower the learning rate")
+        self.raw.append(float(value))
+        w = self.window
+        shown = float(np.mean(self.raw[-w:])) if self.stochastic else float(value)
+        self.history.append({"step": int(step), "time_s": t, "value": shown})
+        if self.callback is not None:
+            self.callback(dict(self.history[-1]))
         if self.max_time is not None and t >= self.max_time:
             self.reason = "max_time"
             return True
-        h = self.history
-        if len(h) > self.window and self.rtol > 0:
-            old, new = h[-1 - self.window]["value"], value
-            if old - new <= self.rtol * self.window * abs(new):
+        if self.rtol <= 0:
+            return False
+        if self.stochastic:
+            if len(self.raw) >= 2 * w and len(self.raw) % w == 0:
+                old, new = np.mean(self.raw[-2 * w : -w]), np.mean(self.raw[-w:])
+                if old - new <= self.rtol * w * abs(new):
+                    self.reason = "rtol"
+                    return True
+        elif len(self.raw) > w:
+            old, new = self.raw[-1 - w], self.raw[-1]
+            if old - new <= self.rtol * w * abs(new):
                 self.reason = "rtol"
                 return True
         return False
@@ -517,8 +550,8 @@ class _Reporter:
 
 def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device="auto", seed: int = 0,
                    max_steps: int | None = None, rtol: float = 1e-8, window: int = 10,
-                   max_time: float | None = None, batch_size: int | None = None, code_steps: int = 10,
-                   dict_steps: int = 5, resample_every: int = 25, bias=None, lr: float = 1e-3,
+                   max_time: float | None = None, batch_size: int | None = None, code_steps: int = 20,
+                   dict_steps: int = 2, resample_every: int = 25, bias=None, learn_bias: bool = True, lr: float = 1e-3,
                    topk: int | None = None, bandwidth: float | None = None, coding_tol: float = 1e-7,
                    callback: Callable[[dict], None] | None = None) -> FitResult:
     r"""Learn a width-``k`` dictionary, codes and bias by minimising the SAE objective (theory.md §1).
@@ -551,16 +584,21 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
         Stop when the objective improved by less than ``rtol`` per step (relative) over
         the last ``window`` recorded steps.
     window : int
+        Steps over which the improvement is measured (at least 200 for minibatch and
+        encoder training, whose recorded objective is a moving average of batch losses).
     max_time : float, optional
         Stop after this many seconds.
     batch_size : int, optional
         Minibatch size; ``None`` = full batch (free codes) or 4096 (encoders).
     code_steps, dict_steps : int
-        Accelerated code steps and projected atom steps per outer step (free codes).
+        Accelerated code steps and block-coordinate sweeps over the atoms per outer step (free codes).
     resample_every : int
         Every so many steps, unused atoms move to the worst-served residuals (0 = never).
     bias : array (n,), optional
         Initial bias (default: the Huber median of ``X``).
+    learn_bias : bool
+        Optimise the bias (default). ``False`` keeps it fixed at ``bias`` (e.g. ``0``,
+        scikit-learn's bias-free objective); the ray clustering then leaves it alone too.
     lr : float
         Adam learning rate (amortised encoders).
     topk : int, optional
@@ -638,12 +676,15 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
         if init_arr is not None:
             W = _rownorm(torch.as_tensor(init_arr, dtype=cdt, device=dev))
         else:
-            W, b = _init_dictionary(src, b, lam, width, init, gen)
-    report = _Reporter(float(rtol), int(window), max_time, callback, t0)
+            W, b = _init_dictionary(src, b, lam, width, init, gen, learn_bias=bool(learn_bias))
+    # stochastic objectives (minibatches, Adam) are judged over a longer window
+    stochastic = amortised or minibatch
+    report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), max_time, callback, t0,
+                       stochastic=stochastic)
     opts = {"max_steps": int(max_steps), "code_steps": int(code_steps), "dict_steps": int(dict_steps),
-            "resample_every": int(resample_every), "batch_size": batch_size, "seed": int(seed), "Z_init": None,
+            "resample_every": int(resample_every), "batch_size": batch_size, "seed": int(seed),
             "batch_code_steps": max(30, 3 * int(code_steps)), "lr": float(lr), "topk": topk,
-            "bandwidth": bandwidth}
+            "bandwidth": bandwidth, "learn_bias": bool(learn_bias)}
     enc_params: dict = {}
     enc_value = None
     if amortised:
