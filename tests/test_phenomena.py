@@ -210,6 +210,7 @@ def test_splitting_frontier_quick(tmp_path):
     assert v[k] - lb <= 1e-8 * v[k]                           # meets the bound at the ray count
     assert v[k - 1] - lb > 1e-3 * v[k - 1]                    # and not one atom earlier
     assert fr["saturation_width"] == fr["n_rays"]
+    assert res["hierarchical"]["atoms_from_frontier_fits"]   # the atoms shown are the frontier's fits
     # independent: the bound is the Huber value at the certified median; the exact solution attains it
     X, t = datasets.hierarchical(3, 7, 6, parent_scale=2.0, child_scale=(1.5, 1.5), n_parent_only=6,
                                  n_inactive=48, seed=1)
