@@ -204,13 +204,15 @@ def _step(x, U, lam, inv_L, y, v, t):
     """
     import torch
 
-    g = (x - v @ U) @ U.T
-    y_new = torch.clamp(v + (g - lam) * inv_L, min=0.0)
-    restart = ((v - y_new) * (y_new - y)).sum(1) > 0
+    # in place where possible (``v`` is consumed): the elementwise work rivals the two matmuls
+    g = torch.addmm(x, v, U, alpha=-1.0) @ U.T
+    y_new = g.sub_(lam).mul_(inv_L).add_(v).clamp_(min=0.0)
+    d = y_new - y
+    restart = torch.linalg.vecdot(v.sub_(y_new), d) > 0
     t_new = 0.5 * (1.0 + torch.sqrt(1.0 + 4.0 * t * t))
     beta = torch.where(restart, torch.zeros_like(t), (t - 1.0) / t_new)
     t = torch.where(restart, torch.ones_like(t), t_new)
-    v = y_new + beta[:, None] * (y_new - y)
+    v = torch.addcmul(y_new, beta[:, None], d)
     return y_new, v, t
 
 
