@@ -341,7 +341,7 @@ def _fit_free(Xd, W, b, lam, opts, report):
     return W, b, Z, step, reason
 
 
-def _fit_free_minibatch(X, W, b, lam, opts, report, gen, dev, cdt):
+def _fit_free_minibatch(X, W, b, lam, opts, report, dev, cdt):
     import torch
 
     N, n = X.shape
@@ -416,7 +416,7 @@ def _encode(x, params, encoder, topk, jump):
     return f
 
 
-def _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, gen, dev, cdt):
+def _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, dev, cdt):
     import torch
 
     N, n = X.shape
@@ -467,7 +467,7 @@ def _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, gen, dev, cdt):
             out["threshold"] = torch.exp(params["log_threshold"]).detach().cpu().double().numpy()
         if encoder == "topk":
             out["k"] = topk
-    return Wd, params["b_dec"].detach(), step, reason, out, (params, topk, jump)
+    return Wd, params["b_dec"].detach(), step, reason, out
 
 
 def encoder_codes(X, encoder: str, encoder_params: dict, bias, *, batch_size: int = 8192) -> sp.csr_array:
@@ -662,21 +662,23 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
         b0 = huber_median(X, lam).point
     else:
         b0 = check_vector(bias, n, "bias")
-    # the data on the device (float32); minibatch mode reads batches from X instead
+    # the data on the device (float32), unless a minibatch / encoder run on data too large for
+    # that reads its batches from X (then the initialisation sees a subsample)
     fits = N * n * 4 <= (1 << 34 if dev.type == "cuda" else 1 << 32)
-    if minibatch and not fits:
-        sub = np.sort(np.random.default_rng(seed).choice(N, size=min(N, 200_000), replace=False))
-        Xinit = torch.as_tensor(np.asarray(X[sub], dtype=np.float64), dtype=cdt, device=dev)
-    else:
-        Xinit = None
+    stream = (minibatch or amortised) and not fits
     with torch.no_grad():
-        Xd = torch.as_tensor(np.asarray(X, dtype=np.float32), device=dev) if (fits or not minibatch) else None
+        if stream:
+            sub = np.sort(np.random.default_rng(seed).choice(N, size=min(N, 200_000), replace=False))
+            Xd, src = None, torch.as_tensor(np.asarray(X[sub], dtype=np.float32), device=dev)
+        else:
+            Xd = torch.as_tensor(np.asarray(X, dtype=np.float32), device=dev)
+            src = Xd
         b = torch.as_tensor(b0, dtype=cdt, device=dev)
-        src = Xd if Xd is not None else Xinit
         if init_arr is not None:
             W = _rownorm(torch.as_tensor(init_arr, dtype=cdt, device=dev))
         else:
             W, b = _init_dictionary(src, b, lam, width, init, gen, learn_bias=bool(learn_bias))
+        del src
     # stochastic objectives (minibatches, Adam) are judged over a longer window
     stochastic = amortised or minibatch
     report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), max_time, callback, t0,
@@ -688,16 +690,18 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
     enc_params: dict = {}
     enc_value = None
     if amortised:
-        Wt, bt, steps, reason, enc_params, _ = _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, gen, dev, cdt)
+        Wt, bt, steps, reason, enc_params = _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, dev, cdt)
         Z_warm = None
     elif minibatch:
         with torch.no_grad():
-            Wt, bt, _, steps, reason = _fit_free_minibatch(X, W, b, lam, opts, report, gen, dev, cdt)
+            Wt, bt, _, steps, reason = _fit_free_minibatch(X, W, b, lam, opts, report, dev, cdt)
         Z_warm = None
     else:
         with torch.no_grad():
             Wt, bt, Zt, steps, reason = _fit_free(Xd, W, b, lam, opts, report)
-        Z_warm = sp.csr_array(Zt.cpu().double().numpy())
+        rows = max(1, (1 << 26) // max(1, width))
+        Z_warm = sp.csr_array(sp.vstack([sp.csr_array(Zt[s:s + rows].cpu().double().numpy())
+                                         for s in range(0, N, rows)], format="csr"))
         del Zt
     Wf = Wt.detach().cpu().double().numpy()
     Wf /= np.where(np.linalg.norm(Wf, axis=1) > 0, np.linalg.norm(Wf, axis=1), 1.0)[:, None]
