@@ -5,7 +5,10 @@ The main entry points:
 - :func:`solve` -- the narrowest globally optimal (W, Z, b), with a certificate;
 - :func:`verify` -- certify any candidate (W, Z, b) against the global optimum;
 - :func:`optimal_codes` -- certified optimal nonnegative codes for a fixed dictionary and bias;
+- :func:`fit_dictionary` -- torch gradient solver of the nonconvex objective at a finite width;
+- :func:`crossvalidate`, :func:`frontier` -- the gradient solver against the exact optimum, loss vs width;
 - :func:`huber_median`, :func:`geometric_median` -- certified optimal biases;
+- :func:`first_order_conditions` -- the finite-width stationarity conditions and their margins;
 - :class:`ActivationSource` -- activations on disk (``.npy`` / ``.safetensors`` shards, a
   ``datasets`` Arrow cache), streamed by every solver; ``dask.array`` input runs on a cluster;
 - :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form;
@@ -15,7 +18,10 @@ The main entry points:
 
 from .certificate import Certificate, verify
 from .coding import CodingResult, optimal_codes
+from .crossval import CrossValidation, crossvalidate
 from .exact import WideLimitSolution, solve
+from .frontier import Frontier, frontier
+from .gradient import FitResult, fit_dictionary
 from .median import MedianResult, geometric_median, huber_median, huber_value
 from .objective import (
     ObjectiveValue,
@@ -30,6 +36,7 @@ from .rays import RayGroups, group_rays
 from .io import ActivationSource
 from .sae import SAE, load_sae
 from .sae_certify import SAECertificate, certify_sae
+from .stationarity import Stationarity, first_order_conditions
 from . import datasets
 
 __version__ = "0.1.0"
@@ -38,14 +45,22 @@ __all__ = [
     "ActivationSource",
     "Certificate",
     "CodingResult",
+    "CrossValidation",
+    "FitResult",
+    "Frontier",
     "MedianResult",
     "ObjectiveValue",
     "RayGroups",
-    "SAE",
-    "SAECertificate",
-    "WideLimitSolution",
     "balance",
     "certify_sae",
+    "crossvalidate",
+    "first_order_conditions",
+    "fit_dictionary",
+    "frontier",
+    "SAE",
+    "SAECertificate",
+    "Stationarity",
+    "WideLimitSolution",
     "geometric_median",
     "group_rays",
     "huber_h",
