@@ -10,7 +10,7 @@ from widelimit.objective import sae_objective
 from widelimit.working_set import optimal_codes_working_set
 
 
-def _problem(N=60, k=120, n=16, active=4, seed=0, noise=0.05):
+def _problem(N=30, k=80, n=24, active=4, seed=0, noise=0.05):
     rng = np.random.default_rng(seed)
     W = rng.standard_normal((k, n)) * rng.uniform(0.5, 2.0, (k, 1))
     U = W / np.linalg.norm(W, axis=1, keepdims=True)
@@ -24,9 +24,9 @@ def _problem(N=60, k=120, n=16, active=4, seed=0, noise=0.05):
 @pytest.mark.parametrize("lam,ws", [(0.2, 32), (0.02, 8), (1.0, 16)])
 def test_matches_full_solver_and_is_certified(lam, ws):
     X, W, b = _problem()
-    ref = optimal_codes(X, W, b, lam, tol=1e-9, device="cpu")
-    got = optimal_codes_working_set(X, W, b, lam, tol=1e-9, device="cpu", ws_size=ws)
-    assert got.converged and got.gap <= 1e-8 * max(got.value, lam * lam)
+    ref = optimal_codes(X, W, b, lam, tol=1e-8, device="cpu")
+    got = optimal_codes_working_set(X, W, b, lam, tol=1e-8, device="cpu", ws_size=ws)
+    assert got.converged and got.gap <= 1e-7 * max(got.value, lam * lam)
     np.testing.assert_allclose(got.point_values, ref.point_values, rtol=1e-7, atol=1e-10)
     # the reported value is the objective of the returned codes (independent evaluation)
     assert got.value == pytest.approx(sae_objective(X, W, got.codes, b, lam).value, rel=1e-10)

@@ -136,7 +136,7 @@ def optimal_codes_working_set(X, W, b, lam, *, tol: float = 1e-6, device="auto",
     per-token relative gap ``gap_i <= tol * max(P_i, lam^2)``); in addition:
 
     ws_size : int
-        Initial working-set size per token (doubled while supports fill it).
+        Initial working-set size per token (doubled while supports fill it, at most ``n``).
     max_rounds : int
         Working-set rounds before the remaining tokens go to the full solver.
     inner_iter : int
@@ -191,7 +191,7 @@ def optimal_codes_working_set(X, W, b, lam, *, tol: float = 1e-6, device="auto",
                 y_full = torch.zeros((m, kl), dtype=torch.float64, device=dev)
                 corr = q_full.clone()
             todo = torch.arange(m, device=dev)
-            S = min(ws_size, kl)
+            S = min(ws_size, kl, n)  # a lasso solution needs at most n atoms; larger blocks are singular
             P = gap = None
             for rnd in range(max_rounds):
                 rounds_max = max(rounds_max, rnd + 1)
@@ -218,7 +218,7 @@ def optimal_codes_working_set(X, W, b, lam, *, tol: float = 1e-6, device="auto",
                     todo = todo_next
                     break
                 if bool(full[~ok].any()):
-                    S = min(kl, 2 * S)
+                    S = min(kl, n, 2 * S)
                 corr[todo_next] = c[~ok]
                 todo = todo_next
             if todo.numel():
