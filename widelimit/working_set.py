@@ -174,7 +174,7 @@ def optimal_codes_working_set(X, W, b, lam, *, tol: float = 1e-6, device="auto",
     blocks = []
     rounds_max = 0
     leftovers = []
-    big = torch.tensor(1e300, dtype=torch.float64, device=dev)
+    big = torch.tensor(1e250, dtype=torch.float64, device=dev)  # support first (largest codes first), then correlations
     with torch.no_grad():
         for s0 in range(0, N, batch_size):
             e0 = min(N, s0 + batch_size)
@@ -196,7 +196,7 @@ def optimal_codes_working_set(X, W, b, lam, *, tol: float = 1e-6, device="auto",
             for rnd in range(max_rounds):
                 rounds_max = max(rounds_max, rnd + 1)
                 yt, ct = y_full[todo], corr[todo]
-                score = torch.where(yt > 0, big, ct)
+                score = torch.where(yt > 0, big * (1.0 + yt / (1.0 + yt.amax(1, keepdim=True))), ct)
                 ws = torch.topk(score, S, dim=1).indices
                 G = Gfull[ws.unsqueeze(-1), ws.unsqueeze(-2)]
                 q = q_full[todo].gather(1, ws)
