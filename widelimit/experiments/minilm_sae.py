@@ -29,13 +29,13 @@ def _alternating_fit(X, lam, width, iters, seed, device):
 
     ``b`` = the certified Huber median (the wide-limit optimal bias); atoms
     start at ``width`` random centred data points; then ``iters`` rounds of
-    optimal codes (:func:`widelimit.coding.optimal_codes`) and the ridge-optimal
+    optimal codes (:func:`widelimit.working_set.optimal_codes_working_set`) and the ridge-optimal
     dictionary (:func:`widelimit.optimal_dictionary`), rows renormalised (empty
     atoms restart at the worst-reconstructed points).
     """
-    from ..coding import optimal_codes
     from ..median import huber_median
     from ..objective import optimal_dictionary
+    from ..working_set import optimal_codes_working_set
 
     rng = np.random.default_rng(seed)
     X = np.asarray(X, dtype=np.float64)
@@ -45,7 +45,7 @@ def _alternating_fit(X, lam, width, iters, seed, device):
     U /= np.maximum(np.linalg.norm(U, axis=1, keepdims=True), 1e-12)
     history = []
     for _ in range(iters):
-        res = optimal_codes(X, U, b, lam, tol=1e-4, device=device)
+        res = optimal_codes_working_set(X, U, b, lam, tol=1e-4, device=device)
         history.append(res.value)
         Z = res.codes.toarray()
         W = optimal_dictionary(X, Z, b, lam)
