@@ -5,6 +5,8 @@ The main entry points:
 - :func:`solve` -- the narrowest globally optimal (W, Z, b), with a certificate;
 - :func:`verify` -- certify any candidate (W, Z, b) against the global optimum;
 - :func:`optimal_codes` -- certified optimal nonnegative codes for a fixed dictionary and bias;
+- :func:`fit_dictionary` -- torch gradient solver of the nonconvex objective at a finite width;
+- :func:`crossvalidate`, :func:`frontier` -- the gradient solver against the exact optimum, loss vs width;
 - :func:`huber_median`, :func:`geometric_median` -- certified optimal biases;
 - :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form;
 - :func:`load_sae`, :func:`certify_sae` -- load a trained SAE (SAELens, dictionary_learning, sparsify)
@@ -13,7 +15,10 @@ The main entry points:
 
 from .certificate import Certificate, verify
 from .coding import CodingResult, optimal_codes
+from .crossval import CrossValidation, crossvalidate
 from .exact import WideLimitSolution, solve
+from .frontier import Frontier, frontier
+from .gradient import FitResult, fit_dictionary
 from .median import MedianResult, geometric_median, huber_median, huber_value
 from .objective import (
     ObjectiveValue,
@@ -34,6 +39,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Certificate",
     "CodingResult",
+    "CrossValidation",
+    "FitResult",
+    "Frontier",
     "MedianResult",
     "ObjectiveValue",
     "RayGroups",
@@ -42,6 +50,9 @@ __all__ = [
     "WideLimitSolution",
     "balance",
     "certify_sae",
+    "crossvalidate",
+    "fit_dictionary",
+    "frontier",
     "geometric_median",
     "group_rays",
     "huber_h",

@@ -191,16 +191,42 @@ def _fista(x, U, lam, inv_L, y, tol, floor, max_iter, check_every, patience=4):
                 best, stall = best[keep], stall[keep]
                 if not idx.numel():
                     break
-        g = (xw - v @ U) @ U.T
-        y_new = torch.clamp(v + (g - lam) * inv_L, min=0.0)
-        restart = ((v - y_new) * (y_new - yw)).sum(1) > 0
-        t_new = 0.5 * (1.0 + torch.sqrt(1.0 + 4.0 * t * t))
-        beta = torch.where(restart, torch.zeros_like(t), (t - 1.0) / t_new)
-        t = torch.where(restart, torch.ones_like(t), t_new)
-        v = y_new + beta[:, None] * (y_new - yw)
-        yw = y_new
+        yw, v, t = _step(xw, U, lam, inv_L, yw, v, t)
         it += 1
     return y_out, iters, conv
+
+
+def _step(x, U, lam, inv_L, y, v, t):
+    """One accelerated proximal step for all rows: returns ``(y+, v+, t+)``.
+
+    ``y+ = (v + ((x - v U) U^T - lam) / L)_+``; Nesterov extrapolation
+    ``v+ = y+ + beta (y+ - y)``, reset per row by the gradient-mapping restart test.
+    """
+    import torch
+
+    g = (x - v @ U) @ U.T
+    y_new = torch.clamp(v + (g - lam) * inv_L, min=0.0)
+    restart = ((v - y_new) * (y_new - y)).sum(1) > 0
+    t_new = 0.5 * (1.0 + torch.sqrt(1.0 + 4.0 * t * t))
+    beta = torch.where(restart, torch.zeros_like(t), (t - 1.0) / t_new)
+    t = torch.where(restart, torch.ones_like(t), t_new)
+    v = y_new + beta[:, None] * (y_new - y)
+    return y_new, v, t
+
+
+def code_steps(x, U, lam, inv_L, y, n_steps: int):
+    """``n_steps`` accelerated proximal steps on the codes ``y`` (torch, any device), momentum from rest.
+
+    The inner loop of the gradient dictionary learner; ``x = X - b``, ``U`` unit atoms,
+    ``inv_L = 1 / lambda_max(U U^T)``.
+    """
+    import torch
+
+    v = y.clone()
+    t = torch.ones(y.shape[0], dtype=y.dtype, device=y.device)
+    for _ in range(int(n_steps)):
+        y, v, t = _step(x, U, lam, inv_L, y, v, t)
+    return y
 
 
 def _lambda_max(U64: np.ndarray) -> float:
