@@ -74,18 +74,22 @@ def _pdas(q, G, y, lam, iters):
 
     c = q - lam
     eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+    idx = torch.arange(y.shape[0], device=y.device)
+    y = y.clone()
     for _ in range(iters):
-        mu = (G @ y.unsqueeze(-1)).squeeze(-1) - c
-        A = ((y - mu) > 0).to(G.dtype)
-        M = G * A.unsqueeze(-1) * A.unsqueeze(-2) + eye * (1.0 - A).unsqueeze(-1)
+        Gi, yi, ci = G[idx], y[idx], c[idx]
+        mu = (Gi @ yi.unsqueeze(-1)).squeeze(-1) - ci
+        A = ((yi - mu) > 0).to(G.dtype)
+        M = Gi * (A.unsqueeze(-1) * A.unsqueeze(-2)) + eye * (1.0 - A).unsqueeze(-1)
         try:
-            y_new = torch.linalg.solve(M, (c * A).unsqueeze(-1)).squeeze(-1).clamp(min=0.0)
+            y_new = torch.linalg.solve(M, (ci * A).unsqueeze(-1)).squeeze(-1).clamp(min=0.0)
         except RuntimeError:  # a singular block (duplicate atoms): leave it to the gradient iteration
             break
-        if torch.equal(y_new > 0, y > 0) and torch.allclose(y_new, y, rtol=1e-12, atol=0.0):
-            y = y_new
+        same = ((y_new > 0) == (yi > 0)).all(1)
+        y[idx] = y_new
+        idx = idx[~same]  # rows whose support stopped changing are solved exactly on it
+        if not idx.numel():
             break
-        y = y_new
     return y
 
 
@@ -171,67 +175,84 @@ def optimal_codes_working_set(X, W, b, lam, *, tol: float = 1e-6, device="auto",
     if batch_size is None:
         batch_size = int(max(1, min(N, (1 << 27) // (8 * max(kl, 4 * ws_size * ws_size // 8 + n)))))
     P_all, gap_all = np.empty(N), np.empty(N)
-    blocks = []
+    rows_out, cols_out, vals_out = [], [], []
     rounds_max = 0
     leftovers = []
-    big = torch.tensor(1e250, dtype=torch.float64, device=dev)  # support first (largest codes first), then correlations
+    U64 = U8.cpu().numpy()
     with torch.no_grad():
         for s0 in range(0, N, batch_size):
             e0 = min(N, s0 + batch_size)
             m = e0 - s0
-            x = torch.as_tensor(np.asarray(X[s0:e0], dtype=np.float64), device=dev) - b8
+            xn = np.asarray(X[s0:e0], dtype=np.float64) - b
+            x = torch.as_tensor(xn, device=dev)
             xx = (x * x).sum(1)
             q_full = x @ U8.T
+            S = min(ws_size, kl, n)  # a lasso solution needs at most n atoms; larger blocks are singular
+            # state: per token, S atom indices and their (unit-atom) codes; code 0 = not in the support
             if Z0 is not None:
                 z0 = Z0[s0:e0]
-                z0 = z0.toarray() if hasattr(z0, "toarray") else np.asarray(z0)
-                y_full = torch.as_tensor(z0[:, live] * norms[live], dtype=torch.float64, device=dev)
-                corr = (x - y_full @ U8) @ U8.T
+                z0 = sp.csr_array(z0) if hasattr(z0, "toarray") else sp.csr_array(np.asarray(z0))
+                y0 = z0[:, live] @ sp.diags(norms[live])
+                r0 = x - torch.as_tensor(np.asarray(y0 @ U64), device=dev)
+                corr = r0 @ U8.T
+                rmax = max(float(xx.max()), float((r0 * r0).sum(1).max())) ** 0.5
+                val, idx = torch.topk(torch.as_tensor(y0.toarray(), device=dev), S, dim=1)
             else:
-                y_full = torch.zeros((m, kl), dtype=torch.float64, device=dev)
-                corr = q_full.clone()
+                corr = q_full
+                rmax = float(xx.max()) ** 0.5
+                idx = torch.zeros((m, S), dtype=torch.long, device=dev)
+                val = torch.zeros((m, S), dtype=torch.float64, device=dev)
             todo = torch.arange(m, device=dev)
-            S = min(ws_size, kl, n)  # a lasso solution needs at most n atoms; larger blocks are singular
-            P = gap = None
+            P = torch.empty(m, dtype=torch.float64, device=dev)
+            gap = torch.empty(m, dtype=torch.float64, device=dev)
             for rnd in range(max_rounds):
                 rounds_max = max(rounds_max, rnd + 1)
-                yt, ct = y_full[todo], corr[todo]
-                score = torch.where(yt > 0, big * (1.0 + yt / (1.0 + yt.amax(1, keepdim=True))), ct)
+                it_, vt = idx[todo], val[todo]
+                score = corr.clone() if corr is q_full else corr
+                # support first (largest codes first), then correlations; |<u_d, r>| <= ||r|| <= rmax
+                big = 4.0 * rmax + 1.0
+                cur = score.gather(1, it_)
+                score.scatter_(1, it_, torch.where(vt > 0, big + vt, cur))
                 ws = torch.topk(score, S, dim=1).indices
+                y_init = ((ws.unsqueeze(2) == it_.unsqueeze(1)) * vt.unsqueeze(1)).sum(2)
                 G = Gfull[ws.unsqueeze(-1), ws.unsqueeze(-2)]
                 q = q_full[todo].gather(1, ws)
-                ys = _inner(xx[todo], q, G, yt.gather(1, ws), lam, tol * 0.1, floor, inner_iter)
-                y_new = torch.zeros_like(yt).scatter_(1, ws, ys)
-                y_full[todo] = y_new
+                ys = _inner(xx[todo], q, G, y_init, lam, tol * 0.1, floor, inner_iter)
                 xt = x[todo]
-                r = xt - y_new @ U8
+                r = xt.clone()
+                for c0 in range(0, r.shape[0], 256):  # r = x - y U from the working sets only
+                    sl = slice(c0, c0 + 256)
+                    r[sl] -= (ys[sl].unsqueeze(1) @ U8[ws[sl]]).squeeze(1)
                 c = r @ U8.T
-                Pt, gt = _gap((r * r).sum(1), (r * xt).sum(1), c.amax(1), y_new.sum(1), lam)
+                Pt, gt = _gap((r * r).sum(1), (r * xt).sum(1), c.amax(1), ys.sum(1), lam)
                 ok = gt <= tol * Pt.clamp(min=floor)
-                full = (ys > 0).sum(1) >= S
-                if P is None:
-                    P, gap = Pt, gt
-                else:
-                    P[todo], gap[todo] = Pt, gt
-                todo_next = todo[~ok]
-                if not todo_next.numel():
-                    todo = todo_next
+                P[todo], gap[todo] = Pt, gt
+                if idx.shape[1] < S:  # the working sets grew: widen the state
+                    pad = S - idx.shape[1]
+                    idx = torch.cat([idx, torch.zeros((m, pad), dtype=idx.dtype, device=dev)], 1)
+                    val = torch.cat([val, torch.zeros((m, pad), dtype=val.dtype, device=dev)], 1)
+                idx[todo], val[todo] = ws, ys
+                bad = ~ok
+                if not bool(bad.any()):
+                    todo = todo[bad]
                     break
-                if bool(full[~ok].any()):
+                if bool(((ys > 0).sum(1) >= S)[bad].any()):
                     S = min(kl, n, 2 * S)
-                corr[todo_next] = c[~ok]
-                todo = todo_next
+                todo, corr = todo[bad], c[bad]
             if todo.numel():
-                leftovers.append((s0 + todo.cpu().numpy(), y_full[todo].cpu().numpy()))
+                leftovers.append(s0 + todo.cpu().numpy())
             P_all[s0:e0] = P.cpu().numpy()
             gap_all[s0:e0] = gap.cpu().numpy()
-            Zb = np.zeros((m, k))
-            Zb[:, live] = y_full.cpu().numpy() / norms[live]
-            blocks.append(sp.csr_array(Zb))
-    codes = sp.csr_array(sp.vstack(blocks, format="csr"))
+            iv, vv = idx.cpu().numpy(), val.cpu().numpy()
+            nz = vv > 0
+            rows_out.append(s0 + np.nonzero(nz)[0])
+            cols_out.append(live[iv[nz]])
+            vals_out.append(vv[nz] / norms[live[iv[nz]]])
+    codes = sp.csr_array((np.concatenate(vals_out), (np.concatenate(rows_out), np.concatenate(cols_out))),
+                         shape=(N, k))
     n_iter = rounds_max
     if leftovers:  # the full solver finishes these tokens, warm-started
-        rows = np.concatenate([r for r, _ in leftovers])
+        rows = np.concatenate(leftovers)
         res = optimal_codes(X[rows], W, b, lam, tol=tol, device=dev, Z0=codes[rows], return_codes=True)
         P_all[rows], gap_all[rows] = res.point_values, res.point_gaps
         codes = codes.tolil()
