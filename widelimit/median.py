@@ -260,20 +260,20 @@ def _line_of(X, idx, tol_abs):
     return o, u
 
 
-def _collinear(X, rng_idx, dtype_eps):
-    """Detect data on one line (or one point). Returns (origin, unit direction or None) or None."""
+def _collinear(X, rng_idx, dtype_eps, scale):
+    """Detect data on one line (or one point): ``((origin, unit direction or None) or None, tol, passes)``.
+
+    ``scale`` is ``max |X|``; the tolerance is 64 eps of X's dtype relative to it.
+    """
     N, n = X.shape
-    scale = 0.0
     rows = chunk_rows(n)
-    for s in range(0, N, rows):
-        scale = max(scale, float(np.abs(np.asarray(X[s : s + rows], dtype=np.float64)).max()))
     tol_abs = 64.0 * dtype_eps * max(scale, 1e-300) * np.sqrt(n)
     if N > rng_idx.size:  # a random subsample that is not collinear rules it out cheaply
         if _line_of(X, rng_idx, tol_abs) is None:
-            return None, tol_abs, 1
+            return None, tol_abs, 0
     fit = _line_of(X, np.arange(min(N, 4096)), tol_abs)
     if fit is None:
-        return None, tol_abs, 1
+        return None, tol_abs, 0
     o, u = fit
     # full check, chunked; a direction is picked up from the first point off o if none yet
     for s in range(0, N, rows):
@@ -286,8 +286,8 @@ def _collinear(X, rng_idx, dtype_eps):
         if u is not None:
             off = D - np.outer(D @ u, u)
             if np.sqrt(np.einsum("ij,ij->i", off, off)).max() > tol_abs:
-                return None, tol_abs, 2
-    return (o, u), tol_abs, 2
+                return None, tol_abs, 1
+    return (o, u), tol_abs, 1
 
 
 # --------------------------------------------------------------------------------------
@@ -295,12 +295,9 @@ def _collinear(X, rng_idx, dtype_eps):
 # --------------------------------------------------------------------------------------
 
 
-def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
-    X = check_data(X)
+def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed):
+    """Solve a median problem on validated data ``X`` with validated weights ``w`` (or None)."""
     N, n = X.shape
-    if kind == "huber":
-        lam = check_lam(lam)
-    w = check_weights(weights, N)
     W = float(N) if w is None else float(w.sum())
     dtype_eps = float(np.finfo(X.dtype).eps)
     rng = np.random.default_rng(seed)
@@ -308,16 +305,18 @@ def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
     sub = np.sort(rng.choice(N, size=m, replace=False)) if m < N else np.arange(N)
     passes = 0
 
-    # weighted mean (one pass)
+    # weighted mean and scale (one pass)
     mean = np.zeros(n)
+    scale = 0.0
     rows = chunk_rows(n)
     for s in range(0, N, rows):
         c = np.asarray(X[s : s + rows], dtype=np.float64)
         mean += c.sum(0) if w is None else w[s : s + rows] @ c
+        scale = max(scale, float(np.abs(c).max()))
     mean /= W
     passes += 1
 
-    line, _tol_abs, p_used = _collinear(X, sub, dtype_eps)
+    line, _tol_abs, p_used = _collinear(X, sub, dtype_eps, scale)
     passes += p_used
     eps_r = 0.0
     if kind == "geometric":
@@ -471,7 +470,8 @@ def huber_median(X, lam, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, h
     -------
     MedianResult
     """
-    return _solve(X, lam, weights, "huber", tol, xtol, max_iter, hess_rows, seed)
+    X = check_data(X)
+    return _solve(X, check_lam(lam), check_weights(weights, X.shape[0]), "huber", tol, xtol, max_iter, hess_rows, seed)
 
 
 def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, hess_rows=4096, seed=0) -> MedianResult:
@@ -482,7 +482,8 @@ def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, he
     solved exactly and an optimal *segment* is returned when the weights split
     evenly (e.g. two points). See :func:`huber_median` for the parameters.
     """
-    return _solve(X, None, weights, "geometric", tol, xtol, max_iter, hess_rows, seed)
+    X = check_data(X)
+    return _solve(X, None, check_weights(weights, X.shape[0]), "geometric", tol, xtol, max_iter, hess_rows, seed)
 
 
 def huber_value(X, b, lam, weights=None) -> float:

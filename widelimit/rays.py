@@ -63,15 +63,21 @@ class RayGroups:
         """Number of rays: the width of the narrowest optimal dictionary."""
         return int(self.leaders.size)
 
-    def atoms(self, X) -> np.ndarray:
-        """Unit atoms ``(k, n)``: the leaders' directions ``(x - b) / ||x - b||``."""
-        if self.leaders.size == 0:
-            return np.zeros((0, self.bias.size))
-        D = np.asarray(X[self.leaders], dtype=np.float64) - self.bias
-        D /= np.linalg.norm(D, axis=1, keepdims=True)
-        if self.signed:
-            D *= _sign_canon(D)[:, None]
-        return D
+    def atoms(self, X, dtype=np.float64) -> np.ndarray:
+        """Unit atoms ``(k, n)``: the leaders' directions ``(x - b) / ||x - b||``.
+
+        Computed in float64 chunk by chunk and stored in ``dtype``.
+        """
+        k, n = self.leaders.size, self.bias.size
+        out = np.empty((k, n), dtype=dtype)
+        rows = chunk_rows(n)
+        for s in range(0, k, rows):
+            D = np.asarray(X[self.leaders[s : s + rows]], dtype=np.float64) - self.bias
+            D /= np.linalg.norm(D, axis=1, keepdims=True)
+            if self.signed:
+                D *= _sign_canon(D)[:, None]
+            out[s : s + rows] = D
+        return out
 
     def code_values(self, X, atoms=None) -> np.ndarray:
         """The 1-sparse optimal code of each point on its ray: ``(<w, x - b> - lam)_+`` (0 off rays).
@@ -88,7 +94,7 @@ class RayGroups:
             if not on.any():
                 continue
             D = np.asarray(X[s : s + rows][on], dtype=np.float64) - self.bias
-            t = np.einsum("ij,ij->i", D, W[ray[on]])
+            t = np.einsum("ij,ij->i", D, np.asarray(W[ray[on]], dtype=np.float64))
             if self.signed:
                 z[s : s + rows][on] = np.sign(t) * np.maximum(np.abs(t) - self.lam, 0.0)
             else:
@@ -126,12 +132,16 @@ def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> R
     RayGroups
     """
     X = check_data(X)
-    N, n = X.shape
-    b = check_vector(b, n, "b")
-    lam = check_lam(lam)
+    b = check_vector(b, X.shape[1], "b")
     tol = default_ray_tol(X.dtype) if tol is None else float(tol)
     if not (tol >= 0 and np.isfinite(tol)):
         raise ValueError(f"ray_tol must be a finite number >= 0, got {tol!r}")
+    return _group_rays(X, b, check_lam(lam), tol, signed, seed)
+
+
+def _group_rays(X, b, lam, tol, signed, seed) -> RayGroups:
+    """:func:`group_rays` on validated input."""
+    N, n = X.shape
     rng = np.random.default_rng(seed)
     p = min(n, 8)
     V = np.linalg.qr(rng.standard_normal((n, p)))[0]  # p orthonormal random directions
