@@ -279,3 +279,16 @@ def test_write_certificate_files(tmp_path):
     d = json.loads((tmp_path / "certificate.json").read_text())
     assert d["certified_optimal"] is True and len(d["optimal_bias"]) == 12
     assert all(f.exists() and f.stat().st_size > 0 for f in files)
+
+
+@pytest.mark.gpu
+def test_cuda_matches_cpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    X, sae = orthogonal_rays_sae(LAM, seed=14, n_core=2)
+    X = X + 0.05 * np.random.default_rng(3).standard_normal(X.shape)
+    cpu = certify_sae(sae, X, lam=LAM, device="cpu")
+    gpu = certify_sae(sae, X, lam=LAM, device="cuda")
+    assert gpu.device.startswith("cuda")
+    for key in ("sae_objective", "optimal_code_objective", "lower_bound", "global_gap"):
+        assert getattr(gpu, key) == pytest.approx(getattr(cpu, key), rel=1e-9, abs=1e-12), key
