@@ -535,10 +535,10 @@ def plot_sae_certificate(cert: SAECertificate, out_dir) -> list[Path]:
     """Two PNGs: feature firing frequencies, and per-feature first-order violations.
 
     ``feature_frequency.png``: histogram of ``log10`` firing frequency (dead
-    features counted at the left edge), with the dense threshold marked.
+    features counted at the dotted left edge).
     ``feature_violations.png``: per feature (sorted), the feature-residual
     violation on firing and on silent tokens and the atom tangent-gradient norm,
-    on a log scale, with the ``kkt_tol * lam`` line.
+    on a log scale (exact zeros drawn at 1e-18).
     """
     plt = _plt()
     out = Path(out_dir)
