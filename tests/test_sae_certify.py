@@ -142,6 +142,8 @@ def test_batching_and_16bit_inputs_agree():
     np.testing.assert_allclose(b.features["tangent_grad_norm"], a.features["tangent_grad_norm"], rtol=1e-8, atol=1e-12)
     h = certify_sae(sae, X.astype(np.float16), lam=LAM, device="cpu")
     assert h.sae_objective == pytest.approx(a.sae_objective, rel=1e-2)
+    t = certify_sae(sae, torch.as_tensor(X).bfloat16(), lam=LAM, device="cpu")
+    assert t.sae_objective == pytest.approx(a.sae_objective, rel=3e-2)
 
 
 def test_feature_flags_dead_dense_antipodal_absorbed():

@@ -191,6 +191,10 @@ class _Rows:
 
 
 def _check_acts(acts, sae: SAE):
+    if hasattr(acts, "detach") and hasattr(acts, "cpu"):  # a torch tensor (any device, bf16 too)
+        from ._validation import to_numpy
+
+        acts = to_numpy(acts, "activations")
     shape = getattr(acts, "shape", None)
     if shape is None:
         acts = np.asarray(acts)
@@ -249,8 +253,8 @@ def certify_sae(sae: SAE, acts, lam=None, l1_coefficient=None, *, tol: float = 1
         From :func:`widelimit.load_sae` (or built in memory).
     acts : array-like (N, d_in)
         Token activations; anything with ``shape``, ``dtype`` and row slicing
-        (``np.memmap``, :func:`widelimit.io.load_activations`, a torch tensor
-        converted with ``.numpy()``). float16 / bfloat16 / float32 / float64.
+        (``np.memmap``, :func:`widelimit.io.load_activations`, a torch tensor).
+        float16 / bfloat16 / float32 / float64.
     lam, l1_coefficient : float
         Exactly one: the sparsity ``lam`` or the library coefficient ``2 lam``.
     tol : float
