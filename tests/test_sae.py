@@ -341,3 +341,19 @@ def test_load_activations_bad(tmp_path):
         load_activations(tmp_path / "int.npy")
     with pytest.raises(DataError, match="no such file"):
         load_activations(tmp_path / "missing.npy")
+
+
+def test_dtype_checked_against_config(tmp_path):
+    sae = random_sae("standard")
+    save_saelens(sae, tmp_path / "d")
+    cfg = json.loads((tmp_path / "d" / "cfg.json").read_text())
+    cfg["dtype"] = "bfloat16"
+    (tmp_path / "d" / "cfg.json").write_text(json.dumps(cfg))
+    back = load_sae(tmp_path / "d")
+    assert any("config dtype bfloat16 but tensors are stored as float32" in w for w in back.warnings)
+    p = tmp_path / "d" / "sae_weights.safetensors"
+    sd = load_file(str(p))
+    sd["b_dec"] = torch.zeros(6, dtype=torch.int32)
+    save_file(sd, str(p))
+    with pytest.raises(SAEFormatError, match=r"tensor 'b_dec' has non-float dtype"):
+        load_sae(tmp_path / "d")

@@ -142,6 +142,8 @@ def test_batching_and_16bit_inputs_agree():
     np.testing.assert_allclose(b.features["tangent_grad_norm"], a.features["tangent_grad_norm"], rtol=1e-8, atol=1e-12)
     h = certify_sae(sae, X.astype(np.float16), lam=LAM, device="cpu")
     assert h.sae_objective == pytest.approx(a.sae_objective, rel=1e-2)
+    t = certify_sae(sae, torch.as_tensor(X).bfloat16(), lam=LAM, device="cpu")
+    assert t.sae_objective == pytest.approx(a.sae_objective, rel=3e-2)
 
 
 def test_feature_flags_dead_dense_antipodal_absorbed():
@@ -279,3 +281,16 @@ def test_write_certificate_files(tmp_path):
     d = json.loads((tmp_path / "certificate.json").read_text())
     assert d["certified_optimal"] is True and len(d["optimal_bias"]) == 12
     assert all(f.exists() and f.stat().st_size > 0 for f in files)
+
+
+@pytest.mark.gpu
+def test_cuda_matches_cpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    X, sae = orthogonal_rays_sae(LAM, seed=14, n_core=2)
+    X = X + 0.05 * np.random.default_rng(3).standard_normal(X.shape)
+    cpu = certify_sae(sae, X, lam=LAM, device="cpu")
+    gpu = certify_sae(sae, X, lam=LAM, device="cuda")
+    assert gpu.device.startswith("cuda")
+    for key in ("sae_objective", "optimal_code_objective", "lower_bound", "global_gap"):
+        assert getattr(gpu, key) == pytest.approx(getattr(cpu, key), rel=1e-9, abs=1e-12), key

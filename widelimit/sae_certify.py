@@ -10,8 +10,9 @@ Three numbers bracket it, every one certified:
 
 1. ``sae_objective``: ``L`` at the SAE's own encoder codes.
 2. ``optimal_code_objective``: ``min_{Z >= 0} L`` for the SAE's decoder and bias,
-   a nonnegative lasso per token solved by :func:`widelimit.coding.optimal_codes`
-   to a certified duality gap (``coding_gap``). The difference is the
+   a nonnegative lasso per token solved to a certified duality gap (``coding_gap``)
+   by :func:`widelimit.working_set.optimal_codes_working_set` (per-token working
+   sets around :func:`widelimit.coding.optimal_codes`, warm-started from the SAE's own codes). The difference is the
    **encoder (amortisation) gap**, certified to lie in
    ``[encoder_gap, encoder_gap + coding_gap]``.
 3. ``lower_bound``: the wide-limit bound ``min_b H(b)`` with
@@ -190,6 +191,10 @@ class _Rows:
 
 
 def _check_acts(acts, sae: SAE):
+    if hasattr(acts, "detach") and hasattr(acts, "cpu"):  # a torch tensor (any device, bf16 too)
+        from ._validation import to_numpy
+
+        acts = to_numpy(acts, "activations")
     shape = getattr(acts, "shape", None)
     if shape is None:
         acts = np.asarray(acts)
@@ -239,8 +244,7 @@ def certify_sae(sae: SAE, acts, lam=None, l1_coefficient=None, *, tol: float = 1
                 batch_size: int = 4096, device="auto", optimal_codes_diagnostics: bool = True,
                 dead_threshold: float = 0.0, dense_threshold: float = 0.5, antipodal_cosine: float = -0.99,
                 absorb_cosine: float = 0.5, containment: float = 0.9, kkt_tol: float = 1e-6,
-                max_pairs: int = 200_000, coding_max_iter: int = 3000,
-                progress: Callable[[int, int], None] | None = None) -> SAECertificate:
+                max_pairs: int = 200_000, progress: Callable[[int, int], None] | None = None) -> SAECertificate:
     r"""Certify a trained SAE against the global optimum of its own objective.
 
     Parameters
@@ -249,8 +253,8 @@ def certify_sae(sae: SAE, acts, lam=None, l1_coefficient=None, *, tol: float = 1
         From :func:`widelimit.load_sae` (or built in memory).
     acts : array-like (N, d_in)
         Token activations; anything with ``shape``, ``dtype`` and row slicing
-        (``np.memmap``, :func:`widelimit.io.load_activations`, a torch tensor
-        converted with ``.numpy()``). float16 / bfloat16 / float32 / float64.
+        (``np.memmap``, :func:`widelimit.io.load_activations`, a torch tensor).
+        float16 / bfloat16 / float32 / float64.
     lam, l1_coefficient : float
         Exactly one: the sparsity ``lam`` or the library coefficient ``2 lam``.
     tol : float
@@ -275,8 +279,6 @@ def certify_sae(sae: SAE, acts, lam=None, l1_coefficient=None, *, tol: float = 1
         ``kkt_tol * lam`` (feature-residual) or ``kkt_tol * lam`` (tangent gradient norm).
     max_pairs : int
         Most decoder pairs examined for antipodal / absorption patterns.
-    coding_max_iter : int
-        Iteration budget per batch of the optimal coding.
     progress : callable(done, N), optional
         Called after each batch.
 
@@ -287,8 +289,8 @@ def certify_sae(sae: SAE, acts, lam=None, l1_coefficient=None, *, tol: float = 1
     import torch
 
     from ._device import resolve_device
-    from .coding import optimal_codes
     from .median import huber_median, huber_value
+    from .working_set import optimal_codes_working_set
 
     lam = resolve_lam(lam, l1_coefficient)
     if not isinstance(sae, SAE):
@@ -376,8 +378,8 @@ def certify_sae(sae: SAE, acts, lam=None, l1_coefficient=None, *, tol: float = 1
             Z0 = Z.cpu().numpy()
         else:
             Z0 = None
-        res = optimal_codes(Xb, U, b, lam, tol=coding_tol, max_iter=coding_max_iter, device=dev, Z0=Z0,
-                            return_codes=optimal_codes_diagnostics or not sae.has_encoder)
+        res = optimal_codes_working_set(Xb, U, b, lam, tol=coding_tol, device=dev, Z0=Z0,
+                                        return_codes=optimal_codes_diagnostics or not sae.has_encoder)
         nb = e - s
         opt_val += res.value * nb
         opt_gap += res.gap * nb
@@ -537,10 +539,10 @@ def plot_sae_certificate(cert: SAECertificate, out_dir) -> list[Path]:
     """Two PNGs: feature firing frequencies, and per-feature first-order violations.
 
     ``feature_frequency.png``: histogram of ``log10`` firing frequency (dead
-    features counted at the left edge), with the dense threshold marked.
+    features counted at the dotted left edge).
     ``feature_violations.png``: per feature (sorted), the feature-residual
     violation on firing and on silent tokens and the atom tangent-gradient norm,
-    on a log scale, with the ``kkt_tol * lam`` line.
+    on a log scale (exact zeros drawn at 1e-18).
     """
     plt = _plt()
     out = Path(out_dir)
