@@ -498,7 +498,6 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
             t *= 0.25
             trial = b + t * d
             pt, vt, lbt = certify(trial)
-            passes += 1
             ok = vt < val
         if not ok:
             # majorise-minimise step: never increases the value
