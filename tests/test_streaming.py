@@ -173,6 +173,9 @@ def test_streaming_equals_in_memory(tmp_path, rng):
         a, b = f(X), f(S)
         assert _rel(b.point, a.point) <= 1e-10 and _rel(b.value, a.value) <= 1e-10
         assert _rel(b.lower_bound, a.lower_bound) <= 1e-10 and b.n_passes == a.n_passes
+    w = np.random.default_rng(5).uniform(0.0, 2.0, X.shape[0])
+    a, b = wl.huber_median(X, lam, weights=w), wl.huber_median(S, lam, weights=w)
+    assert _rel(b.point, a.point) <= 1e-10 and _rel(b.lower_bound, a.lower_bound) <= 1e-10
     sa, sb = wl.solve(X, lam), wl.solve(S, lam)
     assert sb.width == sa.width and np.array_equal(sb.rays, sa.rays)
     assert _rel(sb.value, sa.value) <= 1e-10 and _rel(sb.dictionary, sa.dictionary) <= 1e-10
