@@ -151,7 +151,7 @@ def _evaluate(x, U, y, lam):
     return P, torch.clamp(P - D, min=0.0), rr
 
 
-def _fista(x, U, lam, inv_L, y, tol, floor, max_iter, check_every, patience=4):
+def _fista(x, U, lam, inv_L, y, tol, floor, max_iter, check_every, patience=8):
     """Accelerated projected proximal gradient with per-point restarts; rows leave when certified.
 
     A row also leaves when its gap has not shrunk by 30% over ``patience``
