@@ -8,6 +8,7 @@ The main entry points:
 - :func:`fit_dictionary` -- torch gradient solver of the nonconvex objective at a finite width;
 - :func:`crossvalidate`, :func:`frontier` -- the gradient solver against the exact optimum, loss vs width;
 - :func:`huber_median`, :func:`geometric_median` -- certified optimal biases;
+- :func:`first_order_conditions` -- the finite-width stationarity conditions and their margins;
 - :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form.
 """
 
@@ -28,6 +29,7 @@ from .objective import (
     unconstrained_objective,
 )
 from .rays import RayGroups, group_rays
+from .stationarity import Stationarity, first_order_conditions
 from . import datasets
 
 __version__ = "0.1.0"
@@ -41,9 +43,11 @@ __all__ = [
     "MedianResult",
     "ObjectiveValue",
     "RayGroups",
+    "Stationarity",
     "WideLimitSolution",
     "balance",
     "crossvalidate",
+    "first_order_conditions",
     "fit_dictionary",
     "frontier",
     "geometric_median",
