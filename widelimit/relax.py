@@ -85,7 +85,7 @@ CONES = OUTER_CONES + INNER_CONES
 SOLVERS = ("SCS", "CLARABEL")
 
 #: Default cap on the estimated solver memory (bytes) before :func:`relax` refuses.
-DEFAULT_MAX_MEMORY = 4 * 2**30
+DEFAULT_MAX_MEMORY = 2**30
 
 _OK = "optimal"
 
@@ -323,7 +323,7 @@ def _cone_constraints(cone: str, Q, N: int):
     raise ValueError(f"unknown cone {cone!r}")
 
 
-def relax(X, lam, cone: str = "dnn", *, solver: str = "SCS", b=None, tol: float = 1e-7,
+def relax(X, lam, cone: str = "dnn", *, solver: str = "SCS", b=None, tol: float = 1e-6,
           max_iters: int | None = None, solver_opts: dict | None = None,
           max_memory: float = DEFAULT_MAX_MEMORY, horn_rounds: int = 5, horn_cuts: int = 50,
           horn_subsets: int = 300_000, verbose: bool = False) -> RelaxationResult:
@@ -408,6 +408,10 @@ def relax(X, lam, cone: str = "dnn", *, solver: str = "SCS", b=None, tol: float 
         bv = None
         Xt = X - b_fixed[None, :]
     obj = (lam / N) * (cp.matrix_frac(Xt, Q + lam * np.eye(N)) + cp.sum(Q))
+    solver_opts = dict(solver_opts or {})
+    verbose = bool(solver_opts.pop("verbose", verbose))
+    if "solver" in solver_opts:
+        raise ValueError("choose the solver with solver=..., not inside solver_opts")
     kw = _solver_kwargs(solver, float(tol), max_iters, solver_opts)
 
     t0 = time.perf_counter()
@@ -551,7 +555,7 @@ class SandwichReport:
                 "entries": [e.as_dict() for e in self.entries]}
 
 
-def sandwich(X, lam, cones=None, *, solver: str = "SCS", b=None, tol: float = 1e-7, rtol: float | None = None,
+def sandwich(X, lam, cones=None, *, solver: str = "SCS", b=None, tol: float = 1e-6, rtol: float | None = None,
              **relax_kwargs) -> SandwichReport:
     r"""Every requested outer and inner bound next to the closed-form optimum.
 
