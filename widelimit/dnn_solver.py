@@ -39,7 +39,10 @@ Cauchy-Schwarz), the inner minimum over ``P`` is
 .. math:: d(\alpha, R_c) = \frac1N\big(2\alpha\,\|R_c^\top X\|_* - \alpha^2\|R_c\|_F^2\big),
 
 a rigorous lower bound on the DNN optimum (and on the CP optimum, and on the
-nonnegative relaxation, since ``S >= 0``). The upper bound is ``g`` at a
+nonnegative relaxation, since ``S >= 0``). Two residual matrices are tried at
+each check: ``R`` at the current iterate, and the rows ``x_i - b`` shortened to
+length ``lam`` (the per-point dual of theory §3 at the current bias); the
+larger bound is kept. The upper bound is ``g`` at a
 feasible point: ``Q_B + t 1 1^T`` (``t`` = its most negative entry) or
 ``Q_A + s I`` (``s`` = its most negative eigenvalue), both PSD and
 nonnegative. The solver stops when ``upper - lower <= tol * upper``.
@@ -126,7 +129,7 @@ class _Problem:
         import torch
 
         self.torch = torch
-        self.X = torch.as_tensor(np.asarray(X, dtype=np.float64), device=device)
+        self.X = torch.tensor(np.asarray(X, dtype=np.float64), device=device)  # a copy: X may be a read-only mmap
         self.N, self.n = self.X.shape
         self.lam = float(lam)
         self.a = self.lam / self.N
@@ -323,6 +326,11 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
                 if Rc is not None:
                     lower = max(lower, prob.dual_bound(Rc, bc))
             lower = max(lower, prob.dual_bound(R, bcur))
+            # second dual candidate: the residuals of the per-point optimum at the current bias
+            # (x_i - b shortened to length lam), the dual point of theory §3
+            Xt = prob.X - bcur[None, :]
+            nr = torch.sqrt((Xt * Xt).sum(dim=1, keepdim=True))
+            lower = max(lower, prob.dual_bound(Xt * torch.clamp(lam / torch.clamp(nr, min=1e-300), max=1.0), bcur))
             upper = best[0]
             rel = (upper - lower) / max(abs(upper), 1e-300)
             rec = {"iter": it, "time_s": time.perf_counter() - t0, "value": upper, "lower_bound": lower,

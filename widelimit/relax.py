@@ -51,6 +51,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -423,7 +424,9 @@ def relax(X, lam, cone: str = "dnn", *, solver: str = "SCS", b=None, tol: float 
         rounds += 1
         prob = cp.Problem(cp.Minimize(obj), cons + [_horn_constraint(Q, c) for c in cuts])
         try:
-            prob.solve(solver=solver, verbose=verbose, **kw)
+            with warnings.catch_warnings():  # the status is reported instead of cvxpy's warning
+                warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+                prob.solve(solver=solver, verbose=verbose, **kw)
             status = str(prob.status)
             sval = float(prob.value) if prob.value is not None and np.isfinite(prob.value) else float("nan")
             st = getattr(prob.solver_stats, "solve_time", None)
