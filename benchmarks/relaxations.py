@@ -6,7 +6,7 @@ error against the truth, and outer <= exact <= inner is checked.
 
     PYTHONPATH=$PWD python3 benchmarks/relaxations.py            # default grid, a few minutes on 2 cores
     PYTHONPATH=$PWD python3 benchmarks/relaxations.py --quick    # seconds
-    PYTHONPATH=$PWD python3 benchmarks/relaxations.py --large 2000 --large-time 600   # own DNN solver, big N
+    PYTHONPATH=$PWD python3 benchmarks/relaxations.py --large 2000 --large-time 600 --large-only  # own solver, big N
 
 Writes benchmarks/results/relaxations.{csv,json,md,png} (and relaxations_large.json).
 """
@@ -79,6 +79,7 @@ def main(argv=None):
     ap.add_argument("--tol", type=float, default=1e-6, help="solver tolerance (TORCH: certified relative gap)")
     ap.add_argument("--large", type=int, default=0, help="also run the own DNN solver at this N (CPU)")
     ap.add_argument("--large-time", type=float, default=600.0)
+    ap.add_argument("--large-only", action="store_true", help="run only the --large solve (keeps the grid results)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     sizes = [10, 20] if args.quick else [int(s) for s in args.sizes.split(",")]
@@ -86,6 +87,8 @@ def main(argv=None):
 
     jobs = [("random", N, True) for N in sizes]
     jobs += [(fam, 20, False) for fam in ("rays", "collinear", "hierarchical")]
+    if args.large_only:
+        jobs = []
     rows = []
     t_start = time.perf_counter()
     for family, N, main_family in jobs:
@@ -118,7 +121,7 @@ def main(argv=None):
     if args.large:
         inst = make_instance("random", args.large, args.dim, seed=0)
         exact = wl.solve(inst.X, inst.lam).value
-        r = solve_dnn(inst.X, inst.lam, tol=args.tol, time_limit=args.large_time, device="cpu",
+        r = solve_dnn(inst.X, inst.lam, tol=args.tol, time_limit=args.large_time, device="cpu", num_threads=1,
                       callback=lambda h: print(f"  large N={args.large}: iter {h['iter']} t={h['time_s']:.0f}s "
                                                f"rel_gap={h['rel_gap']:.2e}", flush=True) and False)
         large = {"N": args.large, "n": args.dim, "exact_value": exact, "value": r.value, "lower_bound": r.lower_bound,
@@ -127,6 +130,8 @@ def main(argv=None):
                  "n_iter": r.n_iter, "time_s": r.time_s, "time_limit_s": args.large_time, "device": r.device}
         (args.out / "relaxations_large.json").write_text(json.dumps(large, indent=2))
         print(json.dumps(large))
+    if args.large_only:
+        return rows
 
     meta = {"command": "PYTHONPATH=$PWD python3 benchmarks/relaxations.py " + " ".join(argv or sys.argv[1:]),
             "tol": args.tol, "dim": args.dim, "python": platform.python_version(), "machine": platform.machine(),

@@ -369,17 +369,40 @@ def _merge_parallel(W: np.ndarray, Z: np.ndarray, cos_tol: float):
     return np.array(atoms), np.column_stack(codes)
 
 
-def refine(X, lam, Q, b, *, tol: float = 1e-6, accept: float = 1e-3, merge_tol: float = 1e-6,
+def _lasso_codes(X, W, b, lam, Z0, iters: int = 500):
+    r"""Nonnegative-lasso codes for a fixed unit dictionary: ``min_{z>=0} ||z W - (x - b)||^2 + 2 lam ||z||_1``.
+
+    Accelerated projected gradient (FISTA) for all points at once, warm-started at ``Z0``.
+    """
+    if W.shape[0] == 0:
+        return Z0
+    Xt = X - b
+    Gm = W @ W.T
+    L = 2.0 * max(float(np.linalg.eigvalsh(Gm)[-1]), 1e-12)
+    XW = Xt @ W.T
+    Z = np.maximum(Z0, 0.0)
+    Y, t = Z.copy(), 1.0
+    for _ in range(iters):
+        grad = 2.0 * (Y @ Gm - XW) + 2.0 * lam
+        Zn = np.maximum(Y - grad / L, 0.0)
+        tn = 0.5 * (1 + math.sqrt(1 + 4 * t * t))
+        Y = Zn + ((t - 1) / tn) * (Zn - Z)
+        Z, t = Zn, tn
+    return Z
+
+
+def refine(X, lam, Q, b, *, tol: float = 1e-6, accept: float = 1e-3, merge_tol: float = 1e-6, clean: float = 0.0,
            **factor_kwargs) -> RefinedSolution:
     r"""Build ``(W, Z, b)`` from a Q-form solution and evaluate the original objective.
 
-    Steps: ``Zb = factorize_cp(Q)`` (narrowest factor found, relative residual
+    Steps: rounding of solver noise (``clean``); ``Zb = factorize_cp(Q)`` (narrowest factor found, relative residual
     ``<= tol``); ``W = optimal_dictionary(X, Zb, b, lam)``; :func:`widelimit.balance`;
     atoms normalised (codes take their norms); atoms whose directions agree to
-    ``1 - cos >= merge_tol`` merged (codes added: same reconstruction, same
-    penalty when exactly parallel); ``b`` re-centred to the mean residual
-    (the optimal bias for fixed ``W, Z``). The merged triple is kept only if
-    its objective is not larger than the unmerged one.
+    ``cos >= 1 - t`` merged for ``t`` in ``{merge_tol, 1e-4, 1e-2, 1e-1}`` (codes
+    added: same reconstruction and penalty when exactly parallel), each merged
+    dictionary also with its codes re-fitted by a nonnegative lasso; ``b``
+    re-centred to the mean residual (the optimal bias for fixed ``W, Z``).
+    The candidate with the smallest true objective is kept (the narrower one on ties).
 
     Parameters
     ----------
@@ -399,8 +422,12 @@ def refine(X, lam, Q, b, *, tol: float = 1e-6, accept: float = 1e-3, merge_tol: 
         triple either way, so it stays a valid upper bound.
     merge_tol : float
         Atoms with cosine ``>= 1 - merge_tol`` are merged.
+    clean : float
+        Entries of ``Q`` below ``clean * max(diag Q)`` (solver noise) are set to 0, and
+        rows with such a diagonal removed, before factoring.
     **factor_kwargs
-        Passed to :func:`factorize_cp`.
+        Passed to :func:`factorize_cp` (default search budget here: 2000 iterations,
+        3 starts, widths up to ``1.5 rank``).
 
     Returns
     -------
@@ -417,11 +444,21 @@ def refine(X, lam, Q, b, *, tol: float = 1e-6, accept: float = 1e-3, merge_tol: 
     Qa = _check_cp_input(Q, neg_tol=factor_kwargs.pop("neg_tol", 1e-6))
     if Qa.shape[0] != N:
         raise ValueError(f"Q is {Qa.shape[0]}x{Qa.shape[0]} but X has N = {N} points")
-    # the solver's Q may carry tiny negative eigenvalues: use its PSD part
+    # the solver's Q carries noise at its tolerance: round entries below clean * max(diag) to 0
+    # (points within lam have a zero row at the optimum), then use the PSD part
+    thr = clean * max(float(np.diag(Qa).max()), 1e-300) if clean > 0 else -1.0
+    dead = np.diag(Qa) <= thr
+    Qa = np.where(Qa <= thr, 0.0, Qa)
+    Qa[dead, :] = 0.0
+    Qa[:, dead] = 0.0
     w, V = np.linalg.eigh(Qa)
     Qp = np.maximum((V * np.maximum(w, 0.0)) @ V.T, 0.0)
     Qp = 0.5 * (Qp + Qp.T)
-    fac = factorize_cp(Qp, tol=tol, rank_tol=factor_kwargs.pop("rank_tol", 1e-7), **factor_kwargs)
+    rank_tol = factor_kwargs.pop("rank_tol", 1e-7)
+    r0 = int(np.count_nonzero(w > rank_tol * max(float(w[-1]), 1e-300)))
+    opts = {"max_iter": 2000, "restarts": 3, "max_width": max(r0 + 2, int(1.5 * r0))}
+    opts.update(factor_kwargs)
+    fac = factorize_cp(Qp, tol=tol, rank_tol=rank_tol, **opts)
     if not fac.success and not fac.residual <= accept:
         raise ValueError(f"refine: {fac.message}")
     Zb = fac.Z
@@ -434,10 +471,15 @@ def refine(X, lam, Q, b, *, tol: float = 1e-6, accept: float = 1e-3, merge_tol: 
         return Wu, Zu, bb, sae_objective(X, Wu, Zu, bb, lam).value
 
     U0, C0 = _merge_parallel(W, Zc, 0.0)
-    cand0 = finish(U0, C0)
-    Um, Cm = _merge_parallel(W, Zc, merge_tol)
-    candm = finish(Um, Cm)
-    Wf, Zf, bf, val = candm if candm[3] <= cand0[3] * (1 + 1e-12) else cand0
+    best = finish(U0, C0)
+    # merge atoms at growing angular tolerances; codes and bias are re-fitted for each merged
+    # dictionary (nonnegative lasso per point), and the candidate with the smallest objective is kept
+    for mt in sorted({merge_tol, 1e-4, 1e-2, 1e-1}):
+        Um, Cm = _merge_parallel(W, Zc, mt)
+        for cand in (finish(Um, Cm), finish(Um, _lasso_codes(Xf, Um, best[2], lam, Cm))):
+            if cand[3] < best[3] * (1 - 1e-13) or (cand[3] <= best[3] * (1 + 1e-12) and cand[0].shape[0] < best[0].shape[0]):
+                best = cand
+    Wf, Zf, bf, val = best
     cert = verify(X, lam, Wf, Zf, bf)
     return RefinedSolution(W=Wf, Z=Zf, b=bf, value=float(val), width=int(Wf.shape[0]), factor_width=fac.width,
                            q_value=float(q_objective(X, Qp, b, lam)), factorization=fac, certificate=cert)
