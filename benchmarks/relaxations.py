@@ -80,8 +80,13 @@ def main(argv=None):
     ap.add_argument("--large", type=int, default=0, help="also run the own DNN solver at this N (CPU)")
     ap.add_argument("--large-time", type=float, default=600.0)
     ap.add_argument("--large-only", action="store_true", help="run only the --large solve (keeps the grid results)")
+    ap.add_argument("--replot", action="store_true", help="redraw the plot from relaxations.json only")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    if args.replot:
+        rows = json.loads((args.out / "relaxations.json").read_text())["rows"]
+        plot(rows, args.out / "relaxations.png")
+        return rows
     sizes = [10, 20] if args.quick else [int(s) for s in args.sizes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -205,20 +210,25 @@ def plot(rows, path):
     done = [r for r in rows if r["family"] == "random" and r["status"] == "optimal"]
     combos = sorted({(r["solver"], r["cone"]) for r in done})
     markers = {"SCS": "o", "CLARABEL": "s", "TORCH": "*"}
+    colors = dict(zip(CONES, ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]))
     for solver, cone in combos:
         rs = sorted((r for r in done if r["solver"] == solver and r["cone"] == cone), key=lambda r: r["N"])
         Ns = [r["N"] for r in rs]
         ls = "-" if cone in ("nonneg", "dnn", "dnn_horn") else "--"
         lab = f"{solver} {cone}"
-        axes[0].loglog(Ns, [max(r["rel_error"], 1e-16) for r in rs], ls, marker=markers[solver], label=lab)
-        axes[1].loglog(Ns, [r["time_s"] for r in rs], ls, marker=markers[solver], label=lab)
+        color = "black" if solver == "TORCH" else colors[cone]
+        ms = 10 if solver == "TORCH" else 5
+        axes[0].loglog(Ns, [max(r["rel_error"], 1e-16) for r in rs], ls, marker=markers[solver], ms=ms, color=color,
+                       label=lab)
+        axes[1].loglog(Ns, [r["time_s"] for r in rs], ls, marker=markers[solver], ms=ms, color=color, label=lab)
     axes[0].set_title("relative error vs the closed-form optimum")
     axes[1].set_title("time (s), model building + solve")
     for ax in axes:
         ax.set_xlabel("N (points)")
         ax.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=7, ncol=2)
-    fig.suptitle("Q-problem relaxations, random family (solid: outer cones, dashed: inner)")
+    fig.suptitle("Q-problem relaxations, random family (colour: cone; marker: solver o SCS, s Clarabel, "
+                 "* own DNN solver; solid: outer, dashed: inner)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
