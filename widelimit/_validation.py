@@ -161,7 +161,7 @@ def check_codes(Z, N: int, k: int, name: str = "Z", nonneg: bool = True):
 
 
 def check_dictionary(W, n: int, name: str = "W") -> np.ndarray:
-    """Validate a dictionary ``(k, n)`` (rows are atoms); k = 0 is allowed."""
+    """Validate a dictionary ``(k, n)`` (rows are atoms); k = 0 is allowed; float32 is kept."""
     W = _float_dtype(to_numpy(W, name), name)
     if W.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array of shape (k atoms, n dims), got shape {W.shape}")
@@ -169,4 +169,14 @@ def check_dictionary(W, n: int, name: str = "W") -> np.ndarray:
         raise ValueError(f"{name} has {W.shape[1]} columns but the data has {n} dims")
     if not np.isfinite(W).all():
         raise ValueError(f"{name} has a non-finite value in row {int(np.flatnonzero(~np.isfinite(W).all(1))[0])}")
-    return np.asarray(W, dtype=np.float64)
+    return W  # float32 kept (no full-size copy); read in float64 by row_norms / per chunk
+
+
+def row_norms(A: np.ndarray) -> np.ndarray:
+    """Euclidean norms of the rows of ``A``, computed in float64 chunk by chunk."""
+    out = np.empty(A.shape[0])
+    rows = chunk_rows(A.shape[1] if A.ndim > 1 else 1)
+    for s in range(0, A.shape[0], rows):
+        c = np.asarray(A[s : s + rows], dtype=np.float64)
+        out[s : s + rows] = np.sqrt(np.einsum("ij,ij->i", c, c))
+    return out

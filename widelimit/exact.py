@@ -21,8 +21,9 @@ import scipy.sparse as sp
 
 from ._validation import check_data, check_lam
 from .certificate import Certificate, _certificate
-from .median import MedianResult, huber_median
-from .rays import RayGroups, default_ray_tol, group_rays
+from .median import MedianResult
+from .median import _solve as _median
+from .rays import RayGroups, _group_rays, default_ray_tol
 
 __all__ = ["WideLimitSolution", "solve"]
 
@@ -44,7 +45,7 @@ class WideLimitSolution:
     bias_segment : ndarray (2, n)
         Endpoints of the set of optimal biases (equal rows when unique).
     dictionary : ndarray (k, n)
-        Unit-norm atoms, one per ray.
+        Unit-norm atoms, one per ray (float32 for float32 data, else float64).
     rays : ndarray (N,) of int
         Atom used by each point, ``-1`` for points within ``lam`` of ``b*``.
     code_values : ndarray (N,)
@@ -158,10 +159,10 @@ def _narrowest_bias(X, med: MedianResult, lam, tol, signed) -> tuple[np.ndarray,
     """Among the optimal biases (a segment for collinear data), one with the fewest rays."""
     seg = med.segment
     if np.array_equal(seg[0], seg[1]):
-        return med.point, group_rays(X, med.point, lam, tol, signed=signed)
+        return med.point, _group_rays(X, med.point, lam, tol, signed, 0)
     best = None
     for cand in (med.point, seg[0], seg[1]):
-        g = group_rays(X, cand, lam, tol, signed=signed)
+        g = _group_rays(X, cand, lam, tol, signed, 0)
         if best is None or g.width < best[1].width:
             best = (cand, g)
     return best
@@ -207,9 +208,13 @@ def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     X = check_data(X)
     lam = check_lam(lam)
     tol_dir = default_ray_tol(X.dtype) if ray_tol is None else float(ray_tol)
-    med = huber_median(X, lam, tol=min(1e-12, tol), xtol=1e-13)
+    if not (tol_dir >= 0 and np.isfinite(tol_dir)):
+        raise ValueError(f"ray_tol must be a finite number >= 0, got {ray_tol!r}")
+    med = _median(X, lam, None, "huber", min(1e-12, tol), 1e-11, 100, 4096, 0)
     b, groups = _narrowest_bias(X, med, lam, tol_dir, signed)
-    Wd = groups.atoms(X)
+    # atoms keep float32 for float32 data (as scikit-learn estimators do): the certificate
+    # below evaluates the returned float32 atoms in float64, so it stays rigorous
+    Wd = groups.atoms(X, dtype=np.float32 if X.dtype == np.float32 else np.float64)
     z = groups.code_values(X, Wd)
     N = X.shape[0]
     on = np.flatnonzero(groups.rays >= 0)

@@ -260,20 +260,20 @@ def _line_of(X, idx, tol_abs):
     return o, u
 
 
-def _collinear(X, rng_idx, dtype_eps):
-    """Detect data on one line (or one point). Returns (origin, unit direction or None) or None."""
+def _collinear(X, rng_idx, dtype_eps, scale):
+    """Detect data on one line (or one point): ``((origin, unit direction or None) or None, tol, passes)``.
+
+    ``scale`` is ``max |X|``; the tolerance is 64 eps of X's dtype relative to it.
+    """
     N, n = X.shape
-    scale = 0.0
     rows = chunk_rows(n)
-    for s in range(0, N, rows):
-        scale = max(scale, float(np.abs(np.asarray(X[s : s + rows], dtype=np.float64)).max()))
     tol_abs = 64.0 * dtype_eps * max(scale, 1e-300) * np.sqrt(n)
     if N > rng_idx.size:  # a random subsample that is not collinear rules it out cheaply
         if _line_of(X, rng_idx, tol_abs) is None:
-            return None, tol_abs, 1
+            return None, tol_abs, 0
     fit = _line_of(X, np.arange(min(N, 4096)), tol_abs)
     if fit is None:
-        return None, tol_abs, 1
+        return None, tol_abs, 0
     o, u = fit
     # full check, chunked; a direction is picked up from the first point off o if none yet
     for s in range(0, N, rows):
@@ -286,8 +286,8 @@ def _collinear(X, rng_idx, dtype_eps):
         if u is not None:
             off = D - np.outer(D @ u, u)
             if np.sqrt(np.einsum("ij,ij->i", off, off)).max() > tol_abs:
-                return None, tol_abs, 2
-    return (o, u), tol_abs, 2
+                return None, tol_abs, 1
+    return (o, u), tol_abs, 1
 
 
 # --------------------------------------------------------------------------------------
@@ -295,12 +295,9 @@ def _collinear(X, rng_idx, dtype_eps):
 # --------------------------------------------------------------------------------------
 
 
-def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
-    X = check_data(X)
+def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed):
+    """Solve a median problem on validated data ``X`` with validated weights ``w`` (or None)."""
     N, n = X.shape
-    if kind == "huber":
-        lam = check_lam(lam)
-    w = check_weights(weights, N)
     W = float(N) if w is None else float(w.sum())
     dtype_eps = float(np.finfo(X.dtype).eps)
     rng = np.random.default_rng(seed)
@@ -308,25 +305,33 @@ def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
     sub = np.sort(rng.choice(N, size=m, replace=False)) if m < N else np.arange(N)
     passes = 0
 
-    # weighted mean (one pass)
+    # weighted mean and scale (one pass)
     mean = np.zeros(n)
+    scale = 0.0
     rows = chunk_rows(n)
     for s in range(0, N, rows):
         c = np.asarray(X[s : s + rows], dtype=np.float64)
         mean += c.sum(0) if w is None else w[s : s + rows] @ c
+        scale = max(scale, float(np.abs(c).max()))
     mean /= W
     passes += 1
 
-    line, _tol_abs, p_used = _collinear(X, sub, dtype_eps)
+    line, _tol_abs, p_used = _collinear(X, sub, dtype_eps, scale)
     passes += p_used
     eps_r = 0.0
     if kind == "geometric":
         eps_r = 8.0 * _EPS * max(1.0, float(np.abs(mean).max()))
 
+    # Floating-point slack: the bound is lowered by the rounding level of N-term float64 sums,
+    # so that it stays a lower bound of the exact minimum, and convergence allows for it.
+    round_rel = 8 * _EPS * np.sqrt(N)
+
     def certify(b):
         p = _pass(X, w, b, lam, kind, eps_r)
         lb = _lower_bound(p, W, mean - b, lam, kind) / W
-        return p, p.value / W, lb
+        return p, p.value / W, lb - round_rel * abs(lb)
+
+    tol = max(tol, 4 * round_rel)
 
     if line is not None:
         o, u = line
@@ -346,7 +351,7 @@ def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
         gap = max(0.0, val - lb)
         return MedianResult(
             point=b, value=val, lower_bound=lb, gap=gap, segment=seg, n_passes=passes, n_iter=0,
-            converged=gap <= tol * max(val, 1e-300) or gap <= 1e3 * _EPS * max(val, 1e-300),
+            converged=gap <= tol * max(val, 1e-300),
             method="collinear-exact", kind=kind, lam=lam if kind == "huber" else None,
         )
 
@@ -365,7 +370,6 @@ def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
     p, val, lb = certify(b)
     passes += 1
     history = [(val, lb)]
-    round_rel = 64 * _EPS * np.sqrt(N)  # rounding level of a sum of N terms
     it = 0
     converged = False
     small_step = False
@@ -397,13 +401,22 @@ def _solve(X, lam, weights, kind, tol, xtol, max_iter, hess_rows, seed):
         trial = b + d
         pt, vt, lbt = certify(trial)
         passes += 1
-        ok = vt < val or (vt <= val * (1 + round_rel) and np.linalg.norm(_grad(pt, kind)) < np.linalg.norm(gdir))
+        ok = vt < val or (vt <= val * (1 + 8 * round_rel) and np.linalg.norm(_grad(pt, kind)) < np.linalg.norm(gdir))
         if not ok and kind == "geometric" and p.w0 == 0 and p.rmin < np.linalg.norm(d):
             # converging onto a data point: try it
             trial = np.asarray(X[p.imin], dtype=np.float64).copy()
             pt, vt, lbt = certify(trial)
             passes += 1
             ok = vt <= val
+        t = 1.0
+        while not ok and t > 1.0 / 64 and vt > val * (1 + 8 * round_rel):
+            # the Newton matrix jumps where points cross the lam sphere (and is nearly singular
+            # when most points are beyond lam): backtrack along the Newton direction
+            t *= 0.25
+            trial = b + t * d
+            pt, vt, lbt = certify(trial)
+            passes += 1
+            ok = vt < val
         if not ok:
             # majorise-minimise step: never increases the value
             if kind == "huber" or p.w0 == 0:
@@ -466,7 +479,8 @@ def huber_median(X, lam, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, h
     -------
     MedianResult
     """
-    return _solve(X, lam, weights, "huber", tol, xtol, max_iter, hess_rows, seed)
+    X = check_data(X)
+    return _solve(X, check_lam(lam), check_weights(weights, X.shape[0]), "huber", tol, xtol, max_iter, hess_rows, seed)
 
 
 def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, hess_rows=4096, seed=0) -> MedianResult:
@@ -477,7 +491,8 @@ def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, he
     solved exactly and an optimal *segment* is returned when the weights split
     evenly (e.g. two points). See :func:`huber_median` for the parameters.
     """
-    return _solve(X, None, weights, "geometric", tol, xtol, max_iter, hess_rows, seed)
+    X = check_data(X)
+    return _solve(X, None, check_weights(weights, X.shape[0]), "geometric", tol, xtol, max_iter, hess_rows, seed)
 
 
 def huber_value(X, b, lam, weights=None) -> float:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg
+import scipy.sparse as sp
 
 from ._validation import (
     check_codes,
@@ -31,6 +32,7 @@ from ._validation import (
     check_lam,
     check_vector,
     chunk_rows,
+    row_norms,
     to_numpy,
 )
 
@@ -80,9 +82,17 @@ class ObjectiveValue:
 
 
 def _matmul_rows(Z, s: int, e: int, W: np.ndarray) -> np.ndarray:
-    """``Z[s:e] @ W`` for dense or scipy-sparse ``Z``, as a dense float64 array."""
-    part = Z[s:e] @ W
-    return np.asarray(part, dtype=np.float64)
+    """``Z[s:e] @ W`` for dense or scipy-sparse ``Z``, as a dense float64 array.
+
+    Sparse codes gather only the atoms they use (O(nnz n)), so a float32 ``W``
+    is never copied whole.
+    """
+    if isinstance(Z, np.ndarray):
+        return Z[s:e] @ np.asarray(W, dtype=np.float64)
+    c = Z[s:e].tocoo()
+    cols, inv = np.unique(c.col, return_inverse=True)
+    S = sp.csr_array((c.data, (c.row, inv)), shape=(e - s, cols.size))
+    return np.asarray(S @ np.asarray(W[cols], dtype=np.float64))
 
 
 def _check_triple(X, W, Z, b, lam, nonneg=True):
@@ -140,7 +150,7 @@ def sae_objective(X, W, Z, b, lam, *, signed: bool = False) -> ObjectiveValue:
     """
     X, W, Z, b, lam = _check_triple(X, W, Z, b, lam, nonneg=not signed)
     N = X.shape[0]
-    norms = np.linalg.norm(W, axis=1)
+    norms = row_norms(W)
     rec = 0.0
     for _, _, E in residual_chunks(X, W, Z, b):
         rec += float(np.einsum("ij,ij->", E, E))
@@ -162,7 +172,8 @@ def unconstrained_objective(X, W, Z, b, lam) -> float:
     N = X.shape[0]
     rec = sum(float(np.einsum("ij,ij->", E, E)) for _, _, E in residual_chunks(X, W, Z, b))
     col = np.asarray(Z.sum(axis=0), dtype=np.float64).ravel()
-    return (rec + lam * (float(np.sum(W * W)) + float(col @ col))) / N
+    wn = row_norms(W)
+    return (rec + lam * (float(wn @ wn) + float(col @ col))) / N
 
 
 def balance(W, Z):

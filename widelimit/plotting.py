@@ -54,9 +54,10 @@ def plot_solution(X, solution, path, *, geometric_median=None, title: str | None
         colors = cmap((rays[~within] % 10) / 9 if solution.width <= 10 else rays[~within] / max(1, solution.width - 1))
         ax.scatter(Y[~within, 0], Y[~within, 1], s=14, c=colors, label=f"on {solution.width} rays")
         A = solution.dictionary @ P
-        reach = np.max(solution.code_values) + lam if solution.code_values.size else 1.0
+        reach = np.zeros(solution.width)  # each atom drawn as long as its farthest point
+        np.maximum.at(reach, rays[~within], solution.code_values[~within] + lam)
         for j, a in enumerate(A[:50]):
-            ax.annotate("", xy=a * reach, xytext=(0, 0),
+            ax.annotate("", xy=a * reach[j], xytext=(0, 0), annotation_clip=False,
                         arrowprops=dict(arrowstyle="->", color="k", lw=1.0, alpha=0.7))
     th = np.linspace(0, 2 * np.pi, 200)
     ax.plot(lam * np.cos(th), lam * np.sin(th), "k--", lw=1, label="lam ball" + ("" if X.shape[1] == 2 else " (projected)"))

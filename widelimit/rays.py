@@ -63,15 +63,21 @@ class RayGroups:
         """Number of rays: the width of the narrowest optimal dictionary."""
         return int(self.leaders.size)
 
-    def atoms(self, X) -> np.ndarray:
-        """Unit atoms ``(k, n)``: the leaders' directions ``(x - b) / ||x - b||``."""
-        if self.leaders.size == 0:
-            return np.zeros((0, self.bias.size))
-        D = np.asarray(X[self.leaders], dtype=np.float64) - self.bias
-        D /= np.linalg.norm(D, axis=1, keepdims=True)
-        if self.signed:
-            D *= _sign_canon(D)[:, None]
-        return D
+    def atoms(self, X, dtype=np.float64) -> np.ndarray:
+        """Unit atoms ``(k, n)``: the leaders' directions ``(x - b) / ||x - b||``.
+
+        Computed in float64 chunk by chunk and stored in ``dtype``.
+        """
+        k, n = self.leaders.size, self.bias.size
+        out = np.empty((k, n), dtype=dtype)
+        rows = chunk_rows(n)
+        for s in range(0, k, rows):
+            D = np.asarray(X[self.leaders[s : s + rows]], dtype=np.float64) - self.bias
+            D /= np.linalg.norm(D, axis=1, keepdims=True)
+            if self.signed:
+                D *= _sign_canon(D)[:, None]
+            out[s : s + rows] = D
+        return out
 
     def code_values(self, X, atoms=None) -> np.ndarray:
         """The 1-sparse optimal code of each point on its ray: ``(<w, x - b> - lam)_+`` (0 off rays).
@@ -88,7 +94,7 @@ class RayGroups:
             if not on.any():
                 continue
             D = np.asarray(X[s : s + rows][on], dtype=np.float64) - self.bias
-            t = np.einsum("ij,ij->i", D, W[ray[on]])
+            t = np.einsum("ij,ij->i", D, np.asarray(W[ray[on]], dtype=np.float64))
             if self.signed:
                 z[s : s + rows][on] = np.sign(t) * np.maximum(np.abs(t) - self.lam, 0.0)
             else:
@@ -101,6 +107,17 @@ def _sign_canon(U: np.ndarray) -> np.ndarray:
     big = np.abs(U) > 1e-12
     first = np.argmax(big, axis=1)
     return np.where(U[np.arange(U.shape[0]), first] >= 0, 1.0, -1.0)
+
+
+def _line_sign(proj: np.ndarray) -> np.ndarray:
+    """+1/-1 orienting a line by the sign of its projection on a random direction.
+
+    Unlike a fixed coordinate (which data often leave at exactly 0 plus rounding
+    noise), a random direction is almost surely far from orthogonal to every
+    line: two directions within ``tol`` of each other get opposite orientations
+    only when ``|proj| <= tol``, a band of probability ``O(tol sqrt(n))``.
+    """
+    return np.where(proj >= 0, 1.0, -1.0)
 
 
 def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> RayGroups:
@@ -126,12 +143,16 @@ def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> R
     RayGroups
     """
     X = check_data(X)
-    N, n = X.shape
-    b = check_vector(b, n, "b")
-    lam = check_lam(lam)
+    b = check_vector(b, X.shape[1], "b")
     tol = default_ray_tol(X.dtype) if tol is None else float(tol)
     if not (tol >= 0 and np.isfinite(tol)):
         raise ValueError(f"ray_tol must be a finite number >= 0, got {tol!r}")
+    return _group_rays(X, b, check_lam(lam), tol, signed, seed)
+
+
+def _group_rays(X, b, lam, tol, signed, seed) -> RayGroups:
+    """:func:`group_rays` on validated input."""
+    N, n = X.shape
     rng = np.random.default_rng(seed)
     p = min(n, 8)
     V = np.linalg.qr(rng.standard_normal((n, p)))[0]  # p orthonormal random directions
@@ -143,9 +164,10 @@ def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> R
         r = np.sqrt(np.einsum("ij,ij->i", D, D))
         radii[s : s + rows] = r
         D /= np.where(r > 0, r, 1.0)[:, None]
-        if signed:
-            D *= _sign_canon(D)[:, None]
-        keys[s : s + rows] = D @ V
+        kc = D @ V
+        if signed:  # orient each line by its random projection: u and -u, and directions near them, agree
+            kc *= _line_sign(kc[:, 0])[:, None]
+        keys[s : s + rows] = kc
     beyond = np.flatnonzero(radii > lam * (1.0 + _WITHIN_RTOL))
     rays = np.full(N, -1, dtype=np.int64)
     if beyond.size == 0:
@@ -166,7 +188,7 @@ def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> R
         D = np.asarray(X[order[idx]], dtype=np.float64) - b
         D /= np.linalg.norm(D, axis=1, keepdims=True)
         if signed:
-            D *= _sign_canon(D)[:, None]
+            D *= _line_sign(D @ V[:, 0])[:, None]
         return D
 
     single = (ends - starts) == 1

@@ -17,7 +17,7 @@ _REGISTRY: dict[str, Callable] = {}
 _DOCS: dict[str, str] = {}
 
 #: Experiment modules (imported lazily by :func:`names` / :func:`get`).
-MODULES: list[str] = []
+MODULES: list[str] = ["antipodal", "exclusive", "rays", "absorption", "splitting"]
 
 
 def register(name: str, doc: str = ""):

@@ -1,0 +1,221 @@
+"""The torch gradient solver: gradients vs autograd, the exact optimum, invariants, the frontier, bad input."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import widelimit as wl
+from widelimit.cli import main
+from widelimit.coding import code_steps
+from widelimit.datasets import symmetric_rays
+from widelimit.gradient import _jumprelu_fn, encoder_codes
+
+
+@pytest.fixture(scope="module")
+def rays():
+    X, truth = symmetric_rays(n_rays=4, dim=5, points_per_ray=8, seed=3)
+    return X, truth, 0.5
+
+
+def _torch_objective(X, W, Z, b, lam):
+    """theory.md §1 with atom norms folded in, in torch (autograd reference)."""
+    R = Z @ W + b - X
+    return ((R * R).sum() + 2 * lam * (Z * W.norm(dim=1)).sum()) / X.shape[0]
+
+
+def test_solver_gradients_match_autograd(rng):
+    N, k, n, lam = 7, 4, 3, 0.6
+    X = torch.tensor(rng.standard_normal((N, n)), dtype=torch.float64)
+    W = torch.tensor(rng.standard_normal((k, n)), dtype=torch.float64)
+    W = (W / W.norm(dim=1, keepdim=True)).requires_grad_(True)
+    Z = torch.tensor(rng.uniform(0.1, 1.0, (N, k)), dtype=torch.float64, requires_grad=True)
+    b = torch.tensor(rng.standard_normal(n), dtype=torch.float64, requires_grad=True)
+    L = _torch_objective(X, W, Z, b, lam)
+    # the value agrees with the numpy objective
+    assert float(L.detach()) == pytest.approx(wl.sae_objective(X.numpy(), W.detach().numpy(), Z.detach().numpy(),
+                                                      b.detach().numpy(), lam).value, rel=1e-13)
+    L.backward()
+    with torch.no_grad():
+        Xt = X - b
+        # codes: the solver's step uses g = (x - b - zW) W^T; dL/dZ = (2/N)(lam - g) for unit atoms
+        g = (Xt - Z @ W) @ W.T
+        torch.testing.assert_close(Z.grad, 2.0 / N * (lam - g))
+        # atoms: on the sphere the penalty's gradient is radial, so the tangent gradient is (2/N)(A W - B)
+        A, B = Z.T @ Z, Z.T @ Xt
+        G = 2.0 / N * (A @ W - B)
+        tang = lambda M: M - (M * W).sum(1, keepdim=True) * W  # noqa: E731
+        torch.testing.assert_close(tang(W.grad), tang(G))
+        # bias: dL/db = (2/N) sum_i (z_i W + b - x_i), zero at the solver's update b = mean(X - Z W)
+        torch.testing.assert_close(b.grad, 2.0 / N * (Z @ W + b - X).sum(0))
+        b_new = (X - Z @ W).mean(0)
+    b2 = b_new.clone().requires_grad_(True)
+    _torch_objective(X, W.detach(), Z.detach(), b2, lam).backward()
+    assert float(b2.grad.abs().max()) < 1e-12
+
+
+def test_code_step_fixed_point_is_the_lasso_optimum(rng):
+    X = rng.standard_normal((6, 4))
+    W = rng.standard_normal((5, 4))
+    W /= np.linalg.norm(W, axis=1, keepdims=True)
+    lam = 0.3
+    opt = wl.optimal_codes(X, W, np.zeros(4), lam, tol=1e-13, dtype="float64", device="cpu")
+    Zs = torch.tensor(opt.codes.toarray())
+    invL = 1.0 / np.linalg.eigvalsh(W @ W.T)[-1]
+    Z1 = code_steps(torch.tensor(X), torch.tensor(W), lam, invL, Zs, 5)
+    torch.testing.assert_close(Z1, Zs, atol=1e-6, rtol=0)
+
+
+def test_jumprelu_straight_through(rng):
+    jump = _jumprelu_fn()
+    pre = torch.tensor(rng.standard_normal((50, 3)), requires_grad=True)
+    theta = torch.tensor([0.1, 0.5, 1.0], dtype=torch.float64, requires_grad=True)
+    out = jump(pre, theta, 0.2)
+    torch.testing.assert_close(out, pre * (pre > theta))
+    out.sum().backward()
+    torch.testing.assert_close(pre.grad, (pre > theta).double())
+    near = ((pre - theta).abs() < 0.1).double()
+    torch.testing.assert_close(theta.grad, -(theta * near / 0.2).sum(0))
+
+
+def test_crossvalidate_reaches_exact_optimum_on_rays(rays):
+    X, truth, lam = rays
+    cv = wl.crossvalidate(X, lam, n_restarts=2, device="cpu")
+    assert cv.width == cv.n_rays == 4
+    assert cv.rel_gap <= 1e-4 and cv.certified and cv.respects_bound
+    assert cv.match["min_ray_cosine"] > 1 - 1e-6
+    np.testing.assert_allclose(cv.fit.bias, truth["centre"], atol=1e-3)
+    assert len(cv.restart_values) == 2
+    d = cv.as_dict()
+    json.dumps(d)
+    assert d["certificate"]["certified"]
+
+
+def test_below_the_number_of_rays_stays_above_the_bound(rays):
+    X, _, lam = rays
+    lb = wl.solve(X, lam).lower_bound
+    cv = wl.crossvalidate(X, lam, width=2, n_restarts=3, device="cpu", inits=("rays", "data", "random"))
+    assert cv.respects_bound
+    assert min(cv.restart_values) >= lb
+    assert cv.rel_gap > 0.05  # two atoms cannot serve four rays
+    assert not cv.certified
+
+
+@pytest.mark.parametrize("kw", [
+    {"init": "rays"}, {"init": "data"}, {"init": "random", "max_steps": 40}, {"batch_size": 8, "max_steps": 60},
+    {"encoder": "relu", "max_steps": 150, "lr": 3e-3}, {"encoder": "jumprelu", "max_steps": 150},
+    {"encoder": "topk", "topk": 2, "max_steps": 150},
+])
+def test_invariants_at_every_returned_solution(rays, kw):
+    X, _, lam = rays
+    X = X.astype(np.float32)  # float32 input is accepted; every evaluation is float64
+    fit = wl.fit_dictionary(X, lam, 5, device="cpu", seed=1, **kw)
+    np.testing.assert_allclose(np.linalg.norm(fit.dictionary, axis=1), 1.0, atol=1e-12)
+    assert fit.codes.shape == (X.shape[0], 5) and (fit.codes.data >= 0).all()
+    assert fit.value == pytest.approx(wl.sae_objective(X, fit.dictionary, fit.codes, fit.bias, lam).value, rel=1e-9)
+    assert fit.coding_gap <= 1e-6 * fit.value
+    assert all(np.isfinite(h["value"]) for h in fit.history) and fit.n_steps == fit.history[-1]["step"]
+    assert fit.value >= wl.solve(X, lam).lower_bound - 1e-12
+    if fit.encoder != "none":
+        # optimal re-coding of the decoder can only improve on the encoder's own codes
+        assert fit.value <= fit.encoder_value + fit.coding_gap + 1e-12
+        enc = encoder_codes(X, fit.encoder, fit.encoder_params, fit.bias)
+        assert (enc.data >= 0).all()
+        assert set(fit.encoder_params) >= {"W_enc", "b_enc"}
+        assert fit.encoder_params["W_enc"].shape == (X.shape[1], 5)
+        if fit.encoder == "topk":
+            assert np.diff(enc.indptr).max() <= 2 and fit.encoder_params["k"] == 2
+        if fit.encoder == "jumprelu":
+            assert (fit.encoder_params["threshold"] > 0).all()
+    json.dumps(fit.as_dict())
+
+
+def test_amortised_relu_reaches_the_bound_on_rays(rays):
+    X, _, lam = rays
+    lb = wl.solve(X, lam).lower_bound
+    fit = wl.fit_dictionary(X, lam, 4, encoder="relu", device="cpu", max_steps=1500, lr=3e-3)
+    # 1-sparse optimal codes (<w, x - b> - lam)_+ are exactly a ReLU encoder: both objectives near the bound
+    assert (fit.value - lb) / fit.value < 1e-4
+    assert (fit.encoder_value - lb) / fit.encoder_value < 1e-3
+
+
+def test_deterministic_on_cpu(rays):
+    X, _, lam = rays
+    a = wl.fit_dictionary(X, lam, 3, init="data", device="cpu", seed=7, max_steps=30)
+    b = wl.fit_dictionary(X, lam, 3, init="data", device="cpu", seed=7, max_steps=30)
+    np.testing.assert_array_equal(a.dictionary, b.dictionary)
+    assert [h["value"] for h in a.history] == [h["value"] for h in b.history]
+    init = wl.fit_dictionary(X, lam, 3, init=a.dictionary, bias=a.bias, device="cpu", max_steps=5)
+    assert init.init == "array" and init.value <= a.value * (1 + 1e-6)
+
+
+def test_history_is_monotone_full_batch(rays):
+    X, _, lam = rays
+    seen = []
+    fit = wl.fit_dictionary(X, lam, 3, init="random", device="cpu", seed=2, max_steps=50, callback=seen.append)
+    vals = [h["value"] for h in fit.history]
+    assert all(v1 <= v0 * (1 + 1e-6) for v0, v1 in zip(vals, vals[1:]))
+    assert seen == fit.history
+
+
+def test_frontier_saturates_at_the_number_of_rays(rays, tmp_path):
+    X, _, lam = rays
+    fr = wl.frontier(X, lam, [1, 2, 3, 4, 5], n_restarts=2, device="cpu", out=tmp_path / "f.png")
+    assert fr.n_rays == 4 and fr.saturation_width == 4
+    assert fr.respects_bound and fr.monotone
+    assert all(v >= fr.lower_bound for v in fr.values)
+    assert (tmp_path / "f.png").stat().st_size > 1000
+    assert json.loads(json.dumps(fr.as_dict()))["saturation_width"] == 4
+
+
+def test_bad_input(rays):
+    X, _, lam = rays
+    with pytest.raises(ValueError, match="width"):
+        wl.fit_dictionary(X, lam, 0)
+    with pytest.raises(ValueError, match="width"):
+        wl.fit_dictionary(X, lam, 2.5)
+    with pytest.raises(ValueError, match="lam"):
+        wl.fit_dictionary(X, -1.0, 3)
+    Xn = X.copy()
+    Xn[3, 0] = np.nan
+    with pytest.raises(ValueError, match="row 3"):
+        wl.fit_dictionary(Xn, lam, 3)
+    with pytest.raises(ValueError, match="encoder"):
+        wl.fit_dictionary(X, lam, 3, encoder="sigmoid")
+    with pytest.raises(ValueError, match="init"):
+        wl.fit_dictionary(X, lam, 3, init="kmeans")
+    with pytest.raises(ValueError, match="init has"):
+        wl.fit_dictionary(X, lam, 3, init=np.ones((2, X.shape[1])))
+    with pytest.raises(ValueError, match="topk"):
+        wl.fit_dictionary(X, lam, 3, encoder="topk", topk=4)
+    with pytest.raises(ValueError, match="width"):
+        wl.frontier(X, lam, [0, 2])
+    with pytest.raises(ValueError, match="n_restarts"):
+        wl.crossvalidate(X, lam, n_restarts=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            wl.fit_dictionary(X, lam, 3, device="cuda")
+
+
+def test_cli_fit(capsys, tmp_path):
+    assert main(["fit", "rays", "--width", "6", "--json", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {"value", "lower_bound", "gap", "width"} <= set(d)
+    assert d["width"] == 6 and d["rel_gap"] <= 1e-4 and d["certified"]
+    assert (tmp_path / "fit.npz").exists() and (tmp_path / "fit.json").exists()
+    assert main(["fit", "rays", "--width", "0"]) == 2
+    assert "width must be an integer >= 1" in capsys.readouterr().err
+    assert main(["frontier", "rays", "--widths", "2,x"]) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_same_answer(rays):
+    X, _, lam = rays
+    cpu = wl.fit_dictionary(X, lam, 4, device="cpu")
+    gpu = wl.fit_dictionary(X, lam, 4, device="cuda")
+    assert gpu.device.startswith("cuda")
+    assert gpu.value == pytest.approx(cpu.value, rel=1e-6)
+    cv = wl.crossvalidate(X, lam, device="cuda", n_restarts=1)
+    assert cv.certified
