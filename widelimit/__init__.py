@@ -11,14 +11,18 @@ The main entry points:
 - :func:`first_order_conditions` -- the finite-width stationarity conditions and their margins;
 - :class:`ActivationSource` -- activations on disk (``.npy`` / ``.safetensors`` shards, a
   ``datasets`` Arrow cache), streamed by every solver; ``dask.array`` input runs on a cluster;
-- :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form;
 - :func:`load_sae`, :func:`certify_sae` -- load a trained SAE (SAELens, dictionary_learning, sparsify)
   and measure how far it is from the global optimum of its own objective.
+- :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form;
+- :func:`sandwich` (module :mod:`widelimit.relax`), :func:`solve_dnn`, :func:`factorize_cp`, :func:`refine` --
+  the convex Q-problem over CP-cone approximations, checked against the closed form.
 """
 
 from .certificate import Certificate, verify
 from .coding import CodingResult, optimal_codes
+from .cpfactor import CPFactorization, factorize_cp, refine
 from .crossval import CrossValidation, crossvalidate
+from .dnn_solver import DNNResult, solve_dnn
 from .exact import WideLimitSolution, solve
 from .frontier import Frontier, frontier
 from .gradient import FitResult, fit_dictionary
@@ -36,6 +40,7 @@ from .rays import RayGroups, group_rays
 from .io import ActivationSource
 from .sae import SAE, load_sae
 from .sae_certify import SAECertificate, certify_sae
+from .relax import RelaxationResult, SandwichReport, sandwich
 from .stationarity import Stationarity, first_order_conditions
 from . import datasets
 
@@ -43,24 +48,29 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ActivationSource",
+    "CPFactorization",
     "Certificate",
     "CodingResult",
     "CrossValidation",
+    "DNNResult",
     "FitResult",
     "Frontier",
     "MedianResult",
     "ObjectiveValue",
     "RayGroups",
+    "RelaxationResult",
+    "SAE",
+    "SAECertificate",
+    "SandwichReport",
+    "Stationarity",
+    "WideLimitSolution",
     "balance",
     "certify_sae",
     "crossvalidate",
+    "factorize_cp",
     "first_order_conditions",
     "fit_dictionary",
     "frontier",
-    "SAE",
-    "SAECertificate",
-    "Stationarity",
-    "WideLimitSolution",
     "geometric_median",
     "group_rays",
     "huber_h",
@@ -70,8 +80,11 @@ __all__ = [
     "optimal_codes",
     "optimal_dictionary",
     "q_objective",
+    "refine",
     "sae_objective",
+    "sandwich",
     "solve",
+    "solve_dnn",
     "unconstrained_objective",
     "verify",
 ]

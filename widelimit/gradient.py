@@ -352,9 +352,13 @@ def _fit_free_minibatch(X, W, b, lam, opts, report, dev, cdt):
     rng = np.random.default_rng(opts["seed"])
     step = 0
     reason = "max_steps"
+    perm, pos = rng.permutation(N), 0
     while step < opts["max_steps"]:
         step += 1
-        idx = np.sort(rng.choice(N, size=bs, replace=False))
+        if pos + bs > N:  # a new epoch: a fresh random order
+            perm, pos = rng.permutation(N), 0
+        idx = np.sort(perm[pos : pos + bs])
+        pos += bs
         xb = torch.as_tensor(np.asarray(X[idx], dtype=np.float64), dtype=cdt, device=dev)
         xt = xb - b
         invL = 1.0 / (_code_lipschitz(W) * (1 + 1e-5))
@@ -712,7 +716,9 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
         enc_codes = encoder_codes(X, encoder, enc_params, bf)
         enc_value = sae_objective(X, Wf, enc_codes, bf, lam).value
         Z_warm = enc_codes
-    coded = optimal_codes(X, Wf, bf, lam, tol=coding_tol, device=dev, Z0=Z_warm)
+    # near-duplicate atoms make some lassos degenerate (sublinear convergence): a generous budget,
+    # spent only on the points that need it
+    coded = optimal_codes(X, Wf, bf, lam, tol=coding_tol, device=dev, Z0=Z_warm, max_iter=20000)
     return FitResult(
         dictionary=Wf, codes=coded.codes, bias=bf, value=coded.value, reconstruction=coded.reconstruction,
         penalty=coded.penalty, coding_gap=coded.gap, history=report.history, n_steps=int(steps),
