@@ -207,6 +207,12 @@ def test_cli_fit(capsys, tmp_path):
     assert main(["fit", "rays", "--width", "0"]) == 2
     assert "width must be an integer >= 1" in capsys.readouterr().err
     assert main(["frontier", "rays", "--widths", "2,x"]) == 2
+    capsys.readouterr()
+    out = tmp_path / "fr"
+    assert main(["frontier", "rays", "--widths", "5,6", "--restarts", "1", "--json", "--out", str(out)]) == 0
+    fr = json.loads(capsys.readouterr().out)
+    assert fr["saturation_width"] == 6 == fr["n_rays"] and fr["respects_bound"]
+    assert (out / "frontier.png").exists() and (out / "frontier.json").exists()
 
 
 @pytest.mark.gpu

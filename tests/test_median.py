@@ -147,3 +147,33 @@ def test_solve_1d_flat_region():
 def test_bad_input(X, lam, w, msg):
     with pytest.raises(ValueError, match=msg):
         wl.huber_median(X, lam, w)
+
+
+def test_no_stall_when_points_sit_near_the_lam_sphere():
+    # found by a property test: the Newton matrix is nearly singular (all points beyond lam on
+    # three lines) and jumps where a point crosses the lam sphere; a reference from scipy
+    from scipy import optimize
+
+    rng = np.random.default_rng(3803)
+    U = rng.standard_normal((3, 2))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    o = rng.standard_normal(2)
+    X = o + rng.uniform(-3, 3, (6, 1)) * U[rng.integers(0, 3, 6)]
+    lam = 0.25
+    H = lambda b: float(wl.huber_h(np.linalg.norm(X - b, axis=1), lam).mean())  # noqa: E731
+    ref = min((optimize.minimize(H, x0, method="Nelder-Mead", options={"xatol": 1e-12, "fatol": 1e-14, "maxiter": 20000})
+               for x0 in X), key=lambda r: r.fun)
+    med = wl.huber_median(X, lam)
+    assert med.value <= ref.fun + 1e-12
+    assert med.converged and med.rel_gap <= 1e-10 and med.n_iter < 30
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 100_000), lam=st.floats(0.05, 2.0), n_lines=st.integers(1, 4), N=st.integers(2, 12))
+def test_huber_median_converges_on_points_on_few_lines(seed, lam, n_lines, N):
+    rng = np.random.default_rng(seed)
+    U = rng.standard_normal((n_lines, 2))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    X = rng.standard_normal(2) + rng.uniform(-3, 3, (N, 1)) * U[rng.integers(0, n_lines, N)]
+    med = wl.huber_median(X, lam)
+    assert med.converged and med.rel_gap <= 1e-9

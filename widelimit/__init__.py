@@ -8,14 +8,19 @@ The main entry points:
 - :func:`fit_dictionary` -- torch gradient solver of the nonconvex objective at a finite width;
 - :func:`crossvalidate`, :func:`frontier` -- the gradient solver against the exact optimum, loss vs width;
 - :func:`huber_median`, :func:`geometric_median` -- certified optimal biases;
+- :func:`first_order_conditions` -- the finite-width stationarity conditions and their margins;
 - :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form;
+- :func:`sandwich` (module :mod:`widelimit.relax`), :func:`solve_dnn`, :func:`factorize_cp`, :func:`refine` --
+  the convex Q-problem over CP-cone approximations, checked against the closed form.
 - :func:`load_sae`, :func:`certify_sae` -- load a trained SAE (SAELens, dictionary_learning, sparsify)
   and measure how far it is from the global optimum of its own objective.
 """
 
 from .certificate import Certificate, verify
 from .coding import CodingResult, optimal_codes
+from .cpfactor import CPFactorization, factorize_cp, refine
 from .crossval import CrossValidation, crossvalidate
+from .dnn_solver import DNNResult, solve_dnn
 from .exact import WideLimitSolution, solve
 from .frontier import Frontier, frontier
 from .gradient import FitResult, fit_dictionary
@@ -30,6 +35,8 @@ from .objective import (
     unconstrained_objective,
 )
 from .rays import RayGroups, group_rays
+from .relax import RelaxationResult, SandwichReport, sandwich
+from .stationarity import Stationarity, first_order_conditions
 from .sae import SAE, load_sae
 from .sae_certify import SAECertificate, certify_sae
 from . import datasets
@@ -37,20 +44,27 @@ from . import datasets
 __version__ = "0.1.0"
 
 __all__ = [
+    "CPFactorization",
     "Certificate",
     "CodingResult",
     "CrossValidation",
+    "DNNResult",
     "FitResult",
     "Frontier",
     "MedianResult",
     "ObjectiveValue",
     "RayGroups",
+    "RelaxationResult",
+    "SandwichReport",
+    "Stationarity",
     "SAE",
     "SAECertificate",
     "WideLimitSolution",
     "balance",
     "certify_sae",
     "crossvalidate",
+    "factorize_cp",
+    "first_order_conditions",
     "fit_dictionary",
     "frontier",
     "geometric_median",
@@ -62,8 +76,11 @@ __all__ = [
     "optimal_codes",
     "optimal_dictionary",
     "q_objective",
+    "refine",
     "sae_objective",
+    "sandwich",
     "solve",
+    "solve_dnn",
     "unconstrained_objective",
     "verify",
 ]

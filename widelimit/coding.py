@@ -151,7 +151,7 @@ def _evaluate(x, U, y, lam):
     return P, torch.clamp(P - D, min=0.0), rr
 
 
-def _fista(x, U, lam, inv_L, y, tol, floor, max_iter, check_every, patience=4):
+def _fista(x, U, lam, inv_L, y, tol, floor, max_iter, check_every, patience=8):
     """Accelerated projected proximal gradient with per-point restarts; rows leave when certified.
 
     A row also leaves when its gap has not shrunk by 30% over ``patience``
@@ -204,13 +204,15 @@ def _step(x, U, lam, inv_L, y, v, t):
     """
     import torch
 
-    g = (x - v @ U) @ U.T
-    y_new = torch.clamp(v + (g - lam) * inv_L, min=0.0)
-    restart = ((v - y_new) * (y_new - y)).sum(1) > 0
+    # in place where possible (``v`` is consumed): the elementwise work rivals the two matmuls
+    g = torch.addmm(x, v, U, alpha=-1.0) @ U.T
+    y_new = g.sub_(lam).mul_(inv_L).add_(v).clamp_(min=0.0)
+    d = y_new - y
+    restart = torch.linalg.vecdot(v.sub_(y_new), d) > 0
     t_new = 0.5 * (1.0 + torch.sqrt(1.0 + 4.0 * t * t))
     beta = torch.where(restart, torch.zeros_like(t), (t - 1.0) / t_new)
     t = torch.where(restart, torch.ones_like(t), t_new)
-    v = y_new + beta[:, None] * (y_new - y)
+    v = torch.addcmul(y_new, beta[:, None], d)
     return y_new, v, t
 
 
@@ -277,10 +279,12 @@ def optimal_codes(X, W, b, lam, *, tol: float = 1e-6, max_iter: int = 3000, batc
         distance ``lam`` from the bias).
     max_iter : int
         Iteration budget of the float32 phase per batch; the float64 polishing
-        phase gets at most ``max(100, max_iter // 4)`` more.
+        phase gets at most ``max(1, max_iter // 4)`` more.
     batch_size : int, optional
-        Points per batch; default keeps a batch's working set near 256 MiB on the
-        CPU and 2 GiB on CUDA.
+        Points per batch; the default sizes a batch for about 256 MiB (CPU) or
+        2 GiB (CUDA) of ``rows x k`` float64 arrays. Memory does not grow with N
+        beyond the returned sparse codes (measured on the CPU for k = 4096, n = 384:
+        0.6-0.7 GB above the baseline for N = 4000 and N = 20000).
     device : {"auto", "cpu", "cuda", "cuda:N"} or torch.device
         ``"auto"`` uses CUDA when available.
     Z0 : array (N, k) or scipy.sparse, optional
@@ -336,14 +340,14 @@ def optimal_codes(X, W, b, lam, *, tol: float = 1e-6, max_iter: int = 3000, batc
     kl = live.size
     U64 = W[live] / norms[live, None]
     inv_L = 1.0 / (_lambda_max(U64) * (1.0 + 1e-6))
-    esize = 4 if cdt == torch.float32 else 8
     if batch_size is None:
+        # about a dozen (rows x k) arrays are live at once in the float64 polishing phase
         budget = _BATCH_BYTES["cuda" if dev.type == "cuda" else "cpu"]
-        batch_size = int(max(1, min(N, budget // (esize * (8 * max(kl, 1) + 4 * n)))))
+        batch_size = int(max(1, min(N, budget // (8 * (12 * max(kl, 1) + 4 * n)))))
     batch_size = int(batch_size)
     floor = lam * lam
     tol_main = tol
-    polish_iter = max(100, max_iter // 4)
+    polish_iter = max(1, max_iter // 4)
 
     Uw = torch.as_tensor(U64, dtype=cdt, device=dev)
     U8 = torch.as_tensor(U64, dtype=torch.float64, device=dev)

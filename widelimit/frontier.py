@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 
 from ._validation import check_data, check_lam
 from .crossval import best_fit

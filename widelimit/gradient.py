@@ -341,7 +341,7 @@ def _fit_free(Xd, W, b, lam, opts, report):
     return W, b, Z, step, reason
 
 
-def _fit_free_minibatch(X, W, b, lam, opts, report, gen, dev, cdt):
+def _fit_free_minibatch(X, W, b, lam, opts, report, dev, cdt):
     import torch
 
     N, n = X.shape
@@ -352,9 +352,13 @@ def _fit_free_minibatch(X, W, b, lam, opts, report, gen, dev, cdt):
     rng = np.random.default_rng(opts["seed"])
     step = 0
     reason = "max_steps"
+    perm, pos = rng.permutation(N), 0
     while step < opts["max_steps"]:
         step += 1
-        idx = np.sort(rng.choice(N, size=bs, replace=False))
+        if pos + bs > N:  # a new epoch: a fresh random order
+            perm, pos = rng.permutation(N), 0
+        idx = np.sort(perm[pos : pos + bs])
+        pos += bs
         xb = torch.as_tensor(np.asarray(X[idx], dtype=np.float64), dtype=cdt, device=dev)
         xt = xb - b
         invL = 1.0 / (_code_lipschitz(W) * (1 + 1e-5))
@@ -416,7 +420,7 @@ def _encode(x, params, encoder, topk, jump):
     return f
 
 
-def _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, gen, dev, cdt):
+def _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, dev, cdt):
     import torch
 
     N, n = X.shape
@@ -467,7 +471,7 @@ def _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, gen, dev, cdt):
             out["threshold"] = torch.exp(params["log_threshold"]).detach().cpu().double().numpy()
         if encoder == "topk":
             out["k"] = topk
-    return Wd, params["b_dec"].detach(), step, reason, out, (params, topk, jump)
+    return Wd, params["b_dec"].detach(), step, reason, out
 
 
 def encoder_codes(X, encoder: str, encoder_params: dict, bias, *, batch_size: int = 8192) -> sp.csr_array:
@@ -662,21 +666,23 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
         b0 = huber_median(X, lam).point
     else:
         b0 = check_vector(bias, n, "bias")
-    # the data on the device (float32); minibatch mode reads batches from X instead
+    # the data on the device (float32), unless a minibatch / encoder run on data too large for
+    # that reads its batches from X (then the initialisation sees a subsample)
     fits = N * n * 4 <= (1 << 34 if dev.type == "cuda" else 1 << 32)
-    if minibatch and not fits:
-        sub = np.sort(np.random.default_rng(seed).choice(N, size=min(N, 200_000), replace=False))
-        Xinit = torch.as_tensor(np.asarray(X[sub], dtype=np.float64), dtype=cdt, device=dev)
-    else:
-        Xinit = None
+    stream = (minibatch or amortised) and not fits
     with torch.no_grad():
-        Xd = torch.as_tensor(np.asarray(X, dtype=np.float32), device=dev) if (fits or not minibatch) else None
+        if stream:
+            sub = np.sort(np.random.default_rng(seed).choice(N, size=min(N, 200_000), replace=False))
+            Xd, src = None, torch.as_tensor(np.asarray(X[sub], dtype=np.float32), device=dev)
+        else:
+            Xd = torch.as_tensor(np.asarray(X, dtype=np.float32), device=dev)
+            src = Xd
         b = torch.as_tensor(b0, dtype=cdt, device=dev)
-        src = Xd if Xd is not None else Xinit
         if init_arr is not None:
             W = _rownorm(torch.as_tensor(init_arr, dtype=cdt, device=dev))
         else:
             W, b = _init_dictionary(src, b, lam, width, init, gen, learn_bias=bool(learn_bias))
+        del src
     # stochastic objectives (minibatches, Adam) are judged over a longer window
     stochastic = amortised or minibatch
     report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), max_time, callback, t0,
@@ -688,16 +694,18 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
     enc_params: dict = {}
     enc_value = None
     if amortised:
-        Wt, bt, steps, reason, enc_params, _ = _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, gen, dev, cdt)
+        Wt, bt, steps, reason, enc_params = _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, dev, cdt)
         Z_warm = None
     elif minibatch:
         with torch.no_grad():
-            Wt, bt, _, steps, reason = _fit_free_minibatch(X, W, b, lam, opts, report, gen, dev, cdt)
+            Wt, bt, _, steps, reason = _fit_free_minibatch(X, W, b, lam, opts, report, dev, cdt)
         Z_warm = None
     else:
         with torch.no_grad():
             Wt, bt, Zt, steps, reason = _fit_free(Xd, W, b, lam, opts, report)
-        Z_warm = sp.csr_array(Zt.cpu().double().numpy())
+        rows = max(1, (1 << 26) // max(1, width))
+        Z_warm = sp.csr_array(sp.vstack([sp.csr_array(Zt[s:s + rows].cpu().double().numpy())
+                                         for s in range(0, N, rows)], format="csr"))
         del Zt
     Wf = Wt.detach().cpu().double().numpy()
     Wf /= np.where(np.linalg.norm(Wf, axis=1) > 0, np.linalg.norm(Wf, axis=1), 1.0)[:, None]
@@ -708,7 +716,9 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
         enc_codes = encoder_codes(X, encoder, enc_params, bf)
         enc_value = sae_objective(X, Wf, enc_codes, bf, lam).value
         Z_warm = enc_codes
-    coded = optimal_codes(X, Wf, bf, lam, tol=coding_tol, device=dev, Z0=Z_warm)
+    # near-duplicate atoms make some lassos degenerate (sublinear convergence): a generous budget,
+    # spent only on the points that need it
+    coded = optimal_codes(X, Wf, bf, lam, tol=coding_tol, device=dev, Z0=Z_warm, max_iter=20000)
     return FitResult(
         dictionary=Wf, codes=coded.codes, bias=bf, value=coded.value, reconstruction=coded.reconstruction,
         penalty=coded.penalty, coding_gap=coded.gap, history=report.history, n_steps=int(steps),

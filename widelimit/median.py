@@ -408,6 +408,15 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed):
             pt, vt, lbt = certify(trial)
             passes += 1
             ok = vt <= val
+        t = 1.0
+        while not ok and t > 1.0 / 64 and vt > val * (1 + 8 * round_rel):
+            # the Newton matrix jumps where points cross the lam sphere (and is nearly singular
+            # when most points are beyond lam): backtrack along the Newton direction
+            t *= 0.25
+            trial = b + t * d
+            pt, vt, lbt = certify(trial)
+            passes += 1
+            ok = vt < val
         if not ok:
             # majorise-minimise step: never increases the value
             if kind == "huber" or p.w0 == 0:

@@ -109,6 +109,17 @@ def _sign_canon(U: np.ndarray) -> np.ndarray:
     return np.where(U[np.arange(U.shape[0]), first] >= 0, 1.0, -1.0)
 
 
+def _line_sign(proj: np.ndarray) -> np.ndarray:
+    """+1/-1 orienting a line by the sign of its projection on a random direction.
+
+    Unlike a fixed coordinate (which data often leave at exactly 0 plus rounding
+    noise), a random direction is almost surely far from orthogonal to every
+    line: two directions within ``tol`` of each other get opposite orientations
+    only when ``|proj| <= tol``, a band of probability ``O(tol sqrt(n))``.
+    """
+    return np.where(proj >= 0, 1.0, -1.0)
+
+
 def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> RayGroups:
     r"""Group the points beyond ``lam`` from ``b`` by direction.
 
@@ -153,9 +164,10 @@ def _group_rays(X, b, lam, tol, signed, seed) -> RayGroups:
         r = np.sqrt(np.einsum("ij,ij->i", D, D))
         radii[s : s + rows] = r
         D /= np.where(r > 0, r, 1.0)[:, None]
-        if signed:
-            D *= _sign_canon(D)[:, None]
-        keys[s : s + rows] = D @ V
+        kc = D @ V
+        if signed:  # orient each line by its random projection: u and -u, and directions near them, agree
+            kc *= _line_sign(kc[:, 0])[:, None]
+        keys[s : s + rows] = kc
     beyond = np.flatnonzero(radii > lam * (1.0 + _WITHIN_RTOL))
     rays = np.full(N, -1, dtype=np.int64)
     if beyond.size == 0:
@@ -176,7 +188,7 @@ def _group_rays(X, b, lam, tol, signed, seed) -> RayGroups:
         D = np.asarray(X[order[idx]], dtype=np.float64) - b
         D /= np.linalg.norm(D, axis=1, keepdims=True)
         if signed:
-            D *= _sign_canon(D)[:, None]
+            D *= _line_sign(D @ V[:, 0])[:, None]
         return D
 
     single = (ends - starts) == 1

@@ -17,7 +17,7 @@ _REGISTRY: dict[str, Callable] = {}
 _DOCS: dict[str, str] = {}
 
 #: Experiment modules (imported lazily by :func:`names` / :func:`get`).
-MODULES: list[str] = ["minilm_sae"]
+MODULES: list[str] = ["antipodal", "exclusive", "rays", "absorption", "splitting", "superposition", "minilm_sae"]
 
 
 def register(name: str, doc: str = ""):

@@ -1,0 +1,238 @@
+"""Relaxation benchmark: cones x solvers x N on instances with a known optimum.
+
+Every Q-problem relaxation of the wide-limit problem has the closed-form optimum
+``widelimit.solve(X, lam).value`` (theory.md §4), so each solve is scored by its
+error against the truth, and outer <= exact <= inner is checked.
+
+    PYTHONPATH=$PWD python3 benchmarks/relaxations.py            # default grid, a few minutes on 2 cores
+    PYTHONPATH=$PWD python3 benchmarks/relaxations.py --quick    # seconds
+    PYTHONPATH=$PWD python3 benchmarks/relaxations.py --large 2000 --large-time 600 --large-only  # own solver, big N
+
+Writes benchmarks/results/relaxations.{csv,json,md,png} (and relaxations_large.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import widelimit as wl
+from widelimit.dnn_solver import solve_dnn
+from widelimit.relax import CONES, OUTER_CONES, estimate_memory, make_instance, relax
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# Sizes beyond which a (solver, cone) pair is skipped, with the reason recorded.
+CLARABEL_MAX_N = {"dnn": 50, "diagonal": 50}  # other cones: 20
+SCS_ALL_CONES_MAX_N = 100  # at N = 200 only dnn (about a minute per cone on a shared 2-core machine)
+
+
+def plan(family: str, N: int, main_family: bool):
+    """(solver, cone, skip_reason or None) for one instance."""
+    out = []
+    for cone in CONES:
+        if cone == "dnn_horn" and N < 5:
+            continue
+        # SCS
+        if main_family and N > SCS_ALL_CONES_MAX_N and cone != "dnn":
+            out.append(("SCS", cone, f"time budget: SCS needs ~1 min per cone at N={N} here; dnn is run"))
+        else:
+            out.append(("SCS", cone, None))
+        # Clarabel
+        lim = CLARABEL_MAX_N.get(cone, 20)
+        if N > lim:
+            est = estimate_memory(N, 5, cone, "CLARABEL") / 2**30
+            out.append(("CLARABEL", cone, f"interior point: dense KKT block ~{est:.2g} GiB, minutes per solve "
+                                           f"beyond N={lim} on a shared 2-core machine"))
+        else:
+            out.append(("CLARABEL", cone, None))
+    out.append(("TORCH", "dnn", None))
+    return out
+
+
+def run_one(inst, exact, solver, cone, tol):
+    if solver == "TORCH":
+        r = solve_dnn(inst.X, inst.lam, tol=tol, time_limit=300)
+        status = "optimal" if r.converged else "not_converged"
+        # the certified lower bound is the outer (DNN) bound; the feasible value is reported too
+        value = r.lower_bound if r.converged else float("nan")
+        extra = {"upper_value": r.value, "upper_rel_error": abs(r.value - exact) / exact, "rel_gap": r.rel_gap,
+                 "n_iter": r.n_iter}
+        return status, value, "outer", r.time_s, extra
+    r = relax(inst.X, inst.lam, cone, solver=solver, tol=tol)
+    return r.status, r.value, r.kind, r.time_s, {"n_cuts": r.n_cuts}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="N in {10, 20} only")
+    ap.add_argument("--sizes", default="10,20,50,100,200")
+    ap.add_argument("--dim", type=int, default=5)
+    ap.add_argument("--tol", type=float, default=1e-6, help="solver tolerance (TORCH: certified relative gap)")
+    ap.add_argument("--large", type=int, default=0, help="also run the own DNN solver at this N (CPU)")
+    ap.add_argument("--large-time", type=float, default=600.0)
+    ap.add_argument("--large-only", action="store_true", help="run only the --large solve (keeps the grid results)")
+    ap.add_argument("--replot", action="store_true", help="redraw the plot from relaxations.json only")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    if args.replot:
+        rows = json.loads((args.out / "relaxations.json").read_text())["rows"]
+        plot(rows, args.out / "relaxations.png")
+        return rows
+    sizes = [10, 20] if args.quick else [int(s) for s in args.sizes.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    jobs = [("random", N, True) for N in sizes]
+    jobs += [(fam, 20, False) for fam in ("rays", "collinear", "hierarchical")]
+    if args.large_only:
+        jobs = []
+    rows = []
+    t_start = time.perf_counter()
+    for family, N, main_family in jobs:
+        inst = make_instance(family, N, args.dim, seed=0)
+        t0 = time.perf_counter()
+        sol = wl.solve(inst.X, inst.lam)
+        t_exact = time.perf_counter() - t0
+        exact = sol.value
+        base = {"family": family, "N": N, "n": inst.X.shape[1], "lam": inst.lam, "exact_value": exact,
+                "exact_time_s": t_exact, "exact_width": sol.width}
+        for solver, cone, skip in plan(family, N, main_family):
+            row = dict(base, solver=solver, cone=cone)
+            if skip:
+                row.update(status="skipped", skip_reason=skip, kind="outer" if cone in OUTER_CONES else "inner")
+                rows.append(row)
+                continue
+            status, value, kind, t, extra = run_one(inst, exact, solver, cone, args.tol)
+            ok = status == "optimal"
+            err = value - exact if ok else float("nan")
+            slack = max(1e-5, 100 * args.tol) * max(1.0, abs(exact))
+            consistent = (err <= slack if kind == "outer" else err >= -slack) if ok else None
+            row.update(status=status, kind=kind, value=value, error=err,
+                       rel_error=abs(err) / abs(exact) if ok else float("nan"), consistent=consistent,
+                       time_s=t, **extra)
+            rows.append(row)
+            print(f"{family:12s} N={N:4d} {solver:8s} {cone:9s} {status:14s} rel_err={row['rel_error']:.2e} "
+                  f"t={t:7.2f}s", flush=True)
+
+    large = None
+    if args.large:
+        inst = make_instance("random", args.large, args.dim, seed=0)
+        exact = wl.solve(inst.X, inst.lam).value
+        r = solve_dnn(inst.X, inst.lam, tol=args.tol, time_limit=args.large_time, device="cpu", num_threads=1,
+                      callback=lambda h: print(f"  large N={args.large}: iter {h['iter']} t={h['time_s']:.0f}s "
+                                               f"rel_gap={h['rel_gap']:.2e}", flush=True) and False)
+        large = {"N": args.large, "n": args.dim, "exact_value": exact, "value": r.value, "lower_bound": r.lower_bound,
+                 "rel_gap": r.rel_gap, "rel_error_upper": abs(r.value - exact) / exact,
+                 "rel_error_lower": abs(r.lower_bound - exact) / exact, "converged": r.converged,
+                 "n_iter": r.n_iter, "time_s": r.time_s, "time_limit_s": args.large_time, "device": r.device}
+        (args.out / "relaxations_large.json").write_text(json.dumps(large, indent=2))
+        print(json.dumps(large))
+    if args.large_only:
+        return rows
+
+    meta = {"command": "PYTHONPATH=$PWD python3 benchmarks/relaxations.py " + " ".join(argv or sys.argv[1:]),
+            "tol": args.tol, "dim": args.dim, "python": platform.python_version(), "machine": platform.machine(),
+            "total_time_s": time.perf_counter() - t_start, "widelimit": wl.__version__}
+    write(rows, meta, args.out, large)
+    return rows
+
+
+def _clean(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, (np.floating, np.integer, np.bool_)):
+        return v.item()
+    return v
+
+
+def write(rows, meta, out: Path, large=None):
+    keys = ["family", "N", "n", "lam", "solver", "cone", "kind", "status", "value", "exact_value", "error",
+            "rel_error", "consistent", "time_s", "exact_time_s", "exact_width", "upper_value", "upper_rel_error",
+            "rel_gap", "n_iter", "n_cuts", "skip_reason"]
+    with open(out / "relaxations.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _clean(r.get(k)) for k in keys})
+    (out / "relaxations.json").write_text(json.dumps({"meta": meta, "rows": [{k: _clean(v) for k, v in r.items()}
+                                                                            for r in rows]}, indent=1))
+    # markdown table
+    lines = [f"# Relaxation benchmark (known optimum)\n", f"Command: `{meta['command']}`  ",
+             f"solver tolerance {meta['tol']:g}, dim {meta['dim']}, total {meta['total_time_s']:.0f} s "
+             "on a shared 2-core machine (timings are noisy).\n",
+             "| family | N | solver | cone | kind | status | rel. error | time (s) | check |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] == "skipped":
+            lines.append(f"| {r['family']} | {r['N']} | {r['solver']} | {r['cone']} | {r['kind']} | skipped | | | "
+                         f"{r['skip_reason']} |")
+            continue
+        chk = {True: "ok", False: "VIOLATED", None: "no bound"}[r["consistent"]]
+        lines.append(f"| {r['family']} | {r['N']} | {r['solver']} | {r['cone']} | {r['kind']} | {r['status']} | "
+                     f"{r['rel_error']:.1e} | {r['time_s']:.2f} | {chk} |")
+    # own solver vs SCS on DNN
+    lines += ["", "## Own DNN solver (TORCH, certified gap) vs cvxpy + SCS on the DNN cone (random family)", "",
+              "| N | SCS time (s) | SCS rel. error | TORCH time (s) | TORCH rel. error (lower / upper) | TORCH certified gap | time ratio SCS/TORCH |",
+              "|---|---|---|---|---|---|---|"]
+    for N in sorted({r["N"] for r in rows if r["family"] == "random"}):
+        s = [r for r in rows if r["family"] == "random" and r["N"] == N and r["solver"] == "SCS" and r["cone"] == "dnn"
+             and r["status"] != "skipped"]
+        t = [r for r in rows if r["family"] == "random" and r["N"] == N and r["solver"] == "TORCH"]
+        if s and t:
+            s, t = s[0], t[0]
+            lines.append(f"| {N} | {s['time_s']:.2f} | {s['rel_error']:.1e} | {t['time_s']:.2f} | "
+                         f"{t['rel_error']:.1e} / {t['upper_rel_error']:.1e} | {t['rel_gap']:.1e} | "
+                         f"{s['time_s'] / t['time_s']:.1f} |")
+    if large:
+        lines += ["", f"Own DNN solver at N = {large['N']} (CPU, time limit {large['time_limit_s']:.0f} s): "
+                  f"{large['n_iter']} iterations in {large['time_s']:.0f} s, certified relative gap "
+                  f"{large['rel_gap']:.1e}, relative error of the feasible value {large['rel_error_upper']:.1e}, "
+                  f"converged: {large['converged']}."]
+    (out / "relaxations.md").write_text("\n".join(lines) + "\n")
+    plot(rows, out / "relaxations.png")
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    done = [r for r in rows if r["family"] == "random" and r["status"] == "optimal"]
+    combos = sorted({(r["solver"], r["cone"]) for r in done})
+    markers = {"SCS": "o", "CLARABEL": "s", "TORCH": "*"}
+    colors = dict(zip(CONES, ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]))
+    for solver, cone in combos:
+        rs = sorted((r for r in done if r["solver"] == solver and r["cone"] == cone), key=lambda r: r["N"])
+        Ns = [r["N"] for r in rs]
+        ls = "-" if cone in ("nonneg", "dnn", "dnn_horn") else "--"
+        lab = f"{solver} {cone}"
+        color = "black" if solver == "TORCH" else colors[cone]
+        ms = 10 if solver == "TORCH" else 5
+        axes[0].loglog(Ns, [max(r["rel_error"], 1e-16) for r in rs], ls, marker=markers[solver], ms=ms, color=color,
+                       label=lab)
+        axes[1].loglog(Ns, [r["time_s"] for r in rs], ls, marker=markers[solver], ms=ms, color=color, label=lab)
+    axes[0].set_title("relative error vs the closed-form optimum")
+    axes[1].set_title("time (s), model building + solve")
+    for ax in axes:
+        ax.set_xlabel("N (points)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize=7, ncol=2)
+    fig.suptitle("Q-problem relaxations, random family (colour: cone; marker: solver o SCS, s Clarabel, "
+                 "* own DNN solver; solid: outer, dashed: inner)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

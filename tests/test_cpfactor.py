@@ -1,0 +1,105 @@
+"""CP factorisation (Groetzner-Dür alternating projections) and refinement of a relaxation's Q."""
+
+import numpy as np
+import pytest
+
+import widelimit as wl
+from widelimit.cpfactor import factorize_cp, random_cp_matrix, refine
+from widelimit.relax import horn_matrix, make_instance, relax
+
+
+def _rel_res(Z, A):
+    return np.linalg.norm(Z @ Z.T - A) / np.linalg.norm(A)
+
+
+@pytest.mark.parametrize("n,r", [(10, 15), (20, 30), (20, 60)])
+def test_literature_protocol_small(n, r):
+    for seed in range(2):
+        A, _ = random_cp_matrix(n, seed=seed)
+        f = factorize_cp(A, width=r, seed=seed)
+        assert f.success, f.message
+        assert f.Z.shape == (n, r) and f.Z.min() >= 0
+        assert _rel_res(f.Z, A) <= 1e-8  # independent check of the reported residual
+        assert f.residual == pytest.approx(_rel_res(f.Z, A), rel=1e-6, abs=1e-15)
+
+
+def test_width_search_finds_the_narrowest():
+    rng = np.random.default_rng(0)
+    # 3 nonnegative columns with disjoint supports: cp-rank = rank = 3
+    C = np.zeros((9, 3))
+    for j in range(3):
+        C[3 * j:3 * j + 3, j] = rng.uniform(0.5, 2.0, 3)
+    A = C @ C.T
+    f = factorize_cp(A)
+    assert f.success and f.width == 3 and f.rank == 3 and f.provably_narrowest
+    assert _rel_res(f.Z, A) <= 1e-8
+    # a generic CP matrix of rank n: the search starts at the rank and reports what it tried
+    B, _ = random_cp_matrix(6, 12, seed=4)
+    g = factorize_cp(B)
+    assert g.success and g.width >= g.rank == 6 and min(g.widths_tried) == 6
+
+
+def test_reports_failure_on_horn_separated_dnn_matrix():
+    Cyc = np.roll(np.eye(5), 1, axis=1)
+    A = np.eye(5) + 0.6 * (Cyc + Cyc.T)
+    assert np.linalg.eigvalsh(A).min() > 0 and A.min() >= 0  # doubly nonnegative
+    assert np.sum(horn_matrix() * A) < 0  # ... but not completely positive
+    f = factorize_cp(A, max_iter=500, restarts=2, max_width=8)
+    assert not f.success
+    assert f.residual > 1e-2  # the best residual reached is reported and stays far from 0
+    assert "not be completely positive" in f.message and str(round(f.residual, 3))[:4] in f.message
+    assert f.Z.min() >= 0 and f.residual == pytest.approx(_rel_res(f.Z, A), rel=1e-9)
+
+
+def test_not_psd_is_not_cp():
+    A = np.array([[1.0, 2.0], [2.0, 1.0]])
+    f = factorize_cp(A)
+    assert not f.success and "not positive semidefinite" in f.message
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="square"):
+        factorize_cp(np.ones((3, 4)))
+    with pytest.raises(ValueError, match="symmetric"):
+        factorize_cp(np.array([[1.0, 0.5], [0.2, 1.0]]))
+    with pytest.raises(ValueError, match=r"negative entry Q\[0, 1\]"):
+        factorize_cp(np.array([[1.0, -0.5], [-0.5, 1.0]]))
+    with pytest.raises(ValueError, match="non-finite"):
+        factorize_cp(np.array([[1.0, np.nan], [np.nan, 1.0]]))
+    with pytest.raises(ValueError, match="width"):
+        factorize_cp(np.eye(3), width=0)
+
+
+def test_zero_and_torch_input():
+    import torch
+
+    f = factorize_cp(np.zeros((3, 3)))
+    assert f.success and f.width == 0
+    A, _ = random_cp_matrix(5, 8, seed=1)
+    g = factorize_cp(torch.tensor(A), width=8)
+    assert g.success
+
+
+def test_refine_rays_gives_one_atom_per_ray():
+    inst = make_instance("rays", 16, 3, seed=0)
+    sol = wl.solve(inst.X, inst.lam)
+    r = relax(inst.X, inst.lam, "dnn", solver="SCS", tol=1e-8)
+    ref = refine(inst.X, inst.lam, r.Q, r.b)
+    assert ref.width == sol.width == inst.truth["n_rays"]
+    assert ref.value >= sol.certificate.lower_bound - 1e-12  # an upper bound ...
+    assert ref.value == pytest.approx(sol.value, rel=1e-5)  # ... that matches the optimum
+    # the triple is evaluated independently
+    obj = wl.sae_objective(inst.X, ref.W, ref.Z, ref.b, inst.lam).value
+    assert obj == pytest.approx(ref.value, rel=1e-12)
+    assert np.allclose(np.linalg.norm(ref.W, axis=1), 1.0)
+    assert ref.certificate.rel_gap < 1e-5
+
+
+def test_refine_random_instance_and_errors():
+    inst = make_instance("random", 10, 3, seed=5)
+    sol = wl.solve(inst.X, inst.lam)
+    r = relax(inst.X, inst.lam, "sdd", solver="SCS", tol=1e-8)
+    ref = refine(inst.X, inst.lam, r.Q, r.b)
+    assert ref.value == pytest.approx(sol.value, rel=1e-5)
+    with pytest.raises(ValueError, match="N = 10"):
+        refine(inst.X, inst.lam, np.eye(4), r.b)

@@ -1,0 +1,88 @@
+"""The own first-order DNN solver: certified gap, agreement with the closed form and with SCS."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import widelimit as wl
+from widelimit.dnn_solver import dnn_dual_bound, solve_dnn
+from widelimit.median import huber_value
+from widelimit.relax import make_instance, relax
+
+
+@pytest.mark.parametrize("family", ["random", "rays", "collinear"])
+def test_converges_to_the_closed_form(family):
+    inst = make_instance(family, 16, 3, seed=0)
+    exact = wl.solve(inst.X, inst.lam).value
+    r = solve_dnn(inst.X, inst.lam, tol=1e-7, device="cpu")
+    assert r.converged and r.rel_gap <= 1e-7
+    # bracket: certified lower bound <= exact <= feasible value
+    assert r.lower_bound <= exact * (1 + 1e-12) and r.value >= exact * (1 - 1e-12)
+    assert abs(r.value - exact) / exact <= 1e-7
+    # the returned Q is feasible (PSD and nonnegative) and reproduces the value
+    assert r.Q.min() >= 0 and np.linalg.eigvalsh(r.Q).min() >= -1e-10
+    assert wl.q_objective(inst.X, r.Q, r.b, inst.lam) == pytest.approx(r.value, rel=1e-10)
+
+
+def test_agrees_with_scs():
+    inst = make_instance("random", 14, 3, seed=3)
+    ours = solve_dnn(inst.X, inst.lam, tol=1e-8)
+    scs = relax(inst.X, inst.lam, "dnn", solver="SCS", tol=1e-9)
+    assert scs.ok and ours.value == pytest.approx(scs.value, rel=1e-6)
+
+
+def test_fixed_bias_and_warm_start():
+    inst = make_instance("random", 12, 3, seed=1)
+    b = wl.solve(inst.X, inst.lam).bias - 0.2
+    r = solve_dnn(inst.X, inst.lam, b=b, tol=1e-8)
+    assert r.converged and r.value == pytest.approx(huber_value(inst.X, b, inst.lam), rel=1e-7)
+    np.testing.assert_array_equal(r.b, b)
+    again = solve_dnn(inst.X, inst.lam, b=b, tol=1e-8, Q0=r.Q, u0=r.u, step0=r.step, check_every=1)
+    assert again.converged and again.n_iter <= 3
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), N=st.integers(2, 12), n=st.integers(1, 4), lam=st.floats(0.05, 3.0))
+def test_dual_bound_is_a_lower_bound_and_tight_at_the_optimum(seed, N, n, lam):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((N, n)) * 2
+    sol = wl.solve(X, lam)
+    # at the closed-form optimum the dual bound of the Q-problem equals the optimum (an independent formula)
+    assert dnn_dual_bound(X, lam, sol.Q) == pytest.approx(sol.value, rel=1e-9, abs=1e-12)
+    # anywhere else it stays below
+    C = np.abs(rng.standard_normal((N, N + 2)))
+    Q = C @ C.T * rng.uniform(0, 1)
+    assert dnn_dual_bound(X, lam, Q) <= sol.value * (1 + 1e-12) + 1e-12
+
+
+def test_bad_input():
+    X = np.random.default_rng(0).standard_normal((5, 2))
+    with pytest.raises(ValueError, match="lam"):
+        solve_dnn(X, -1.0)
+    with pytest.raises(ValueError, match="Q0"):
+        solve_dnn(X, 0.5, Q0=np.eye(4))
+    with pytest.raises(ValueError, match="positive definite"):
+        dnn_dual_bound(X, 0.5, -np.eye(5))
+
+
+def test_cuda_request_without_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        solve_dnn(np.ones((3, 2)), 0.5, device="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_matches_cpu():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    inst = make_instance("random", 30, 4, seed=2)
+    a = solve_dnn(inst.X, inst.lam, tol=1e-7, device="cpu")
+    g = solve_dnn(inst.X, inst.lam, tol=1e-7, device="cuda")
+    assert g.converged and g.device.startswith("cuda")
+    assert g.value == pytest.approx(a.value, rel=1e-7)

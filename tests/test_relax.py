@@ -1,0 +1,194 @@
+"""The Q-problem over CP-cone approximations: bounds against the closed-form optimum."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import widelimit as wl
+from widelimit.median import huber_value
+from widelimit.relax import (
+    CONES,
+    FAMILIES,
+    INNER_CONES,
+    OUTER_CONES,
+    horn_matrix,
+    horn_separation,
+    make_instance,
+    relax,
+    sandwich,
+)
+
+
+def _cycle_matrix(t=0.6):
+    """5x5 DNN matrix with <H, A> = 5 - 10 t < 0 (PSD for t <= 0.618): not CP."""
+    C = np.roll(np.eye(5), 1, axis=1)
+    return np.eye(5) + t * (C + C.T)
+
+
+@pytest.mark.parametrize("family", ["random", "rays", "collinear"])
+def test_sandwich_outer_le_exact_le_inner_scs(family):
+    inst = make_instance(family, 12, 3, seed=1)
+    rep = sandwich(inst.X, inst.lam, solver="SCS", tol=1e-7)
+    assert rep.exact == pytest.approx(wl.solve(inst.X, inst.lam).value, rel=1e-12)
+    assert {e.cone for e in rep.entries} == set(CONES)
+    assert rep.all_solved and rep.ok, rep.as_dict()
+    for e in rep.entries:
+        if e.kind == "outer":
+            assert e.value <= rep.exact + rep.slack
+        else:
+            assert e.value >= rep.exact - rep.slack
+    # the DNN relaxation is exact (theory §4): equal to solver tolerance
+    assert rep.entry("dnn").rel_error < 1e-5
+    assert rep.lower <= rep.upper + 2 * rep.slack
+
+
+@pytest.mark.parametrize("family", ["random", "rays"])
+def test_dnn_equals_exact_clarabel(family):
+    inst = make_instance(family, 10, 3, seed=2)
+    exact = wl.solve(inst.X, inst.lam).value
+    for cone in ("dnn", "sdd"):
+        r = relax(inst.X, inst.lam, cone, solver="CLARABEL", tol=1e-8)
+        assert r.ok and r.status == "optimal"
+        assert r.value == pytest.approx(exact, rel=1e-5)
+        # the returned Q lies in the cone (to solver precision) and reproduces the value
+        assert r.Q.min() >= -1e-6
+        assert wl.q_objective(inst.X, np.maximum(r.Q, 0) + 1e-9 * np.eye(10), r.b, inst.lam) == pytest.approx(
+            exact, rel=1e-4)
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), N=st.integers(3, 9), n=st.integers(1, 4),
+       lam=st.floats(0.05, 2.0))
+def test_dnn_value_agrees_with_closed_form(seed, N, n, lam):
+    """Foundation cross-check: an independent conic solve of the DNN relaxation reproduces solve().value."""
+    X = np.random.default_rng(seed).standard_normal((N, n)) * 2
+    exact = wl.solve(X, lam).value
+    r = relax(X, lam, "dnn", solver="SCS", tol=1e-9)
+    assert r.ok
+    assert r.value == pytest.approx(exact, rel=1e-5, abs=1e-7)
+
+
+def test_fixed_bias_matches_huber_value():
+    inst = make_instance("random", 10, 3, seed=3)
+    b = wl.solve(inst.X, inst.lam).bias + 0.3
+    rep = sandwich(inst.X, inst.lam, cones=["nonneg", "dnn", "diagonal"], b=b, tol=1e-8)
+    assert rep.exact == pytest.approx(huber_value(inst.X, b, inst.lam))
+    assert rep.exact > wl.solve(inst.X, inst.lam).value
+    assert rep.ok and rep.all_solved
+    assert rep.entry("dnn").rel_error < 1e-5
+    np.testing.assert_array_equal(rep.entry("dnn").result.b, b)
+
+
+def test_failing_status_is_surfaced_never_a_bound():
+    inst = make_instance("random", 10, 3)
+    r = relax(inst.X, inst.lam, "dnn", solver="SCS", max_iters=5)
+    assert r.status != "optimal" and not r.ok
+    assert np.isnan(r.value) and np.isfinite(r.solver_value)
+    with pytest.raises(RuntimeError, match="no bound"):
+        r.bound
+    r2 = relax(inst.X, inst.lam, "dnn", solver="CLARABEL", max_iters=2)
+    assert r2.status == "user_limit" and np.isnan(r2.value)
+    rep = sandwich(inst.X, inst.lam, cones=["dnn", "diagonal"], max_iters=5)
+    assert rep.entry("dnn").consistent is None and not rep.all_solved
+    assert np.isnan(rep.entry("dnn").error)
+
+
+def test_bad_input_errors():
+    X = np.random.default_rng(0).standard_normal((6, 2))
+    with pytest.raises(ValueError, match="unknown cone"):
+        relax(X, 0.5, "psd")
+    with pytest.raises(ValueError, match="unknown solver"):
+        relax(X, 0.5, "dnn", solver="MOSEK")
+    with pytest.raises(ValueError, match="lam"):
+        relax(X, 0.0, "dnn")
+    Xn = X.copy()
+    Xn[4, 1] = np.nan
+    with pytest.raises(ValueError, match="row 4"):
+        relax(Xn, 0.5, "dnn")
+    with pytest.raises(ValueError, match="N >= 5"):
+        relax(X[:4], 0.5, "dnn_horn")
+    with pytest.raises(ValueError, match="b has length"):
+        relax(X, 0.5, "dnn", b=np.zeros(3))
+    with pytest.raises(ValueError, match="solver_opts"):
+        relax(X, 0.5, "dnn", solver_opts={"solver": "SCS"})
+    big = np.random.default_rng(0).standard_normal((300, 5))
+    with pytest.raises(MemoryError, match="GiB"):
+        relax(big, 0.5, "dnn", solver="CLARABEL")
+
+
+def test_horn_separation():
+    H = horn_matrix()
+    assert np.allclose(H, H.T) and np.linalg.eigvalsh(H).min() < 0  # copositive but not PSD
+    A = _cycle_matrix()
+    assert np.linalg.eigvalsh(A).min() > 0 and A.min() >= 0  # DNN
+    cuts = horn_separation(A)
+    assert cuts and cuts[0][1] == pytest.approx(-1.0)
+    # embedded in a larger matrix under a permutation, the cut is found on the right points
+    p = np.random.default_rng(0).permutation(8)
+    B = np.eye(8)
+    B[:5, :5] = A
+    B = B[np.ix_(p, p)]
+    (cyc, val), *_ = horn_separation(B)
+    assert sorted(cyc) == sorted(int(np.flatnonzero(p == i)[0]) for i in range(5))
+    assert val == pytest.approx(-1.0)
+    # sampled separation on a larger matrix still finds violated cuts when they are everywhere
+    assert horn_separation(np.kron(np.eye(3), A), max_subsets=2000)
+    # CP matrices are never cut
+    C = np.abs(np.random.default_rng(1).standard_normal((9, 20)))
+    assert horn_separation(C @ C.T) == []
+
+
+def test_instances():
+    for fam in FAMILIES:
+        inst = make_instance(fam, 20, 4, seed=0)
+        assert inst.X.shape == (20, inst.X.shape[1]) and inst.X.shape[1] >= 4
+        assert inst.lam > 0 and inst.family == fam
+    rays = make_instance("rays", 20, 4)
+    assert wl.solve(rays.X, rays.lam).width == rays.truth["n_rays"] == 4
+    with pytest.raises(ValueError, match="even N"):
+        make_instance("rays", 11)
+    with pytest.raises(ValueError, match="unknown instance family"):
+        make_instance("spiral", 10)
+
+
+def test_cone_lists():
+    assert set(OUTER_CONES) | set(INNER_CONES) == set(CONES)
+
+
+def _write(tmp_path, X):
+    path = tmp_path / "x.npy"
+    np.save(path, X)
+    return str(path)
+
+
+def test_cli_relax_json(tmp_path, capsys):
+    from widelimit.cli import main
+
+    inst = make_instance("random", 10, 3)
+    path = _write(tmp_path, inst.X)
+    rc = main(["relax", path, "--lam", str(inst.lam), "--cone", "dnn", "--solver", "scs", "--json", "--refine"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    for k in ("value", "status", "cone", "solver", "time_s", "exact_value", "rel_error"):
+        assert k in d
+    assert d["status"] == "optimal" and d["cone"] == "dnn" and d["solver"] == "SCS"
+    assert d["rel_error"] < 1e-4
+    assert d["refined"]["width"] == d["refined"]["exact_width"]
+    rc = main(["relax", path, "--lam", str(inst.lam), "--solver", "torch", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["solver"] == "TORCH" and d["rel_error"] < 1e-5
+
+
+def test_cli_relax_errors(tmp_path, capsys):
+    from widelimit.cli import main
+
+    path = _write(tmp_path, np.random.default_rng(0).standard_normal((8, 2)))
+    assert main(["relax", path, "--lam", "0.5", "--solver", "torch", "--cone", "sdd"]) == 2
+    assert "dnn cone only" in capsys.readouterr().err
+    assert main(["relax", path, "--lam", "-1"]) == 2
+    assert "lam" in capsys.readouterr().err
+    assert main(["relax", path]) == 2
+    assert "--lam is required" in capsys.readouterr().err
