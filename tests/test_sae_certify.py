@@ -294,3 +294,20 @@ def test_cuda_matches_cpu():
     assert gpu.device.startswith("cuda")
     for key in ("sae_objective", "optimal_code_objective", "lower_bound", "global_gap"):
         assert getattr(gpu, key) == pytest.approx(getattr(cpu, key), rel=1e-9, abs=1e-12), key
+
+
+def test_diagnostics_agree_with_first_order_conditions():
+    from widelimit import first_order_conditions
+
+    rng = np.random.default_rng(21)
+    X = rng.standard_normal((80, 6)) * 2
+    sae = SAE(W_dec=rng.standard_normal((9, 6)), b_dec=rng.standard_normal(6) * 0.2,
+              W_enc=rng.standard_normal((6, 9)), b_enc=rng.standard_normal(9) * 0.3, dtype="float64")
+    cert = certify_sae(sae, X, lam=LAM, device="cpu", batch_size=17)
+    f = sae.encode(X)
+    foc = first_order_conditions(X, sae.W_dec, f, sae.b_dec, LAM)
+    F = cert.features
+    assert np.nanmax(F["max_violation_firing"]) == pytest.approx(foc.code_active_error, rel=1e-9)
+    assert np.max(F["max_violation_silent"]) == pytest.approx(max(0.0, -foc.code_margin), rel=1e-9, abs=1e-12)
+    assert np.max(F["tangent_grad_norm"]) == pytest.approx(2 * foc.atom_residual, rel=1e-9)
+    assert cert.bias_stationarity == pytest.approx(foc.bias_residual, rel=1e-9)
