@@ -138,7 +138,7 @@ def frontier(X, lam, widths, *, n_restarts: int = 3, seed: int = 0, inits=("rays
 
 def plot_frontier(fr: Frontier, path, title: str | None = None) -> Path:
     """Loss vs width (best and every restart), the wide-limit bound and the number of rays, as a PNG."""
-    from .plotting import _plt
+    from .plotting import _plt, save_figure
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -154,9 +154,4 @@ def plot_frontier(fr: Frontier, path, title: str | None = None) -> Path:
     ax.set_ylabel("objective L (mean per point)")
     ax.set_title(title or f"loss vs width, lam = {fr.lam:g}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

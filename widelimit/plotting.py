@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["plot_solution"]
+__all__ = ["plot_solution", "save_figure"]
 
 
 def _plt():
@@ -78,9 +78,15 @@ def plot_solution(X, solution, path, *, geometric_median=None, title: str | None
     c = solution.certificate
     ax2.set_title(f"value {c.value:.6g}, certified gap {c.gap:.1e}")
     ax2.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path, dpi: int = 120) -> Path:
+    """Lay out ``fig``, write it as a PNG at ``path`` (folders created), close it, return the path."""
+    plt = _plt()
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
