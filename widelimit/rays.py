@@ -200,9 +200,20 @@ def _group_rays(X, b, lam, tol, signed, seed) -> RayGroups:
     leader_of.extend(sing.tolist())
     label_next = int(sing.size)
     loose = []
+    def tight(st, en):
+        """Whether every direction of the run is within tol of its first (chunked, early exit)."""
+        u0 = unit(np.arange(st, st + 1))[0]
+        step = chunk_rows(n)
+        for c0 in range(st, en, step):
+            kk = K[c0 : min(en, c0 + step)]  # cheap screen on the projections first
+            if np.any(np.abs(kk - K[st]) > tol):
+                return False
+            if np.any(np.linalg.norm(unit(np.arange(c0, min(en, c0 + step))) - u0, axis=1) > tol):
+                return False
+        return True
+
     for st, en in zip(starts[~single], ends[~single]):
-        U = unit(np.arange(st, en))
-        if np.linalg.norm(U - U[0], axis=1).max() <= tol:  # a tight run: one ray
+        if tight(st, en):  # a tight run: one ray
             label[st:en] = label_next
             leader_of.append(int(st))
             label_next += 1
