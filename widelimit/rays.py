@@ -6,13 +6,17 @@ points within ``lam`` get code 0 (theory.md §3). One atom per distinct
 direction ("ray") is therefore the narrowest optimal dictionary, and the
 1-sparse code ``z_i = <w, x_i - b> - lam`` on the point's own ray is optimal.
 
-Grouping is near-linear: directions are sorted by their projections onto a
-few random orthonormal vectors (two directions within ``tol`` of each other
-have every projection within ``tol``), runs of close projections are refined
-projection by projection, and only the points left in a common run are compared
-in full, each against the leaders within a ``tol`` window of its key. A group never has radius above
-``tol`` around its leader, so a tolerance can merge at most slightly different
-directions; the caller reports the objective of what it returns either way.
+Grouping is near-linear: directions are projected onto a few random orthonormal
+vectors (two directions within ``tol`` of each other have every projection
+within ``tol``) and sorted by the first projection. A run of keys chained by gaps
+``<= tol`` whose directions all lie within ``tol`` of its first is one ray (the
+common case of repeated directions); the remaining points are binned on a grid
+of cell size ``tol`` over two projections, points within ``tol`` of their cell's
+first point follow it, and the rest are compared only with the 3 x 3
+neighbouring cells (screened on every projection, then in full), then clustered
+greedily around leaders. A group has radius at most ``2 tol`` around its
+leader, so a tolerance can merge at most slightly different directions; the
+caller reports the objective of what it returns either way.
 """
 
 from __future__ import annotations
@@ -130,8 +134,8 @@ def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> R
         Bias (usually the Huber median).
     lam : float
     tol : float, optional
-        Two unit directions ``u_i, u_j`` belong to the same ray when
-        ``||u_i - u_leader|| <= tol``. Points with ``r_i <= lam (1 + 1e-12)`` count as
+        Two unit directions ``u_i, u_j`` belong to the same ray when they are within
+        ``tol`` of each other (groups have radius at most ``2 tol`` around their leader). Points with ``r_i <= lam (1 + 1e-12)`` count as
         within ``lam`` (their best code, ``r_i - lam``, is at rounding level). Default :func:`default_ray_tol` of X's dtype.
     signed : bool
         Group lines instead of rays (``u`` and ``-u`` together), for signed codes.
@@ -220,31 +224,12 @@ def _group_rays(X, b, lam, tol, signed, seed) -> RayGroups:
         else:
             loose.append(np.arange(st, en))
     if loose:
-        # Candidate pairs (i, i + o) within tol in the first projection, filtered on all
-        # projections, then on the full distance; vectorised over each offset o.
         pos = np.concatenate(loose)
-        src, dst = [], []
-        o = 1
-        cand = pos[: pos.size]
-        while True:
-            i = cand[cand + o < order.size]
-            i = i[(k0[i + o] - k0[i]) <= tol]
-            if i.size == 0:
-                break
-            close = np.all(np.abs(K[i + o] - K[i]) <= tol, axis=1)
-            ii = i[close]
-            if ii.size:
-                d = np.linalg.norm(unit(ii) - unit(ii + o), axis=1)
-                keep = d <= tol
-                src.append(ii[keep])
-                dst.append(ii[keep] + o)
-            cand = i
-            o += 1
-        src = np.concatenate(src) if src else np.zeros(0, dtype=np.int64)
-        dst = np.concatenate(dst) if dst else np.zeros(0, dtype=np.int64)
+        src, dst, follow, head = _close_pairs(pos, K, unit, tol, chunk_rows(n))
         has_edge = np.zeros(order.size, dtype=bool)
         has_edge[src] = True
         has_edge[dst] = True
+        has_edge[follow] = True  # followers are labelled through their head
         iso = pos[~has_edge[pos]]
         label[iso] = label_next + np.arange(iso.size)
         leader_of.extend(iso.tolist())
@@ -253,7 +238,9 @@ def _group_rays(X, b, lam, tol, signed, seed) -> RayGroups:
             import scipy.sparse as sp
 
             A = sp.csr_array((np.ones(2 * src.size), (np.r_[src, dst], np.r_[dst, src])), shape=(order.size,) * 2)
-            for h in pos[has_edge[pos]]:  # leaders in key order, each takes its free neighbours
+            reps = pos[has_edge[pos]]
+            reps = reps[~np.isin(reps, follow)]
+            for h in reps:  # leaders in key order, each takes its free neighbours
                 if label[h] >= 0:
                     continue
                 label[h] = label_next
@@ -262,6 +249,7 @@ def _group_rays(X, b, lam, tol, signed, seed) -> RayGroups:
                 label[nb] = label_next
                 leader_of.append(int(h))
                 label_next += 1
+        label[follow] = label[head]
 
     # number rays by the smallest point index they contain (deterministic, data order)
     first_point = np.full(label_next, N, dtype=np.int64)
@@ -272,3 +260,68 @@ def _group_rays(X, b, lam, tol, signed, seed) -> RayGroups:
     leaders = np.empty(label_next, dtype=np.int64)
     leaders[renum] = order[np.asarray(leader_of, dtype=np.int64)]
     return RayGroups(rays, leaders, radii, b, lam, tol, signed)
+
+
+def _close_pairs(pos, K, unit, tol, step):
+    """Pairs of directions within ``tol`` among the sorted positions ``pos``.
+
+    Points are binned on a grid of cell size ``tol`` over the first two random
+    projections (two directions within ``tol`` fall in the same or adjacent
+    cells). A point within ``tol`` of its cell's first point *follows* it (so
+    repeated directions cost nothing); the remaining representatives are
+    compared with those in the 3 x 3 neighbouring cells, screened on all
+    projections, then on the full distance.
+
+    Returns ``(src, dst, follow, head)``: edges between representatives, and
+    followers with the head each one follows (all positions into the sorted order).
+    """
+    empty = np.zeros(0, dtype=np.int64)
+    q = min(2, K.shape[1])
+    c = np.floor(K[pos, :q] / max(tol, 1e-300)).astype(np.int64)
+    c -= c.min(axis=0)
+    if q == 2:
+        w1 = int(c[:, 1].max()) + 3
+        key = c[:, 0] * w1 + c[:, 1] + 1
+        offsets = [d0 * w1 + d1 for d0 in (-1, 0, 1) for d1 in (-1, 0, 1)]
+    else:
+        key = c[:, 0] + 1
+        offsets = [-1, 0, 1]
+    srt = np.argsort(key, kind="stable")
+    P, ks = pos[srt], key[srt]
+    first = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
+    head_at = np.repeat(first, np.diff(np.concatenate([first, [ks.size]])))
+    follows = np.zeros(ks.size, dtype=bool)
+    for a in range(0, ks.size, step):
+        e = min(ks.size, a + step)
+        idx = np.arange(a, e)
+        other = head_at[idx] != idx
+        if other.any():
+            ii = idx[other]
+            d = np.linalg.norm(unit(P[ii]) - unit(P[head_at[ii]]), axis=1)
+            follows[ii[d <= tol]] = True
+    follow, head = P[follows], P[head_at[follows]]
+    R, rk = P[~follows], ks[~follows]  # representatives, still sorted by cell key
+    src, dst = [], []
+    for off in offsets:
+        lo = np.searchsorted(rk, rk + off, side="left")
+        hi = np.searchsorted(rk, rk + off, side="right")
+        cnt = hi - lo
+        if not cnt.any():
+            continue
+        i = np.repeat(np.arange(R.size), cnt)
+        j = np.repeat(lo, cnt) + (np.arange(i.size) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+        keep = j > i
+        i, j = i[keep], j[keep]
+        if not i.size:
+            continue
+        a, bb = R[i], R[j]
+        close = np.all(np.abs(K[a] - K[bb]) <= tol, axis=1)
+        a, bb = a[close], bb[close]
+        for s0 in range(0, a.size, step):
+            aa, cc = a[s0 : s0 + step], bb[s0 : s0 + step]
+            d = np.linalg.norm(unit(aa) - unit(cc), axis=1) <= tol
+            src.append(np.minimum(aa[d], cc[d]))
+            dst.append(np.maximum(aa[d], cc[d]))
+    src = np.concatenate(src) if src else empty
+    dst = np.concatenate(dst) if dst else empty
+    return src, dst, follow, head
