@@ -527,7 +527,7 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
     )
 
 
-def huber_median(X, lam, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, hess_rows=4096, seed=0,
+def huber_median(X, lam, weights=None, *, tol=1e-12, xtol=1e-10, max_iter=100, hess_rows=4096, seed=0,
                  progress=None, checkpoint=None) -> MedianResult:
     r"""Certified minimiser of the Huber location objective: the optimal SAE bias.
 
@@ -581,7 +581,7 @@ def huber_median(X, lam, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, h
                   seed, progress, checkpoint)
 
 
-def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-12, max_iter=100, hess_rows=4096, seed=0,
+def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-10, max_iter=100, hess_rows=4096, seed=0,
                      progress=None, checkpoint=None) -> MedianResult:
     r"""Certified geometric median :math:`\arg\min_b \frac{1}{\sum w}\sum_i w_i\|x_i - b\|`.
 
