@@ -49,7 +49,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ._device import resolve_device, torch_dtype
-from ._validation import check_codes, check_data, check_dictionary, check_lam, check_vector
+from ._validation import check_codes, check_data, check_dictionary, check_lam, check_vector, row_norms
 
 __all__ = ["CodingResult", "optimal_codes"]
 
@@ -249,6 +249,19 @@ def _lambda_max(U64: np.ndarray) -> float:
 # --------------------------------------------------------------------------------------
 
 
+def _check_problem(X, W, b, lam, tol):
+    """Validate a coding problem: data (N, n), dictionary (k, n), bias (n,), lam > 0, tol > 0."""
+    X = check_data(X)
+    n = X.shape[1]
+    W = check_dictionary(W, n)
+    b = check_vector(b, n, "b")
+    lam = check_lam(lam)
+    tol = float(tol)
+    if not (math.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a finite number > 0, got {tol!r}")
+    return X, W, b, lam, tol
+
+
 def optimal_codes(X, W, b, lam, *, tol: float = 1e-6, max_iter: int = 3000, batch_size: int | None = None,
                   device="auto", Z0=None, return_codes: bool = True, dtype="float32",
                   check_every: int = 10, callback: Callable[[int, int], None] | None = None) -> CodingResult:
@@ -314,15 +327,9 @@ def optimal_codes(X, W, b, lam, *, tol: float = 1e-6, max_iter: int = 3000, batc
     """
     import torch
 
-    X = check_data(X)
+    X, W, b, lam, tol = _check_problem(X, W, b, lam, tol)
     N, n = X.shape
-    W = check_dictionary(W, n)
     k = W.shape[0]
-    b = check_vector(b, n, "b")
-    lam = check_lam(lam)
-    tol = float(tol)
-    if not (math.isfinite(tol) and tol > 0):
-        raise ValueError(f"tol must be a finite number > 0, got {tol!r}")
     if int(max_iter) < 1:
         raise ValueError(f"max_iter must be >= 1, got {max_iter!r}")
     max_iter = int(max_iter)
@@ -335,7 +342,7 @@ def optimal_codes(X, W, b, lam, *, tol: float = 1e-6, max_iter: int = 3000, batc
     if Z0 is not None:
         Z0 = check_codes(Z0, N, k, name="Z0")
 
-    norms = np.linalg.norm(W, axis=1)
+    norms = row_norms(W)  # float64 even for float32 atoms
     live = np.flatnonzero(norms > 0)
     kl = live.size
     U64 = W[live] / norms[live, None]

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ._validation import row_norms
 from .objective import _check_triple, residual_chunks
 
 __all__ = ["Stationarity", "first_order_conditions"]
@@ -79,8 +80,9 @@ def first_order_conditions(X, W, Z, b, lam) -> Stationarity:
     X, W, Z, b, lam = _check_triple(X, W, Z, b, lam)
     N, n = X.shape
     k = W.shape[0]
-    norms = np.linalg.norm(W, axis=1)
-    Wu = np.divide(W, norms[:, None], out=np.zeros_like(W), where=norms[:, None] > 0)
+    norms = row_norms(W)  # float64 even for float32 atoms
+    W64 = np.asarray(W, dtype=np.float64)
+    Wu = np.divide(W64, norms[:, None], out=np.zeros_like(W64), where=norms[:, None] > 0)
     act_err, inact_max = 0.0, -np.inf
     rsum = np.zeros(n)
     EtZ = np.zeros((k, n))

@@ -33,8 +33,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ._device import resolve_device
-from ._validation import check_codes, check_data, check_dictionary, check_lam, check_vector
-from .coding import CodingResult, optimal_codes
+from ._validation import check_codes, row_norms
+from .coding import CodingResult, _check_problem, optimal_codes
 
 __all__ = ["optimal_codes_working_set"]
 
@@ -150,27 +150,20 @@ def optimal_codes_working_set(X, W, b, lam, *, tol: float = 1e-6, device="auto",
     """
     import torch
 
-    X = check_data(X)
+    X, W, b, lam, tol = _check_problem(X, W, b, lam, tol)
     N, n = X.shape
-    W = check_dictionary(W, n)
     k = W.shape[0]
-    b = check_vector(b, n, "b")
-    lam = check_lam(lam)
-    tol = float(tol)
-    if not (math.isfinite(tol) and tol > 0):
-        raise ValueError(f"tol must be a finite number > 0, got {tol!r}")
     if k > gram_limit or k <= ws_size:
         return optimal_codes(X, W, b, lam, tol=tol, device=device, Z0=Z0, return_codes=return_codes,
                              batch_size=batch_size)
     dev = resolve_device(device)
     if Z0 is not None:
         Z0 = check_codes(Z0, N, k, name="Z0")
-    norms = np.linalg.norm(W, axis=1)
+    norms = row_norms(W)  # float64 even for float32 atoms
     live = np.flatnonzero(norms > 0)
     kl = live.size
     U8 = torch.as_tensor(W[live] / norms[live, None], dtype=torch.float64, device=dev)
     Gfull = U8 @ U8.T
-    b8 = torch.as_tensor(b, dtype=torch.float64, device=dev)
     floor = lam * lam
     if batch_size is None:
         batch_size = int(max(1, min(N, (1 << 27) // (8 * max(kl, 4 * ws_size * ws_size // 8 + n)))))

@@ -8,7 +8,6 @@ Each writes ``<name>.png`` and ``<name>.json`` into ``out_dir``.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
