@@ -42,7 +42,7 @@ from .sae import SAE, load_sae
 from .sae_certify import SAECertificate, certify_sae
 from .relax import RelaxationResult, SandwichReport, sandwich
 from .stationarity import Stationarity, first_order_conditions
-from . import datasets
+from . import datasets  # noqa: F401  (wl.datasets without an explicit import)
 
 __version__ = "0.1.0"
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._jsonutil import to_jsonable as _jsonable
+
 __all__ = ["main", "load_data"]
 
 
@@ -37,24 +39,6 @@ def _console():
     from rich.console import Console
 
     return Console()
-
-
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, (np.floating,)):
-        return float(obj)
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.bool_,)):
-        return bool(obj)
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None if np.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    return obj
 
 
 def print_json(obj) -> None:

@@ -71,7 +71,7 @@ def from_source(source, rows: int | None = None):
     from ._validation import chunk_rows
     from .streaming import data_fingerprint
 
-    N, n = int(source.shape[0]), int(source.shape[1])
+    n = int(source.shape[1])
     rows = int(rows or chunk_rows(n, BLOCK_BYTES))
     name = "widelimit-source-" + tokenize(data_fingerprint(source), rows)
     _SOURCES[name] = source

@@ -6,16 +6,20 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["plot_solution", "save_figure"]
+__all__ = ["plot_solution", "save_figure", "pyplot"]
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+_plt = pyplot
 
 
 def plot_solution(X, solution, path, *, geometric_median=None, title: str | None = None) -> Path:

@@ -526,15 +526,6 @@ def certify_sae(sae: SAE, acts, lam=None, l1_coefficient=None, *, tol: float = 1
 # --------------------------------------------------------------------------------------
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_sae_certificate(cert: SAECertificate, out_dir) -> list[Path]:
     """Two PNGs: feature firing frequencies, and per-feature first-order violations.
 
@@ -544,7 +535,9 @@ def plot_sae_certificate(cert: SAECertificate, out_dir) -> list[Path]:
     violation on firing and on silent tokens and the atom tangent-gradient norm,
     on a log scale (exact zeros drawn at 1e-18).
     """
-    plt = _plt()
+    from .plotting import pyplot
+
+    plt = pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     F = cert.features
@@ -590,7 +583,7 @@ def write_sae_certificate(cert: SAECertificate, out_dir) -> list[Path]:
     js = out / "certificate.json"
     d = cert.as_dict(max_listed=10_000)
     d["optimal_bias"] = cert.optimal_bias.tolist()
-    from .cli import _jsonable
+    from ._jsonutil import to_jsonable as _jsonable
 
     js.write_text(json.dumps(_jsonable(d), indent=2))
     cs = out / "features.csv"

@@ -12,12 +12,12 @@ into the encoder gap, the decoder gap at its own bias and the bias gap.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .._jsonutil import write_json
 from . import register
 
 NAME = "minilm-sae"
@@ -80,7 +80,5 @@ def run(out_dir=None, quick: bool = False, *, layer: int = 3, lam: float = 2.0, 
         "files": [str(f) for f in files] + ([str(sae_dir)] if sae_dir is not None else []),
     }
     if out is not None:
-        from ..cli import _jsonable
-
-        (out / f"{NAME}.json").write_text(json.dumps(_jsonable(result), indent=2))
+        write_json(out / f"{NAME}.json", result)
     return result

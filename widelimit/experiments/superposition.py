@@ -7,8 +7,6 @@ Each writes ``<name>.png`` and ``<name>.json`` into ``out_dir``.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import numpy as np
 
@@ -16,17 +14,14 @@ from .. import frames as fr
 from .. import superposition as sp
 from ..plotting import _plt
 from . import register
+from ._common import save_figure, write_json
 
 _PRIMES = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31]
 
 
 def _save(out_dir, name: str, fig, result: dict) -> dict:
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out / f"{name}.png", dpi=72)
-        (out / f"{name}.json").write_text(json.dumps(result, indent=1, default=float))
-    _plt().close(fig)
+    save_figure(fig, out_dir, name, dpi=72)
+    write_json(out_dir, name, result)
     return result
 
 
