@@ -352,13 +352,10 @@ def _fit_free_minibatch(X, W, b, lam, opts, report, dev, cdt):
     rng = np.random.default_rng(opts["seed"])
     step = 0
     reason = "max_steps"
-    perm, pos = rng.permutation(N), 0
+    batches = _minibatches(N, bs, rng)
     while step < opts["max_steps"]:
         step += 1
-        if pos + bs > N:  # a new epoch: a fresh random order
-            perm, pos = rng.permutation(N), 0
-        idx = np.sort(perm[pos : pos + bs])
-        pos += bs
+        idx = next(batches)
         xb = torch.as_tensor(np.asarray(X[idx], dtype=np.float64), dtype=cdt, device=dev)
         xt = xb - b
         invL = 1.0 / (_code_lipschitz(W) * (1 + 1e-5))
@@ -443,13 +440,10 @@ def _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, dev, cdt):
     rng = np.random.default_rng(opts["seed"])
     step = 0
     reason = "max_steps"
-    perm, pos = rng.permutation(N), 0
+    batches = _minibatches(N, bs, rng)
     while step < opts["max_steps"]:
         step += 1
-        if pos + bs > N:
-            perm, pos = rng.permutation(N), 0
-        idx = np.sort(perm[pos : pos + bs])
-        pos += bs
+        idx = next(batches)
         xb = Xd[torch.as_tensor(idx, device=dev)] if Xd is not None else torch.as_tensor(
             np.asarray(X[idx], dtype=np.float64), dtype=cdt, device=dev)
         f = _encode(xb, params, encoder, topk, jump)
@@ -726,3 +720,13 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
         width=width, init=init if isinstance(init, str) else "array", seed=int(seed), device=str(dev),
         time_s=time.perf_counter() - t0,
     )
+
+
+def _minibatches(N: int, bs: int, rng):
+    """Endless sorted index batches of size ``bs``: each epoch is a fresh random order of the N points."""
+    perm, pos = rng.permutation(N), 0
+    while True:
+        if pos + bs > N:
+            perm, pos = rng.permutation(N), 0
+        yield np.sort(perm[pos : pos + bs])
+        pos += bs
