@@ -259,29 +259,28 @@ def _point_values(R, Z, lam):
 
 
 def _dict_steps(W, A, B, n_sweeps):
-    """Block-coordinate sweeps over the atoms on the unit sphere (monotone).
+    """Block-coordinate sweeps over the atoms on the unit sphere (monotone), in float64.
 
     Atom ``d`` minimises ``tr(W^T A W) - 2 tr(W^T B)`` with the others fixed: on the
     sphere the minimiser is ``w_d = c / ||c||``, ``c = B_d - sum_{j != d} A_dj w_j``
     (the projection of the block gradient step of length ``1 / A_dd``); unused atoms
-    (``A_dd = 0``) and ``c = 0`` keep their atom. ``A W`` is kept up to date by rank-one
-    corrections, so a sweep costs ``O(k^2 n)``.
+    (``A_dd = 0``) and ``c = 0`` keep their atom. A sweep costs ``O(k^2 n)``; the small
+    ``k x k`` and ``k x n`` matrices are swept on the host in float64.
     """
     import torch
 
-    W = W.clone()
-    AW = A @ W
-    diag = torch.diagonal(A).cpu().tolist()
+    Wn = W.detach().cpu().double().numpy().copy()
+    An = A.detach().cpu().double().numpy()
+    Bn = B.detach().cpu().double().numpy()
+    diag = np.diagonal(An)
+    live = [d for d in range(Wn.shape[0]) if diag[d] > 0]
     for _ in range(n_sweeps):
-        for d, add in enumerate(diag):
-            if add <= 0:
-                continue
-            c = B[d] - AW[d] + add * W[d]
-            nc = c.norm()
-            w_new = torch.where(nc > 0, c / torch.clamp(nc, min=1e-30), W[d])
-            AW += A[:, d : d + 1] * (w_new - W[d])[None, :]
-            W[d] = w_new
-    return W
+        for d in live:
+            c = Bn[d] - An[d] @ Wn + diag[d] * Wn[d]
+            nc = math.sqrt(float(c @ c))
+            if nc > 0:
+                Wn[d] = c / nc
+    return torch.as_tensor(Wn, dtype=W.dtype, device=W.device)
 
 
 def _resample_dead(W, Z, R, P):
@@ -301,37 +300,109 @@ def _resample_dead(W, Z, R, P):
     return W, int(ok.sum())
 
 
+def _working_sets(S, Z, lam, cap, sup_max):
+    """Per point, the atoms its code update may touch: its support plus the atoms violating optimality.
+
+    ``S = (X - b - Z W) W^T`` holds the residual correlations; atom ``d`` violates the
+    optimality of point ``i``'s code when ``z_id = 0`` and ``S_id > lam``. A point with more
+    than ``cap`` candidates keeps its whole support and its largest violations (``cap`` is
+    raised to ``sup_max``, the largest support). Returns ``(rows, ws, counts)``: the points
+    sorted by decreasing number of candidates, their candidates ``ws (N, m)`` (slots past a
+    point's count point at atom 0 and are never used) and the counts, so that slot ``j`` is
+    used by a prefix of the sorted points.
+    """
+    import torch
+
+    N, k = S.shape
+    sup = Z > 0
+    mask = (S > lam).logical_or_(sup)
+    cnt = mask.sum(1, dtype=torch.int32)
+    cap = max(int(cap), 2 * int(sup_max))  # room for violations next to the largest support
+    if N and int(cnt.max()) > cap:
+        over = torch.nonzero(cnt > cap).ravel()
+        score = torch.where(sup[over], torch.full_like(S[over], math.inf), S[over])
+        top = torch.topk(score, cap, dim=1).indices
+        mask[over] = torch.zeros((over.numel(), k), dtype=torch.bool, device=S.device).scatter_(1, top, True)
+        cnt[over] = cap
+    m = max(int(cnt.max()) if N else 0, 1)
+    r, c = torch.nonzero(mask, as_tuple=True)  # row-major: each point's candidates in order
+    cnt = cnt.long()
+    pos = torch.arange(r.numel(), device=S.device) - (torch.cumsum(cnt, 0) - cnt)[r]
+    ws = torch.zeros((N, m), dtype=torch.long, device=S.device)
+    ws[r, pos] = c
+    rows = torch.argsort(cnt, descending=True, stable=True)
+    return rows, ws[rows], cnt[rows]
+
+
+def _cd_codes(S, Z, G, rows, ws, cnt, lam, sweeps, tol=0.0):
+    r"""Exact coordinate descent on every point's lasso restricted to its working set (in place on ``Z``).
+
+    For point ``i`` with working set ``s = ws_i`` the restricted problem is
+    ``min_{y >= 0} y^T G_ss y - 2 q^T y + 2 lam 1^T y`` (``G = W W^T``, ``q = U (x_i - b)``).
+    With ``h = q - lam - G_ss y`` the step ``y_j <- max(y_j + h_j / G_jj, 0)`` is the exact
+    minimiser along ``y_j``, so every step is monotone; ``h`` starts from the residual
+    correlations ``S[i, s] - lam`` and follows by rank-one corrections. Points come sorted by
+    working-set size (:func:`_working_sets`), so slot ``j`` updates a prefix of them and a
+    sweep costs ``O(m nnz)`` for ``nnz`` candidates in all.
+
+    Returns ``Z`` and the largest support size.
+    """
+    import torch
+
+    N, k = Z.shape
+    m = ws.shape[1]
+    wsT = ws.T.contiguous()  # slot-major (m, N): every update below touches contiguous memory
+    flat = rows.unsqueeze(0) * k + wsT
+    used = torch.arange(m, device=Z.device).unsqueeze(1) < cnt.unsqueeze(0)
+    y = Z.reshape(-1)[flat].mul_(used)
+    h = S.reshape(-1)[flat].sub_(lam)
+    nj = [int(v) for v in (cnt.unsqueeze(0) > torch.arange(m, device=Z.device).unsqueeze(1)).sum(1).tolist()]
+    cols = [G[wsT[j, : nj[j]].unsqueeze(0), wsT[:, : nj[j]]] for j in range(m)]  # (m, n_j): G_{s_j, s_l}
+    inv_d = [1.0 / torch.clamp(cols[j][j], min=1e-30) for j in range(m)]
+    for sweep in range(int(sweeps)):
+        for j in range(m):
+            n = nj[j]
+            if n == 0:
+                break
+            yj = y[j, :n]
+            delta = torch.clamp(h[j, :n] * inv_d[j], min=-yj)
+            yj.add_(delta)
+            h[:, :n].addcmul_(cols[j], delta, value=-1.0)
+        if tol > 0 and sweep % 2 == 1:  # restricted KKT: h_j = 0 on the support, h_j <= 0 off it
+            viol = torch.where(y > 0, h.abs(), h.clamp(min=0.0)).mul_(used)
+            if float(viol.max()) <= tol:
+                break
+    Z.zero_()
+    Z.reshape(-1)[flat[used]] = y[used]
+    return Z, int(((y > 0).sum(0)).max()) if N else 0
+
+
 def _fit_free(Xd, W, b, lam, opts, report):
+    """Full-batch alternating minimisation (module docstring); every step is monotone."""
     import torch
 
     N = Xd.shape[0]
-    Tc, Tw = opts["code_steps"], opts["dict_steps"]
-    Xt = Xd - b
+    sweeps, Tw, cap = opts["cd_sweeps"], opts["dict_steps"], opts["ws_size"]
+    ctol = opts["cd_tol"] * lam
     Z = torch.zeros((N, W.shape[0]), dtype=Xd.dtype, device=Xd.device)
-    # start from (nearly) optimal codes for the initial atoms, so the first atom step is informed
-    Z = code_steps(Xt, W, lam, 1.0 / (_code_lipschitz(W) * (1 + 1e-5)), Z, 5 * Tc)
-    R = Xt - Z @ W
+    Xt = Xd - b
+    S = Xt @ W.T
+    Z, sup_max = _cd_codes(S, Z, W @ W.T, *_working_sets(S, Z, lam, cap, 0), lam, sweeps, ctol)
+    R = torch.addmm(Xt, Z, W, alpha=-1.0)
     P = _point_values(R, Z, lam)
     step = 0
     report(step, float(P.double().mean()))
     reason = "max_steps"
     while step < opts["max_steps"]:
         step += 1
-        invL = 1.0 / (_code_lipschitz(W) * (1 + 1e-5))
-        Zn = code_steps(Xt, W, lam, invL, Z, Tc)
-        Rn = Xt - Zn @ W
-        Pn = _point_values(Rn, Zn, lam)
-        worse = Pn > P
-        if bool(worse.any()):
-            Zn[worse] = Z[worse]
-        Z = Zn
-        A = Z.T @ Z
-        Bm = Z.T @ Xt
-        W = _dict_steps(W, A, Bm, Tw)
+        if step > 1:
+            S = R @ W.T
+            Z, sup_max = _cd_codes(S, Z, W @ W.T, *_working_sets(S, Z, lam, cap, sup_max), lam, sweeps, ctol)
+        W = _dict_steps(W, Z.T @ Z, Z.T @ Xt, Tw)
         if opts["learn_bias"]:
-            b = (Xd - Z @ W).mean(0)
-        Xt = Xd - b
-        R = Xt - Z @ W
+            b = Xd.mean(0) - (Z.sum(0) / N) @ W
+            Xt = Xd - b
+        R = torch.addmm(Xt, Z, W, alpha=-1.0)
         P = _point_values(R, Z, lam)
         if opts["resample_every"] and step % opts["resample_every"] == 0:
             W, moved = _resample_dead(W, Z, R, P)
@@ -548,8 +619,8 @@ class _Reporter:
 
 def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device="auto", seed: int = 0,
                    max_steps: int | None = None, rtol: float = 1e-8, window: int = 10,
-                   max_time: float | None = None, batch_size: int | None = None, code_steps: int = 20,
-                   dict_steps: int = 2, resample_every: int = 25, bias=None, learn_bias: bool = True, lr: float = 1e-3,
+                   max_time: float | None = None, batch_size: int | None = None, code_steps: int | None = None,
+                   dict_steps: int = 2, ws_size: int = 16, resample_every: int = 25, bias=None, learn_bias: bool = True, lr: float = 1e-3,
                    topk: int | None = None, bandwidth: float | None = None, coding_tol: float = 1e-7,
                    callback: Callable[[dict], None] | None = None) -> FitResult:
     r"""Learn a width-``k`` dictionary, codes and bias by minimising the SAE objective (theory.md §1).
@@ -632,8 +703,8 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
         init_arr = check_dictionary(init, n, "init")
         if init_arr.shape[0] != width:
             raise ValueError(f"init has {init_arr.shape[0]} atoms but width = {width}")
-    for name, v, lo in (("code_steps", code_steps, 1), ("dict_steps", dict_steps, 1), ("window", window, 1),
-                        ("resample_every", resample_every, 0)):
+    for name, v, lo in (("code_steps", 1 if code_steps is None else code_steps, 1), ("dict_steps", dict_steps, 1),
+                        ("ws_size", ws_size, 1), ("window", window, 1), ("resample_every", resample_every, 0)):
         if int(v) < lo:
             raise ValueError(f"{name} must be >= {lo}, got {v!r}")
     if batch_size is not None and int(batch_size) < 1:
@@ -681,9 +752,11 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
     stochastic = amortised or minibatch
     report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), max_time, callback, t0,
                        stochastic=stochastic)
-    opts = {"max_steps": int(max_steps), "code_steps": int(code_steps), "dict_steps": int(dict_steps),
+    opts = {"max_steps": int(max_steps), "cd_sweeps": 30 if code_steps is None else int(code_steps),
+            "cd_tol": float(__import__("os").environ.get("CDTOL", "1e-3")),
+            "dict_steps": int(dict_steps), "ws_size": int(ws_size),
             "resample_every": int(resample_every), "batch_size": batch_size, "seed": int(seed),
-            "batch_code_steps": max(30, 3 * int(code_steps)), "lr": float(lr), "topk": topk,
+            "batch_code_steps": 60 if code_steps is None else max(30, 3 * int(code_steps)), "lr": float(lr), "topk": topk,
             "bandwidth": bandwidth, "learn_bias": bool(learn_bias)}
     enc_params: dict = {}
     enc_value = None
