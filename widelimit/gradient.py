@@ -62,6 +62,9 @@ from .coding import code_steps, optimal_codes
 __all__ = ["FitResult", "fit_dictionary", "ENCODERS", "INITS"]
 
 ENCODERS = ("none", "relu", "jumprelu", "topk")
+#: Full-batch code updates stop sweeping once the restricted optimality conditions are violated
+#: by at most ``_CD_TOL * lam`` per point on average (summed over each point's working set).
+_CD_TOL = 1e-3
 INITS = ("rays", "data", "random")
 
 
@@ -177,22 +180,32 @@ def _code_lipschitz(W):
     return _lmax(W @ W.T if k <= n else W.T @ W)
 
 
+def _draw(p, gen):
+    """One index drawn with probability proportional to ``p >= 0`` (inverse CDF; ``None`` if ``p`` sums to 0)."""
+    import torch
+
+    cdf = torch.cumsum(p.double().cpu(), 0)
+    total = float(cdf[-1])
+    if not total > 0:
+        return None
+    u = torch.rand(1, generator=gen, dtype=torch.float64) * total
+    return min(int(torch.searchsorted(cdf, u, right=True)), p.shape[0] - 1)
+
+
 def _kmeanspp_directions(D, weights, k, gen):
     """k-means++ seeding on unit directions ``D`` (m, n) with ``weights``: indices of ``k`` seeds."""
     import torch
 
     m = D.shape[0]
-    if m == 0:
+    first = _draw(weights, gen) if m else None
+    if first is None:
         return torch.zeros(0, dtype=torch.long, device=D.device)
-    w = weights / weights.sum()
-    first = int(torch.multinomial(w.cpu().double(), 1, generator=gen))
     chosen = [first]
     dist = torch.clamp(2.0 - 2.0 * (D @ D[first]), min=0.0)
     for _ in range(1, min(k, m)):
-        p = (weights * dist).double().cpu()
-        if float(p.sum()) <= 0:
+        j = _draw(weights * dist, gen)
+        if j is None:
             break
-        j = int(torch.multinomial(p / p.sum(), 1, generator=gen))
         chosen.append(j)
         dist = torch.minimum(dist, torch.clamp(2.0 - 2.0 * (D @ D[j]), min=0.0))
     return torch.as_tensor(chosen, dtype=torch.long, device=D.device)
@@ -334,16 +347,19 @@ def _working_sets(S, Z, lam, cap, sup_max):
     return rows, ws[rows], cnt[rows]
 
 
-def _cd_codes(S, Z, G, rows, ws, cnt, lam, sweeps, tol=0.0):
+def _cd_codes(S, Z, G, rows, ws, cnt, lam, sweeps, tol):
     r"""Exact coordinate descent on every point's lasso restricted to its working set (in place on ``Z``).
 
     For point ``i`` with working set ``s = ws_i`` the restricted problem is
-    ``min_{y >= 0} y^T G_ss y - 2 q^T y + 2 lam 1^T y`` (``G = W W^T``, ``q = U (x_i - b)``).
-    With ``h = q - lam - G_ss y`` the step ``y_j <- max(y_j + h_j / G_jj, 0)`` is the exact
-    minimiser along ``y_j``, so every step is monotone; ``h`` starts from the residual
-    correlations ``S[i, s] - lam`` and follows by rank-one corrections. Points come sorted by
-    working-set size (:func:`_working_sets`), so slot ``j`` updates a prefix of them and a
-    sweep costs ``O(m nnz)`` for ``nnz`` candidates in all.
+    ``min_{y >= 0} y^T G_ss y - 2 q^T y + 2 lam 1^T y`` (``G = W W^T`` with unit diagonal,
+    ``q = U (x_i - b)``). With ``h = q - lam - G_ss y`` the step ``y_j <- max(y_j + h_j, 0)``
+    is the exact minimiser along ``y_j`` (``G_jj = 1``; float32 rounding keeps the step far
+    below the ``2 / G_jj`` that would break descent), so every step is monotone. ``h`` starts
+    from the residual correlations ``S[i, s] - lam`` and follows by rank-one corrections.
+    Points come sorted by working-set size (:func:`_working_sets`), so slot ``j`` updates a
+    prefix of them and a sweep costs ``O(m nnz)`` for ``nnz`` candidates in all. Sweeps stop
+    after ``sweeps`` or once the restricted optimality conditions hold to ``tol``
+    (``|h_j| <= tol`` on the support, ``h_j <= tol`` off it).
 
     Returns ``Z`` and the largest support size.
     """
@@ -354,27 +370,26 @@ def _cd_codes(S, Z, G, rows, ws, cnt, lam, sweeps, tol=0.0):
     wsT = ws.T.contiguous()  # slot-major (m, N): every update below touches contiguous memory
     flat = rows.unsqueeze(0) * k + wsT
     used = torch.arange(m, device=Z.device).unsqueeze(1) < cnt.unsqueeze(0)
-    y = Z.reshape(-1)[flat].mul_(used)
+    u = Z.reshape(-1)[flat].mul_(used).neg_()  # u = -y: the step is then one maximum
     h = S.reshape(-1)[flat].sub_(lam)
-    nj = [int(v) for v in (cnt.unsqueeze(0) > torch.arange(m, device=Z.device).unsqueeze(1)).sum(1).tolist()]
-    cols = [G[wsT[j, : nj[j]].unsqueeze(0), wsT[:, : nj[j]]] for j in range(m)]  # (m, n_j): G_{s_j, s_l}
-    inv_d = [1.0 / torch.clamp(cols[j][j], min=1e-30) for j in range(m)]
+    nj = [v for v in (cnt.unsqueeze(0) > torch.arange(m, device=Z.device).unsqueeze(1)).sum(1).tolist() if v > 0]
+    # per slot j: views on the points that use it, and G between their atom j and all their slots
+    us = [u[j, :n] for j, n in enumerate(nj)]
+    hs = [h[j, :n] for j, n in enumerate(nj)]
+    hp = [h[:, :n] for n in nj]
+    cols = [G[wsT[j, :n].unsqueeze(0), wsT[:, :n]] for j, n in enumerate(nj)]
     for sweep in range(int(sweeps)):
-        for j in range(m):
-            n = nj[j]
-            if n == 0:
-                break
-            yj = y[j, :n]
-            delta = torch.clamp(h[j, :n] * inv_d[j], min=-yj)
-            yj.add_(delta)
-            h[:, :n].addcmul_(cols[j], delta, value=-1.0)
-        if tol > 0 and sweep % 2 == 1:  # restricted KKT: h_j = 0 on the support, h_j <= 0 off it
-            viol = torch.where(y > 0, h.abs(), h.clamp(min=0.0)).mul_(used)
-            if float(viol.max()) <= tol:
+        for j in range(len(nj)):
+            delta = torch.maximum(hs[j], us[j])  # y_j + delta = max(y_j + h_j, 0)
+            us[j].sub_(delta)
+            hp[j].addcmul_(cols[j], delta, value=-1.0)
+        if sweep % 2 == 1:
+            viol = torch.where(u < 0, h.abs(), h.clamp(min=0.0)).mul_(used)
+            if float(viol.sum()) <= tol * N:
                 break
     Z.zero_()
-    Z.reshape(-1)[flat[used]] = y[used]
-    return Z, int(((y > 0).sum(0)).max()) if N else 0
+    Z.reshape(-1)[flat[used]] = u[used].neg_()
+    return Z, int((u < 0).sum(0).max()) if N else 0
 
 
 def _fit_free(Xd, W, b, lam, opts, report):
@@ -753,7 +768,7 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
     report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), max_time, callback, t0,
                        stochastic=stochastic)
     opts = {"max_steps": int(max_steps), "cd_sweeps": 30 if code_steps is None else int(code_steps),
-            "cd_tol": float(__import__("os").environ.get("CDTOL", "1e-3")),
+            "cd_tol": _CD_TOL,
             "dict_steps": int(dict_steps), "ws_size": int(ws_size),
             "resample_every": int(resample_every), "batch_size": batch_size, "seed": int(seed),
             "batch_code_steps": 60 if code_steps is None else max(30, 3 * int(code_steps)), "lr": float(lr), "topk": topk,
