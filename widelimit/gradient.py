@@ -9,10 +9,16 @@ Minimises theory.md §1's objective directly over a finite width ``k``:
 
 **Free codes** (``encoder="none"``, true dictionary learning), one outer step =
 
-1. codes: a few accelerated proximal steps ``z <- (v + ((x - b - vW)W^T - lam)/L)_+``
-   (nonnegative soft threshold, ``L = lambda_max(W W^T)``, per-point Nesterov momentum
-   with adaptive restart; :func:`widelimit.coding.code_steps`), keeping a point's old
-   code if the new one is worse (so the step never increases ``L``);
+1. codes: exact coordinate descent on each point's nonnegative lasso restricted to a
+   small *working set* of atoms: its current support plus the atoms that violate the
+   optimality conditions (``<w_d, r_i> > lam`` for the residual ``r_i`` with
+   ``z_id = 0``), at most ``ws_size`` of them (more when a support is larger). The
+   coordinate step ``z_d <- (z_d + <w_d, r> - lam)_+`` is the exact minimiser along
+   ``z_d``, so the step never increases ``L``; sweeps stop once the restricted
+   optimality conditions hold to ``1e-3 lam`` per point on average or after
+   ``code_steps`` sweeps. With ``L0 << k`` a sweep costs ``O(N L0 m)`` instead of the
+   ``O(N k n)`` of a full-dictionary gradient step, and since every outer step
+   re-admits the violating atoms, a fixed point is an exact alternating minimiser;
 2. atoms: block-coordinate sweeps on the sphere with ``A = Z^T Z``, ``B = Z^T (X - b)``:
    atom ``d`` becomes ``c / ||c||`` with ``c = B_d - sum_{j != d} A_dj w_j``, the exact
    minimiser over the unit sphere with the other atoms fixed (the projected block
@@ -22,8 +28,11 @@ Minimises theory.md §1's objective directly over a finite width ``k``:
 Every step is monotone, so the recorded objective decreases. In minibatch mode
 (``batch_size`` given) step 1 codes a random batch, ``A`` and ``B`` are running
 sums with forgetting (online dictionary learning, Mairal et al. 2010) and the bias
-follows the batch residual mean. Atoms no point uses are moved to the direction
-of the worst-reconstructed points (this cannot increase the objective).
+follows the batch residual mean, and step 1 is ``code_steps`` accelerated proximal
+steps ``z <- (v + ((x - b - vW)W^T - lam)/L)_+`` from zero (``L = lambda_max(W W^T)``,
+per-point Nesterov momentum with adaptive restart; :func:`widelimit.coding.code_steps`).
+Atoms no point uses are moved to the direction of the worst-reconstructed points
+(this cannot increase the objective).
 
 **Amortised codes** (``encoder="relu" | "jumprelu" | "topk"``) train an SAE in the
 SAELens layout: ``f = sigma((x - b_dec) W_enc + b_enc)`` with ``W_enc (n, k)``,
@@ -674,8 +683,16 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
         Stop after this many seconds.
     batch_size : int, optional
         Minibatch size; ``None`` = full batch (free codes) or 4096 (encoders).
-    code_steps, dict_steps : int
-        Accelerated code steps and block-coordinate sweeps over the atoms per outer step (free codes).
+    code_steps : int, optional
+        Code iterations per outer step (free codes): at most this many coordinate-descent
+        sweeps over the working sets (full batch, default 30; fewer are run once the codes
+        are optimal on the working sets), or this many accelerated proximal steps on a
+        minibatch (default 60).
+    dict_steps : int
+        Block-coordinate sweeps over the atoms per outer step (free codes).
+    ws_size : int
+        Working-set size per point for the full-batch code step: the support plus the
+        largest optimality violations, at most ``max(ws_size, 2 * largest support)`` atoms.
     resample_every : int
         Every so many steps, unused atoms move to the worst-served residuals (0 = never).
     bias : array (n,), optional
