@@ -324,7 +324,7 @@ def test_threaded_passes_do_not_depend_on_the_thread_count(rng):
     for t in (1, 2, 3):
         eng = LocalEngine(X, rows=97, threads=t)
         assert eng.parallel and eng.threads == t
-        p = eng.reduce(_pass_chunk, _merge_pass, b, 1.5, "huber", 0.0, True, extras=(None,))
+        p = eng.reduce(_pass_chunk, _merge_pass, b, 1.5, "huber", 0.0, True, None, extras=(None,))
         res.append((p.value, p.g.copy(), p.A, p.dsum.copy(), p.imin))
         maps.append(eng.map_rows(_keys_chunk, b, V, False, cols=4))
     for r, m in zip(res[1:], maps[1:]):
@@ -339,7 +339,7 @@ def test_threaded_passes_do_not_depend_on_the_thread_count(rng):
     Y[4321, 2] = np.inf
     Y[4500, 0] = np.nan
     with pytest.raises(ValueError, match=r"non-finite value \(Inf\) in row 4321"):
-        LocalEngine(Y, rows=97, threads=2).reduce(_pass_chunk, _merge_pass, b, 1.5, "huber", 0.0, False,
+        LocalEngine(Y, rows=97, threads=2).reduce(_pass_chunk, _merge_pass, b, 1.5, "huber", 0.0, False, None,
                                                   extras=(None,))
     with pytest.raises(ValueError, match=r"row 4321"):
         wl.solve(Y, 1.5)

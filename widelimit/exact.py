@@ -27,7 +27,7 @@ from .objective import huber_h
 from .streaming import LocalEngine, engine_for, raise_nonfinite, scratch
 from .median import MedianResult
 from .median import _solve as _median
-from .rays import RayGroups, _group_rays, default_ray_tol
+from .rays import KeysTap, RayGroups, _group_rays, default_ray_tol
 
 __all__ = ["WideLimitSolution", "solve"]
 
@@ -159,11 +159,12 @@ class WideLimitSolution:
         }
 
 
-def _narrowest_bias(X, med: MedianResult, lam, tol, signed) -> tuple[np.ndarray, RayGroups]:
+def _narrowest_bias(X, med: MedianResult, lam, tol, signed, tap=None) -> tuple[np.ndarray, RayGroups]:
     """Among the optimal biases (a segment for collinear data), one with the fewest rays."""
     seg = med.segment
     if np.array_equal(seg[0], seg[1]):
-        return med.point, _group_rays(X, med.point, lam, tol, signed, 0)
+        rk = None if tap is None else tap.keys_at(med.point)
+        return med.point, _group_rays(X, med.point, lam, tol, signed, 0, rk)
     best = None
     for cand in (med.point, seg[0], seg[1]):
         g = _group_rays(X, cand, lam, tol, signed, 0)
@@ -224,8 +225,11 @@ def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     tol_dir = default_ray_tol(X.dtype) if ray_tol is None else float(ray_tol)
     if not (tol_dir >= 0 and np.isfinite(tol_dir)):
         raise ValueError(f"ray_tol must be a finite number >= 0, got {ray_tol!r}")
-    med = _median(X, lam, None, "huber", min(1e-11, 0.01 * tol), 1e-10, 100, 4096, 0, progress, checkpoint)
-    b, groups = _narrowest_bias(X, med, lam, tol_dir, signed)
+    # the rays' sort keys are taken inside the median's last pass when it can tell which one that is
+    tap = KeysTap(X.shape[0], X.shape[1], signed) if isinstance(engine_for(X), LocalEngine) else None
+    med = _median(X, lam, None, "huber", min(1e-11, 0.01 * tol), 1e-10, 100, 4096, 0, progress, checkpoint, tap)
+    b, groups = _narrowest_bias(X, med, lam, tol_dir, signed, tap)
+    del tap
     # atoms keep float32 for float32 data (as scikit-learn estimators do): the certificate
     # below evaluates the returned float32 atoms in float64, so it stays rigorous
     dtype = np.float32 if X.dtype == np.float32 else np.float64

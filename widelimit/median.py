@@ -149,15 +149,19 @@ def centered(c, b, slot: str = "a") -> np.ndarray:
     return D
 
 
-def _pass_chunk(c, s, b, lam, kind, eps_r, stats, w):
+def _pass_chunk(c, s, b, lam, kind, eps_r, stats, tap, w):
     """What one iteration and the certificate need at ``b``, from rows ``s:s+len(c)``.
 
     With ``stats`` it also returns the weighted column sums and ``max |x_ij|`` (the first pass
     of a solve needs the mean and the data scale, so it makes no separate pass for them).
+    ``tap(D, r, s)``, if given, sees each block's ``D = x - b`` and ``r = ||D||`` (the exact
+    solver takes the rays' sort keys from the median's last pass this way).
     """
     n = c.shape[1]
     xt = centered(c, b)
     r = np.sqrt(np.einsum("ij,ij->i", xt, xt))
+    if tap is not None:
+        tap(xt, r, s)
     ww = 1.0 if w is None else w
     j = int(np.argmin(r))
     rmin, imin = float(r[j]), s + j
@@ -205,7 +209,7 @@ def _merge_pass(p: _Pass, q: _Pass) -> _Pass:
 def _pass(X, w, b, lam, kind, eps_r, engine=None):
     """One pass over ``X`` at ``b`` (float64 accumulation over row chunks)."""
     engine = engine or LocalEngine(X)
-    return engine.reduce(_pass_chunk, _merge_pass, b, lam, kind, eps_r, False, extras=(w,))
+    return engine.reduce(_pass_chunk, _merge_pass, b, lam, kind, eps_r, False, None, extras=(w,))
 
 
 def _lower_bound(p: _Pass, W: float, mean_minus_b: np.ndarray, lam, kind) -> float:
@@ -354,8 +358,13 @@ def _collinear(engine, rng_idx, tol_abs):
 _CKPT_VERSION = 1
 
 
-def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None, checkpoint=None):
-    """Solve a median problem on validated data ``X`` with validated weights ``w`` (or None)."""
+def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None, checkpoint=None, tap=None):
+    """Solve a median problem on validated data ``X`` with validated weights ``w`` (or None).
+
+    ``tap`` (in-process engines only): a callable ``tap(D, r, start)`` run inside the passes that
+    may be the last one (the collinear certificate, and Newton trials once the gap is below
+    ``sqrt(tol)``); each such pass sets ``tap.point`` to the point it was made at.
+    """
     N, n = X.shape
     W = float(N) if w is None else float(w.sum())
     dtype_eps = float(np.finfo(X.dtype).eps)
@@ -383,6 +392,9 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
                              "settings changed); delete it or choose another path")
 
     eps_r = 0.0
+    if not isinstance(engine, LocalEngine):
+        tap = None
+    tap_now = False
 
     # Floating-point slack: the bound is lowered by the rounding level of N-term float64 sums,
     # so that it stays a lower bound of the exact minimum, and convergence allows for it.
@@ -390,7 +402,11 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
 
     def certify(b, stage="newton", stats=False):
         engine.stage = stage
-        p = engine.reduce(_pass_chunk, _merge_pass, b, lam, kind, eps_r, stats, extras=(w,))
+        use_tap = tap is not None and tap_now
+        p = engine.reduce(_pass_chunk, _merge_pass, b, lam, kind, eps_r, stats, tap if use_tap else None,
+                          extras=(w,))
+        if use_tap:
+            tap.point = np.array(b, copy=True)
         mb = p.dsum / W if stats else mean - b
         lb = _lower_bound(p, W, mb, lam, kind) / W
         return p, p.value / W, lb - round_rel * abs(lb)
@@ -434,6 +450,7 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
             lo, hi = _solve_1d(t, w, lam, kind)
             seg = np.stack([o + lo * u, o + hi * u])
             b = o + 0.5 * (lo + hi) * u
+        tap_now = True
         p, val, lb = certify(b, "certificate")
         report("certificate", val, lb)
         gap = max(0.0, val - lb)
@@ -480,6 +497,7 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
             converged = True  # 0 is in the subdifferential: b is an optimal data point
             break
         it += 1
+        tap_now = gap <= np.sqrt(tol) * max(val, 1e-300)  # the next pass may be the last one
         gdir = _grad(p, kind)
         # Newton step with the subsample Newton matrix:  (a I - M) d = g
         D = Xs - b

@@ -156,29 +156,61 @@ def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> R
     return _group_rays(X, b, check_lam(lam), tol, signed, seed)
 
 
-def _keys_chunk(c, s, b, V, signed):
-    """Per row of a block: ``[r, keys]`` with ``r = ||x - b||`` and ``keys = V^T (x - b) / r``."""
-    D = centered(c, b)
-    r = np.sqrt(np.einsum("ij,ij->i", D, D))
-    if not np.isfinite(r).all():  # out-of-core data are checked as they are read
-        raise_nonfinite(c, s)
+def _keys_rows(D, r, V, signed):
+    """``[r, keys]`` per row of a centred block ``D = x - b``: ``keys = V^T (x - b) / r``."""
     kc = D @ V
     kc /= np.where(r > 0, r, 1.0)[:, None]
     if signed:  # orient each line by its random projection: u and -u, and directions near them, agree
         kc *= _line_sign(kc[:, 0])[:, None]
-    out = np.empty((c.shape[0], V.shape[1] + 1))
+    out = np.empty((D.shape[0], V.shape[1] + 1))
     out[:, 0] = r
     out[:, 1:] = kc
     return out
 
 
-def _group_rays(X, b, lam, tol, signed, seed) -> RayGroups:
-    """:func:`group_rays` on validated input."""
-    N, n = X.shape
+def _keys_chunk(c, s, b, V, signed):
+    """Per row of a block: ``[r, keys]`` (one pass computes the rays' sort keys)."""
+    D = centered(c, b)
+    r = np.sqrt(np.einsum("ij,ij->i", D, D))
+    if not np.isfinite(r).all():  # out-of-core data are checked as they are read
+        raise_nonfinite(c, s)
+    return _keys_rows(D, r, V, signed)
+
+
+def _projections(n, seed):
+    """The ``min(n, 4)`` orthonormal random directions the rays are sorted and binned by."""
     rng = np.random.default_rng(seed)
-    p = min(n, 4)
-    V = np.linalg.qr(rng.standard_normal((n, p)))[0]  # p orthonormal random directions
-    rk = engine_for(X).map_rows(_keys_chunk, b, V, signed, cols=p + 1, stage="rays")
+    return np.linalg.qr(rng.standard_normal((n, min(n, 4))))[0]
+
+
+class KeysTap:
+    """Collects the rays' sort keys inside another pass (see ``median._solve(tap=...)``).
+
+    ``rows`` ``(N, 1 + p)`` receives ``[r, keys]`` of every row; ``point`` is the bias the last
+    tapped pass was made at (``None`` before any).
+    """
+
+    def __init__(self, N, n, signed=False, seed=0):
+        self.V = _projections(n, seed)
+        self.signed = signed
+        self.seed = seed
+        self.rows = np.empty((N, self.V.shape[1] + 1))
+        self.point = None
+
+    def __call__(self, D, r, s):
+        self.rows[s : s + D.shape[0]] = _keys_rows(D, r, self.V, self.signed)
+
+    def keys_at(self, b):
+        """The collected ``[r, keys]`` if they were taken at exactly ``b``, else ``None``."""
+        return self.rows if self.point is not None and np.array_equal(self.point, b) else None
+
+
+def _group_rays(X, b, lam, tol, signed, seed, rk=None) -> RayGroups:
+    """:func:`group_rays` on validated input (``rk``: the ``[r, keys]`` rows at ``b`` if already known)."""
+    N, n = X.shape
+    V = _projections(n, seed)
+    if rk is None:
+        rk = engine_for(X).map_rows(_keys_chunk, b, V, signed, cols=V.shape[1] + 1, stage="rays")
     radii, keys = rk[:, 0], rk[:, 1:]
     beyond = np.flatnonzero(radii > lam * (1.0 + _WITHIN_RTOL))
     rays = np.full(N, -1, dtype=np.int64)
