@@ -310,7 +310,7 @@ def test_certify_sae_streams_a_source(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
-def test_threaded_passes_do_not_depend_on_the_thread_count(rng):
+def test_threaded_passes_do_not_depend_on_the_thread_count(rng, tmp_path):
     """Passes over arrays run in fixed row ranges merged in row order: 1, 2 or 3 threads give
     bit-identical sums, per-row maps and a first non-finite row that is the first one."""
     from widelimit.median import _merge_pass, _pass_chunk
@@ -335,6 +335,12 @@ def test_threaded_passes_do_not_depend_on_the_thread_count(rng):
     assert res[0][0] == pytest.approx(wl.huber_value(X, b, 1.5) * 5000, rel=1e-12)
     np.testing.assert_allclose(maps[0][:, 0], np.linalg.norm(D, axis=1), rtol=1e-13)
     np.testing.assert_allclose(maps[0][:, 1:], (D @ V) / np.linalg.norm(D, axis=1)[:, None], rtol=1e-10, atol=1e-13)
+    # shards read by several threads at once give the very same sums as the array
+    S = ActivationSource.open(_write_npy_shards(tmp_path, X, [1234, 3000]))
+    eng = LocalEngine(S, rows=97, threads=2)
+    assert S.concurrent_reads and eng.parallel
+    p = eng.reduce(_pass_chunk, _merge_pass, b, 1.5, "huber", 0.0, True, None, extras=(None,))
+    assert p.value == res[0][0] and np.array_equal(p.g, res[0][1])
     Y = X.copy()
     Y[4321, 2] = np.inf
     Y[4500, 0] = np.nan

@@ -162,10 +162,12 @@ class LocalEngine:
         self.passes = 0
         self.stage = "pass"
         self.prefetch = (not isinstance(X, np.ndarray)) if prefetch is None else bool(prefetch)
-        # in-memory arrays are reduced by several threads (NumPy and BLAS release the GIL);
-        # row sources keep one reader with a prefetch thread
+        # in-memory arrays and sources that allow concurrent reads are reduced by several threads,
+        # each reading and reducing its own chunks (NumPy, BLAS and file reads release the GIL);
+        # other row sources keep one reader with a prefetch thread
         # (in fixed row ranges whatever the thread count, so the results do not depend on it)
-        self.parallel = isinstance(X, np.ndarray) and self.N >= 2 * TASK_CHUNKS * self.rows
+        self.parallel = ((isinstance(X, np.ndarray) or getattr(X, "concurrent_reads", False))
+                         and self.N >= 2 * TASK_CHUNKS * self.rows)
         self.threads = (default_threads() if threads is None else max(1, int(threads))) if self.parallel else 1
 
     def _load(self, s):
