@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +137,9 @@ class _Shard(abc.ABC):
         return [self.name, self.rows, self.n, self.kind]
 
 
+_OPEN_LOCK = threading.Lock()
+
+
 class _FileShard(_Shard):
     """Rows stored contiguously in a file at byte ``offset`` (C order): read with ``os.pread``.
 
@@ -162,7 +166,9 @@ class _FileShard(_Shard):
 
     def _file(self) -> int:
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
+            with _OPEN_LOCK:  # passes read shards from several threads
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_RDONLY)
         return self._fd
 
     def __del__(self):
@@ -455,6 +461,9 @@ class ActivationSource:
         self.shape = (int(self.starts[-1]), int(n))
         self.dtype = np.dtype(np.float64) if any(sh.kind == "f64" for sh in shards) else np.dtype(np.float32)
         self.storage_dtypes = sorted({sh.kind for sh in shards})
+        #: whether row slices may be read from several threads at once (positional file reads
+        #: and in-memory arrays; Arrow tables are read by one thread)
+        self.concurrent_reads = all(isinstance(sh, (_FileShard, _ArrayShard)) for sh in shards)
 
     # construction -----------------------------------------------------------------
     @classmethod
