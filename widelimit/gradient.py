@@ -338,10 +338,10 @@ def _working_sets(S, Z, lam, cap, sup_max):
     ``S = (X - b - Z W) W^T`` holds the residual correlations; atom ``d`` violates the
     optimality of point ``i``'s code when ``z_id = 0`` and ``S_id > lam``. A point with more
     than ``cap`` candidates keeps its whole support and its largest violations (``cap`` is
-    raised to ``sup_max``, the largest support). Returns ``(rows, ws, counts)``: the points
-    sorted by decreasing number of candidates, their candidates ``ws (N, m)`` (slots past a
-    point's count point at atom 0 and are never used) and the counts, so that slot ``j`` is
-    used by a prefix of the sorted points.
+    raised to twice ``sup_max``, the largest support, so a full support leaves room).
+    Returns ``(rows, ws, counts)``: the points sorted by decreasing number of candidates,
+    their candidates ``ws (N, m)`` (slots past a point's count point at atom 0 and are never
+    used) and the counts, so that slot ``j`` is used by a prefix of the sorted points.
     """
     import torch
 
@@ -377,8 +377,8 @@ def _cd_codes(S, Z, G, rows, ws, cnt, lam, sweeps, tol):
     from the residual correlations ``S[i, s] - lam`` and follows by rank-one corrections.
     Points come sorted by working-set size (:func:`_working_sets`), so slot ``j`` updates a
     prefix of them and a sweep costs ``O(m nnz)`` for ``nnz`` candidates in all. Sweeps stop
-    after ``sweeps`` or once the restricted optimality conditions hold to ``tol``
-    (``|h_j| <= tol`` on the support, ``h_j <= tol`` off it).
+    after ``sweeps`` or once the violations of the restricted optimality conditions
+    (``|h_j|`` on the support, ``(h_j)_+`` off it) sum to at most ``tol`` per point.
 
     Returns ``Z`` and the largest support size.
     """
@@ -673,7 +673,8 @@ class _Reporter:
 def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device="auto", seed: int = 0,
                    max_steps: int | None = None, rtol: float = 1e-8, window: int = 10,
                    max_time: float | None = None, batch_size: int | None = None, code_steps: int | None = None,
-                   dict_steps: int = 2, ws_size: int = 16, resample_every: int = 25, bias=None, learn_bias: bool = True, lr: float = 1e-3,
+                   dict_steps: int = 2, ws_size: int = 16, resample_every: int = 25, bias=None,
+                   learn_bias: bool = True, lr: float = 1e-3,
                    topk: int | None = None, bandwidth: float | None = None, coding_tol: float = 1e-7,
                    callback: Callable[[dict], None] | None = None) -> FitResult:
     r"""Learn a width-``k`` dictionary, codes and bias by minimising the SAE objective (theory.md §1).
@@ -814,11 +815,10 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
     report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), max_time, callback, t0,
                        stochastic=stochastic)
     opts = {"max_steps": int(max_steps), "cd_sweeps": 30 if code_steps is None else int(code_steps),
-            "cd_tol": _CD_TOL,
-            "extrapolate": _EXTRAPOLATE[0],
-            "dict_steps": int(dict_steps), "ws_size": int(ws_size),
-            "resample_every": int(resample_every), "batch_size": batch_size, "seed": int(seed),
-            "batch_code_steps": 60 if code_steps is None else max(30, 3 * int(code_steps)), "lr": float(lr), "topk": topk,
+            "cd_tol": _CD_TOL, "extrapolate": _EXTRAPOLATE[0], "dict_steps": int(dict_steps),
+            "ws_size": int(ws_size), "resample_every": int(resample_every), "batch_size": batch_size,
+            "seed": int(seed), "batch_code_steps": 60 if code_steps is None else max(30, 3 * int(code_steps)),
+            "lr": float(lr), "topk": topk,
             "bandwidth": bandwidth, "learn_bias": bool(learn_bias)}
     enc_params: dict = {}
     enc_value = None
