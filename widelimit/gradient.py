@@ -367,7 +367,7 @@ def _working_sets(S, Z, lam, cap, sup_max):
 
 
 def _cd_codes(S, Z, G, rows, ws, cnt, lam, sweeps, tol):
-    r"""Exact coordinate descent on every point's lasso restricted to its working set (in place on ``Z``).
+    r"""Exact coordinate descent on every point's lasso restricted to its working set, from the codes ``Z``.
 
     For point ``i`` with working set ``s = ws_i`` the restricted problem is
     ``min_{y >= 0} y^T G_ss y - 2 q^T y + 2 lam 1^T y`` (``G = W W^T`` with unit diagonal,
@@ -380,7 +380,7 @@ def _cd_codes(S, Z, G, rows, ws, cnt, lam, sweeps, tol):
     after ``sweeps`` or once the violations of the restricted optimality conditions
     (``|h_j|`` on the support, ``(h_j)_+`` off it) sum to at most ``tol`` per point.
 
-    Returns ``Z`` and the largest support size.
+    Returns the new codes (a new array; ``Z`` is left as it is) and the largest support size.
     """
     import torch
 
@@ -406,9 +406,9 @@ def _cd_codes(S, Z, G, rows, ws, cnt, lam, sweeps, tol):
             viol = torch.where(u < 0, h.abs(), h.clamp(min=0.0)).mul_(used)
             if float(viol.sum()) <= tol * N:
                 break
-    Z.zero_()
-    Z.reshape(-1)[flat[used]] = u[used].neg_()
-    return Z, int((u < 0).sum(0).max()) if N else 0
+    Zn = torch.zeros_like(Z)
+    Zn.reshape(-1)[flat[used]] = u[used].neg_()
+    return Zn, int((u < 0).sum(0).max()) if N else 0
 
 
 def _fit_free(Xd, W, b, lam, opts, report):
@@ -442,10 +442,10 @@ def _fit_free(Xd, W, b, lam, opts, report):
         P = _point_values(R, Z, lam)
         f = float(P.double().mean())
         if beta > 0:
-            cur = (W, Z.clone(), b)
+            cur = (W, Z, b)  # no step below writes into W or Z in place
             if prev is not None:  # extrapolate along the last step; kept only if it lowers the objective
                 We = _rownorm(W + beta * (W - prev[0]), old=W)
-                Ze = torch.add(Z, Z - prev[1], alpha=beta).clamp_(min=0.0)
+                Ze = Z.mul(1.0 + beta).sub_(prev[1], alpha=beta).clamp_(min=0.0)
                 be = Xd.mean(0) - (Ze.sum(0) / N) @ We if opts["learn_bias"] else b
                 Re = torch.addmm(Xd - be, Ze, We, alpha=-1.0)
                 Pe = _point_values(Re, Ze, lam)
