@@ -151,6 +151,20 @@ def test_full_batch_small_working_sets(rng):
     assert fit.value <= vals[-1] * (1 + 1e-6) and vals[-1] <= fit.value * (1 + 1e-3)
 
 
+def test_extrapolation_is_taken_and_keeps_the_history_monotone(rng, monkeypatch):
+    import widelimit.gradient as gradient
+
+    X, _ = _sparse_problem(rng, N=200, k=16, n=8)
+    kw = dict(device="cpu", seed=0, max_steps=40, rtol=0.0)
+    on = wl.fit_dictionary(X, 0.3, 12, **kw)
+    monkeypatch.setattr(gradient, "_EXTRAPOLATE", (0.0,) + gradient._EXTRAPOLATE[1:])
+    off = wl.fit_dictionary(X, 0.3, 12, **kw)
+    v_on, v_off = [h["value"] for h in on.history], [h["value"] for h in off.history]
+    assert v_on[:2] == v_off[:2]  # the first extrapolation needs a previous step
+    assert v_on != v_off  # some extrapolated steps were kept
+    assert all(v1 <= v0 * (1 + 1e-6) for v0, v1 in zip(v_on, v_on[1:]))
+
+
 def test_jumprelu_straight_through(rng):
     jump = _jumprelu_fn()
     pre = torch.tensor(rng.standard_normal((50, 3)), requires_grad=True)
