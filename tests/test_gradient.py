@@ -96,8 +96,8 @@ def test_working_sets_hold_support_and_violations(rng):
     assert cnt.tolist() == [2, 2, 0] and 4 in ws[1].tolist() and 3 in ws[0].tolist()
 
 
-@pytest.mark.parametrize("cap", [1, 3, 16])
-def test_working_set_coordinate_descent_reaches_the_lasso_optimum(rng, cap):
+@pytest.mark.parametrize("cap, budget", [(1, 1 << 24), (3, 1 << 24), (16, 1 << 24), (3, 40)])
+def test_working_set_coordinate_descent_reaches_the_lasso_optimum(rng, cap, budget):
     """Alternating working-set selection and restricted coordinate descent (the solver's code step) is
     monotone per point and its fixed point is the exact nonnegative lasso solution (vs optimal_codes)."""
     X, W = _sparse_problem(rng)
@@ -110,7 +110,8 @@ def test_working_set_coordinate_descent_reaches_the_lasso_optimum(rng, cap):
     P_old = (Xt * Xt).sum(1)
     for _ in range(60):
         R = Xt - Z @ Wt
-        Z, sup_max = _cd_codes(R @ Wt.T, Z, G, *_working_sets(R @ Wt.T, Z, lam, cap, sup_max), lam, 30, 0.0)
+        Z, sup_max = _cd_codes(R @ Wt.T, Z, G, *_working_sets(R @ Wt.T, Z, lam, cap, sup_max), lam, 30, 0.0,
+                                budget=budget)  # budget 40: blocks of 1-4 points
         assert (Z >= 0).all()
         R = Xt - Z @ Wt
         P = (R * R).sum(1) + 2 * lam * Z.sum(1)

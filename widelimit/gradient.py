@@ -366,7 +366,7 @@ def _working_sets(S, Z, lam, cap, sup_max):
     return rows, ws[rows], cnt[rows]
 
 
-def _cd_codes(S, Z, G, rows, ws, cnt, lam, sweeps, tol):
+def _cd_codes(S, Z, G, rows, ws, cnt, lam, sweeps, tol, budget=1 << 24):
     r"""Exact coordinate descent on every point's lasso restricted to its working set, from the codes ``Z``.
 
     For point ``i`` with working set ``s = ws_i`` the restricted problem is
@@ -379,14 +379,31 @@ def _cd_codes(S, Z, G, rows, ws, cnt, lam, sweeps, tol):
     prefix of them and a sweep costs ``O(m nnz)`` for ``nnz`` candidates in all. Sweeps stop
     after ``sweeps`` or once the violations of the restricted optimality conditions
     (``|h_j|`` on the support, ``(h_j)_+`` off it) sum to at most ``tol`` per point.
+    Points are processed in blocks of at most ``budget / m^2`` (``m`` the block's largest
+    working set), which bounds the memory of the gathered Gram entries.
 
     Returns the new codes (a new array; ``Z`` is left as it is) and the largest support size.
     """
     import torch
 
-    N, k = Z.shape
+    N = Z.shape[0]
+    Zn = torch.zeros_like(Z)
+    sup_max, s = 0, 0
+    while s < N:
+        m = max(int(cnt[s]), 1)  # points are sorted by decreasing working-set size
+        e = min(N, s + max(1, budget // (m * m)))
+        sup_max = max(sup_max, _cd_block(S, Z, Zn, G, rows[s:e], ws[s:e, :m], cnt[s:e], lam, sweeps, tol))
+        s = e
+    return Zn, sup_max
+
+
+def _cd_block(S, Z, Zn, G, rows, ws, cnt, lam, sweeps, tol):
+    """:func:`_cd_codes` on one block of sorted points: their codes go into ``Zn``; returns their largest support."""
+    import torch
+
+    n_pts, k = rows.shape[0], Z.shape[1]
     m = ws.shape[1]
-    wsT = ws.T.contiguous()  # slot-major (m, N): every update below touches contiguous memory
+    wsT = ws.T.contiguous()  # slot-major (m, n_pts): every update below touches contiguous memory
     flat = rows.unsqueeze(0) * k + wsT
     used = torch.arange(m, device=Z.device).unsqueeze(1) < cnt.unsqueeze(0)
     u = Z.reshape(-1)[flat].mul_(used).neg_()  # u = -y: the step is then one maximum
@@ -404,11 +421,10 @@ def _cd_codes(S, Z, G, rows, ws, cnt, lam, sweeps, tol):
             hp[j].addcmul_(cols[j], delta, value=-1.0)
         if sweep % 2 == 1:
             viol = torch.where(u < 0, h.abs(), h.clamp(min=0.0)).mul_(used)
-            if float(viol.sum()) <= tol * N:
+            if float(viol.sum()) <= tol * n_pts:
                 break
-    Zn = torch.zeros_like(Z)
     Zn.reshape(-1)[flat[used]] = u[used].neg_()
-    return Zn, int((u < 0).sum(0).max()) if N else 0
+    return int((u < 0).sum(0).max()) if n_pts else 0
 
 
 def _fit_free(Xd, W, b, lam, opts, report):
