@@ -357,6 +357,9 @@ def _collinear(engine, rng_idx, tol_abs):
 
 _CKPT_VERSION = 1
 
+#: Secant pairs of the last iterations that correct the subsample Newton matrix (BFGS updates).
+SECANT_PAIRS = 2
+
 
 def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None, checkpoint=None, tap=None):
     """Solve a median problem on validated data ``X`` with validated weights ``w`` (or None).
@@ -467,12 +470,14 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
         small_step = False
         prev_step = 0.0
         passes0 = 0
+        pairs = np.zeros((0, 2, n))  # secant pairs (step, change of the gradient) of the last iterations
     else:
         b = arr["b"]
         p = _Pass(meta["value"], arr["g"], meta["a"], meta["A"], meta["B"], meta["rmin"], meta["imin"],
                   meta["w0"], arr["c0"])
         val, lb, it, small_step = meta["val"], meta["lb"], meta["it"], meta["small_step"]
         prev_step = float(meta.get("prev_step", 0.0))
+        pairs = arr["pairs"] if "pairs" in arr else np.zeros((0, 2, n))
         history = [tuple(h) for h in arr["history"].tolist()]
         passes0 = meta["passes"]
 
@@ -483,7 +488,8 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
             "problem": problem, "val": val, "lb": lb, "it": it, "small_step": bool(small_step), "prev_step": prev_step,
             "passes": passes0 + engine.passes, "value": p.value, "a": p.a, "A": p.A, "B": p.B,
             "rmin": p.rmin, "imin": int(p.imin), "w0": p.w0,
-        }, {"mean": mean, "b": b, "g": p.g, "c0": p.c0, "history": np.asarray(history, dtype=np.float64)})
+        }, {"mean": mean, "b": b, "g": p.g, "c0": p.c0, "history": np.asarray(history, dtype=np.float64),
+            "pairs": pairs})
 
     save()
     report("newton", val, lb)
@@ -511,8 +517,17 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
         cw = ws_sub * coef * (W / wsum_sub)
         M = (D * cw[:, None]).T @ D
         a = p.a
-        mu, V = np.linalg.eigh(0.5 * (M + M.T))
-        den = np.maximum(a - mu, 1e-9 * a)
+        # Newton matrix a I - M, corrected by BFGS updates with the secant pairs of the last steps:
+        # exact curvature along recent steps turns the subsample's linear rate superlinear
+        Bm = a * np.eye(n) - 0.5 * (M + M.T)
+        for s_, y_ in pairs:
+            sy = float(s_ @ y_)
+            Bs = Bm @ s_
+            sBs = float(s_ @ Bs)
+            if sy > 1e-12 * np.linalg.norm(s_) * np.linalg.norm(y_) and sBs > 0:
+                Bm += np.outer(y_, y_) / sy - np.outer(Bs, Bs) / sBs
+        mu, V = np.linalg.eigh(0.5 * (Bm + Bm.T))
+        den = np.maximum(mu, 1e-9 * a)
         d = V @ ((V.T @ gdir) / den)
         trial = b + d
         pt, vt, lbt = certify(trial)
@@ -545,6 +560,8 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
                 break
             trial = mm
         step = float(np.linalg.norm(trial - b))
+        pair = np.stack([trial - b, gdir - _grad(pt, kind)])[None]  # (s, y): y = change of the gradient
+        pairs = np.concatenate([pairs, pair])[-SECANT_PAIRS:]
         b, p, val, lb = trial, pt, vt, max(lb, lbt)  # any dual bound seen is valid
         history.append((val, lb))
         # the point is polished when this step is below xtol, or when the steps contract fast
