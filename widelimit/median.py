@@ -330,6 +330,24 @@ def _project_chunk(c, s, o, u):
     return (c - o) @ u
 
 
+def _line_min(Xs, ws, b, d, lam, kind) -> float:
+    """``argmin_{t in [0, 1]}`` of the weighted objective of the rows ``Xs`` at ``b + t d``.
+
+    The objective is convex in ``t``; bounded Brent search to a relative ``1e-12`` in ``t``
+    (about 50 evaluations of O(m n) each, on the subsample held in memory).
+    """
+    from scipy.optimize import minimize_scalar
+
+    D0 = Xs - b
+
+    def f(t):
+        r = np.sqrt(np.einsum("ij,ij->i", D0 - t * d, D0 - t * d))
+        return float(ws @ (np.where(r <= lam, r * r, 2.0 * lam * r - lam * lam) if kind == "huber" else r))
+
+    res = minimize_scalar(f, bounds=(0.0, 1.0), method="bounded", options={"xatol": 1e-12, "maxiter": 200})
+    return float(res.x) if f(float(res.x)) < f(0.0) else 0.0
+
+
 def _collinear(engine, rng_idx, tol_abs):
     """Detect data on one line (or one point): (origin, unit direction or None), or None."""
     N = engine.N
@@ -537,10 +555,19 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
             trial = engine.take([p.imin])[0].copy()
             pt, vt, lbt = certify(trial)
             ok = vt <= val
+        if not ok and vt > val * (1 + 8 * round_rel):
+            # Overshoot: the Newton matrix jumps where points cross the lam sphere (and is nearly
+            # singular when most points are beyond lam, e.g. nearly collinear data whose optimum
+            # sits at such a crossing). Minimise along d on the in-memory subsample (exact when it
+            # is all of X), then check the step on all data.
+            t = _line_min(Xs, ws_sub, b, d, lam, kind)
+            if 0.0 < t < 1.0:
+                trial = b + t * d
+                pt, vt, lbt = certify(trial)
+                ok = vt < val
         t = 1.0
         while not ok and t > 1.0 / 64 and vt > val * (1 + 8 * round_rel):
-            # the Newton matrix jumps where points cross the lam sphere (and is nearly singular
-            # when most points are beyond lam): backtrack along the Newton direction
+            # backtrack along the Newton direction
             t *= 0.25
             trial = b + t * d
             pt, vt, lbt = certify(trial)
