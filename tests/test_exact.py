@@ -229,6 +229,8 @@ def test_one_pass_solution_matches_the_generic_pieces(dtype, layout, rng):
     assert sol.certificate.width == generic.width == sol.width
     assert sol.certified and generic.certified
     assert abs(sol.median.lower_bound - ref.lower_bound) <= 1e-10 * ref.value
+    # the rays' keys came from the median's last pass: one pass after the median builds and certifies
+    assert sol.n_passes == sol.median.n_passes + 1
     # small batches: a shared ray is carried over batch boundaries
     old = _validation.CHUNK_BYTES
     try:

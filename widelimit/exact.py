@@ -63,6 +63,11 @@ class WideLimitSolution:
     excess : float
         ``value - H(bias)``: loss added by merging directions that were not
         identical (0 up to rounding when the tolerance only grouped identical rays).
+    signed : bool
+        Whether codes are signed (atoms are lines).
+    n_passes : int
+        Passes over X the whole solve made (the median's, the rays' sort keys unless they
+        came from the median's last pass, and the one that builds and certifies the solution).
     """
 
     value: float
@@ -77,6 +82,7 @@ class WideLimitSolution:
     ray_tol: float
     excess: float
     signed: bool = False
+    n_passes: int = 0
 
     @property
     def width(self) -> int:
@@ -147,6 +153,7 @@ class WideLimitSolution:
             "ray_tol": self.ray_tol,
             "excess": self.excess,
             "signed": self.signed,
+            "n_passes": self.n_passes,
             "certificate": c.as_dict(),
             "median": {
                 "value": self.median.value,
@@ -159,18 +166,20 @@ class WideLimitSolution:
         }
 
 
-def _narrowest_bias(X, med: MedianResult, lam, tol, signed, tap=None) -> tuple[np.ndarray, RayGroups]:
-    """Among the optimal biases (a segment for collinear data), one with the fewest rays."""
+def _narrowest_bias(X, med: MedianResult, lam, tol, signed, tap=None) -> tuple[np.ndarray, RayGroups, int]:
+    """Among the optimal biases (a segment for collinear data), one with the fewest rays (and the passes made)."""
     seg = med.segment
     if np.array_equal(seg[0], seg[1]):
         rk = None if tap is None else tap.keys_at(med.point)
-        return med.point, _group_rays(X, med.point, lam, tol, signed, 0, rk)
-    best = None
+        g = _group_rays(X, med.point, lam, tol, signed, 0, rk)
+        return med.point, g, g.n_passes
+    best, passes = None, 0
     for cand in (med.point, seg[0], seg[1]):
         g = _group_rays(X, cand, lam, tol, signed, 0)
+        passes += g.n_passes
         if best is None or g.width < best[1].width:
             best = (cand, g)
-    return best
+    return best[0], best[1], passes
 
 
 def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bool = False,
@@ -228,7 +237,7 @@ def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     # the rays' sort keys are taken inside the median's last pass when it can tell which one that is
     tap = KeysTap(X.shape[0], X.shape[1], signed) if isinstance(engine_for(X), LocalEngine) else None
     med = _median(X, lam, None, "huber", min(1e-11, 0.01 * tol), 1e-10, 100, 4096, 0, progress, checkpoint, tap)
-    b, groups = _narrowest_bias(X, med, lam, tol_dir, signed, tap)
+    b, groups, passes = _narrowest_bias(X, med, lam, tol_dir, signed, tap)
     del tap
     # atoms keep float32 for float32 data (as scikit-learn estimators do): the certificate
     # below evaluates the returned float32 atoms in float64, so it stays rigorous
@@ -236,7 +245,9 @@ def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     engine = engine_for(X, progress)
     if not signed and isinstance(engine, LocalEngine):
         Wd, z, cert = _build_and_certify(engine, groups, lam, med, tol, dtype)
+        passes += 1
     else:
+        passes += 3  # atoms (random access), codes, certificate
         Wd = groups.atoms(X, dtype=dtype)
         z = groups.code_values(X, Wd)
         N = X.shape[0]
@@ -250,7 +261,7 @@ def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     return WideLimitSolution(
         value=cert.value, bias=b, bias_segment=med.segment, dictionary=Wd, rays=groups.rays,
         code_values=z, certificate=cert, median=med, lam=lam, ray_tol=tol_dir,
-        excess=float(excess), signed=signed,
+        excess=float(excess), signed=signed, n_passes=med.n_passes + passes,
     )
 
 

@@ -63,6 +63,7 @@ class RayGroups:
     lam: float
     tol: float
     signed: bool = False
+    n_passes: int = 0  #: passes over X made to group (0 when the keys came from another pass)
 
     @property
     def width(self) -> int:
@@ -209,13 +210,14 @@ def _group_rays(X, b, lam, tol, signed, seed, rk=None) -> RayGroups:
     """:func:`group_rays` on validated input (``rk``: the ``[r, keys]`` rows at ``b`` if already known)."""
     N, n = X.shape
     V = _projections(n, seed)
+    passes = int(rk is None)
     if rk is None:
         rk = engine_for(X).map_rows(_keys_chunk, b, V, signed, cols=V.shape[1] + 1, stage="rays")
     radii, keys = rk[:, 0], rk[:, 1:]
     beyond = np.flatnonzero(radii > lam * (1.0 + _WITHIN_RTOL))
     rays = np.full(N, -1, dtype=np.int64)
     if beyond.size == 0:
-        return RayGroups(rays, np.zeros(0, dtype=np.int64), radii, b, lam, tol, signed)
+        return RayGroups(rays, np.zeros(0, dtype=np.int64), radii, b, lam, tol, signed, passes)
 
     # Sort by the first projection: two directions within tol of each other have every
     # projection within tol, so a ray lies inside one run of keys chained by gaps <= tol.
@@ -297,7 +299,7 @@ def _group_rays(X, b, lam, tol, signed, seed, rk=None) -> RayGroups:
     rays[order] = renum[label]
     leaders = np.empty(label_next, dtype=np.int64)
     leaders[renum] = order[np.asarray(leader_of, dtype=np.int64)]
-    return RayGroups(rays, leaders, radii, b, lam, tol, signed)
+    return RayGroups(rays, leaders, radii, b, lam, tol, signed, passes)
 
 
 def _close_pairs(pos, K, unit, tol, step):
