@@ -144,8 +144,11 @@ def centered(c, b, slot: str = "a") -> np.ndarray:
     For float32 ``c`` and float64 ``b`` the result is exact up to one float64 rounding per entry.
     """
     D = scratch(c.shape, slot)
-    np.copyto(D, c)
-    D -= b
+    if c.dtype == np.float64:
+        np.subtract(c, b, out=D)
+    else:
+        np.copyto(D, c)
+        D -= b
     return D
 
 
