@@ -160,14 +160,24 @@ class _Problem:
         G = self.a - (R @ R.T) / (self.N * self.lam)
         return val, G, R, b
 
-    def dual_bound(self, R, b):
-        """Lower bound ``d(alpha, R_c)`` from residuals ``R`` (module docstring)."""
+    def dual_bound(self, R, b, sweeps: int = 0):
+        """Lower bound ``d(alpha, R_c)`` from residuals ``R`` (module docstring).
+
+        ``R`` is first moved towards the set {centred, every row of length <= lam}
+        by ``sweeps`` rounds of alternating projection (row clipping, centring); the
+        final centring and the scaling ``alpha`` make it exactly feasible.
+        """
         torch = self.torch
+        Rc = R
+        for _ in range(sweeps):
+            if self.b_fixed is None:
+                Rc = Rc - Rc.mean(dim=0, keepdim=True)
+            nr = torch.sqrt((Rc * Rc).sum(dim=1, keepdim=True))
+            Rc = Rc * torch.clamp(self.lam / torch.clamp(nr, min=1e-300), max=1.0)
         if self.b_fixed is None:
-            Rc = R - R.mean(dim=0, keepdim=True)
+            Rc = Rc - Rc.mean(dim=0, keepdim=True)
             M = Rc.T @ self.X
         else:
-            Rc = R
             M = Rc.T @ (self.X - b[None, :])
         nuc = float(torch.linalg.svdvals(M).sum())
         rr = float((Rc * Rc).sum())
@@ -179,11 +189,20 @@ class _Problem:
         return (2.0 * alpha * nuc - alpha * alpha * rr) / self.N
 
     def psd_project(self, Z):
+        """Projection onto the PSD cone; ``(Pi(Z), identity)``.
+
+        A Cholesky factorisation (``N^3/3`` flops) first tests whether ``Z`` is
+        already positive definite, in which case ``Pi(Z) = Z``; only otherwise
+        is the eigendecomposition (about ``9 N^3`` flops) computed.
+        """
         torch = self.torch
-        w, V = torch.linalg.eigh(0.5 * (Z + Z.T))
+        Zs = 0.5 * (Z + Z.T)
+        if int(torch.linalg.cholesky_ex(Zs)[1]) == 0:
+            return Zs, True
+        w, V = torch.linalg.eigh(Zs)
         w = torch.clamp(w, min=0.0)
         out = (V * w) @ V.T
-        return 0.5 * (out + out.T), float(w.min())
+        return 0.5 * (out + out.T), False
 
 
 def dnn_dual_bound(X, lam, Q, b=None) -> float:
@@ -259,7 +278,7 @@ def solve_dnn(X, lam, *, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
 
 
 def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, callback,
-               grow: float = 1.2) -> DNNResult:
+               grow: float = 1.2, sweeps: int = 3) -> DNNResult:
     import torch
 
     t0 = time.perf_counter()
@@ -278,13 +297,15 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
             raise ValueError(f"{name} must have shape ({N}, {N}), got {A.shape}")
         return torch.as_tensor(0.5 * (A + A.T), **f64)
 
-    QB = torch.zeros(N, N, **f64) if Q0 is None else prob.psd_project(as_matrix(Q0, "Q0"))[0]
+    Xt0 = prob.X - (prob.X.mean(dim=0, keepdim=True) if prob.b_fixed is None else prob.b_fixed[None, :])
+    # the best multiple of the identity: g(cI) = (lam/N)(||Xt||_F^2/(c + lam) + N c)
+    c = max(0.0, float(torch.linalg.norm(Xt0)) / math.sqrt(N) - lam)
+    QB = c * prob.I if Q0 is None else prob.psd_project(as_matrix(Q0, "Q0"))[0]
     u = torch.zeros(N, N, **f64) if u0 is None else as_matrix(u0, "u0")
     if step0 is None:
-        Xc = prob.X - prob.X.mean(dim=0, keepdim=True)
-        s2 = float(torch.linalg.matrix_norm(Xc, ord=2)) ** 2
-        L = 2.0 * prob.a * max(s2, 1e-12) / lam**3
-        gamma = 1.0 / L
+        # local Lipschitz estimate of grad g at Q = cI (backtracking corrects it)
+        s2 = float(torch.linalg.matrix_norm(Xt0, ord=2)) ** 2
+        gamma = (lam + c) ** 3 / (2.0 * prob.a * max(s2, 1e-300))
     else:
         gamma = float(step0)
 
@@ -293,19 +314,20 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
     best = (math.inf, None, None)  # (upper, Q, b)
     lower = -math.inf
     it = 0
+    n_eigh = 0
     converged = False
-    QA = QB
     while it < max_iter:
         it += 1
         # forward-backward step onto the nonnegative matrices, with backtracking on g
         for _ in range(60):
             QA = torch.clamp(QB - gamma * (u + G), min=0.0)
             D = QA - QB
-            fA = prob.evaluate(QA, need_grad=False)[0]
+            fA, _, RA, bA = prob.evaluate(QA, need_grad=False)
             if fA <= fB + float(torch.sum(G * D)) + float(torch.sum(D * D)) / (2 * gamma) + 1e-15 * abs(fB):
                 break
             gamma *= 0.5
-        QB_new, _ = prob.psd_project(QA + gamma * u)
+        QB_new, identity = prob.psd_project(QA + gamma * u)
+        n_eigh += not identity
         u = u + (QA - QB_new) / gamma
         QB = QB_new
         fB, G, R, bcur = prob.evaluate(QB)
@@ -314,27 +336,36 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
             fB, G, R, bcur = prob.evaluate(QB)
         gamma *= grow
         if it % check_every == 0 or it == max_iter:
-            # feasible candidates: QB + t 11^T and QA + s I
+            # feasible points: QA (nonnegative) when it is PSD, else QA + s I; QB + t 11^T (QB is PSD)
+            if int(torch.linalg.cholesky_ex(QA)[1]) == 0:
+                cand = [(fA, QA, RA, bA)]
+            else:
+                smin = float(torch.linalg.eigvalsh(0.5 * (QA + QA.T))[0])
+                Qc = QA + max(0.0, -smin) * prob.I
+                cand = [(*prob.evaluate(Qc, need_grad=False)[:1], Qc, *prob.evaluate(Qc, need_grad=False)[2:])]
             t = max(0.0, -float(QB.min()))
-            cand = [QB + t] if t > 0 else [QB]
-            smin = float(torch.linalg.eigvalsh(0.5 * (QA + QA.T))[0])
-            cand.append(QA + max(0.0, -smin) * prob.I)
-            for Qc in cand:
+            if t > 0:
+                Qc = QB + t
                 v, _, Rc, bc = prob.evaluate(Qc, need_grad=False)
+                cand.append((v, Qc, Rc, bc))
+            else:
+                cand.append((fB, QB, R, bcur))
+            for v, Qc, Rc, bc in cand:
                 if v < best[0]:
                     best = (v, Qc, bc)
                 if Rc is not None:
-                    lower = max(lower, prob.dual_bound(Rc, bc))
-            lower = max(lower, prob.dual_bound(R, bcur))
+                    lower = max(lower, prob.dual_bound(Rc, bc, sweeps))
+            lower = max(lower, prob.dual_bound(R, bcur, sweeps))
             # second dual candidate: the residuals of the per-point optimum at the current bias
             # (x_i - b shortened to length lam), the dual point of theory §3
             Xt = prob.X - bcur[None, :]
             nr = torch.sqrt((Xt * Xt).sum(dim=1, keepdim=True))
-            lower = max(lower, prob.dual_bound(Xt * torch.clamp(lam / torch.clamp(nr, min=1e-300), max=1.0), bcur))
+            lower = max(lower, prob.dual_bound(Xt * torch.clamp(lam / torch.clamp(nr, min=1e-300), max=1.0), bcur,
+                                               sweeps))
             upper = best[0]
             rel = (upper - lower) / max(abs(upper), 1e-300)
             rec = {"iter": it, "time_s": time.perf_counter() - t0, "value": upper, "lower_bound": lower,
-                   "rel_gap": rel, "step": gamma}
+                   "rel_gap": rel, "step": gamma, "n_eigh": n_eigh}
             history.append(rec)
             if rel <= tol:
                 converged = True
