@@ -95,6 +95,23 @@ def test_refine_rays_gives_one_atom_per_ray():
     assert ref.certificate.rel_gap < 1e-5
 
 
+def test_refine_rays_n40_drops_unused_atoms():
+    # SCS's Q is CP only to ~1e-4 here: the factor keeps two atoms on one ray, and after the
+    # lasso re-fit one of them carries no code at all; it must not count towards the width
+    inst = make_instance("rays", 40, 3, seed=0)
+    sol = wl.solve(inst.X, inst.lam)
+    r = relax(inst.X, inst.lam, "dnn", solver="SCS", tol=1e-8)
+    ref = refine(inst.X, inst.lam, r.Q, r.b)
+    assert ref.width == sol.width == inst.truth["n_rays"] == 4
+    assert (ref.Z.max(axis=0) > 0).all()
+    # one atom per ray: each refined atom is parallel to one exact atom
+    cos = ref.W @ sol.dictionary.T
+    assert np.allclose(np.sort(cos.max(axis=1)), 1.0, atol=1e-6)
+    assert ref.value >= sol.certificate.lower_bound - 1e-12
+    assert ref.value == pytest.approx(sol.value, rel=1e-6)
+    assert wl.sae_objective(inst.X, ref.W, ref.Z, ref.b, inst.lam).value == pytest.approx(ref.value, rel=1e-12)
+
+
 def test_refine_random_instance_and_errors():
     inst = make_instance("random", 10, 3, seed=5)
     sol = wl.solve(inst.X, inst.lam)

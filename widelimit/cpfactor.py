@@ -400,7 +400,8 @@ def refine(X, lam, Q, b, *, tol: float = 1e-6, accept: float = 1e-3, merge_tol: 
     atoms normalised (codes take their norms); atoms whose directions agree to
     ``cos >= 1 - t`` merged for ``t`` in ``{merge_tol, 1e-4, 1e-2, 1e-1}`` (codes
     added: same reconstruction and penalty when exactly parallel), each merged
-    dictionary also with its codes re-fitted by a nonnegative lasso; ``b``
+    dictionary also with its codes re-fitted by a nonnegative lasso; atoms that no
+    point uses after the re-fit dropped (the objective does not depend on them); ``b``
     re-centred to the mean residual (the optimal bias for fixed ``W, Z``).
     The candidate with the smallest true objective is kept (the narrower one on ties).
 
@@ -467,6 +468,10 @@ def refine(X, lam, Q, b, *, tol: float = 1e-6, accept: float = 1e-3, merge_tol: 
     Xf = np.asarray(X, dtype=np.float64)
 
     def finish(Wu, Zu):
+        # an atom that no point uses contributes nothing to the objective: drop it (the re-fitted
+        # lasso codes of a redundant atom on an already covered ray are exactly 0)
+        used = Zu.max(axis=0) > 0 if Zu.shape[1] else np.zeros(0, dtype=bool)
+        Wu, Zu = Wu[used], Zu[:, used]
         bb = (Xf - Zu @ Wu).mean(axis=0) if Wu.shape[0] else Xf.mean(axis=0)
         return Wu, Zu, bb, sae_objective(X, Wu, Zu, bb, lam).value
 
