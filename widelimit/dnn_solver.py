@@ -25,8 +25,20 @@ step size (Pedregosa & Gidel, "Adaptive three operator splitting", ICML 2018):
           g(Q_A) \le g(Q_B) + \langle\nabla g(Q_B), Q_A - Q_B\rangle + \tfrac{1}{2\gamma}\|Q_A - Q_B\|^2),\\
     Q_B &\leftarrow \Pi_{\mathrm{PSD}}(Q_A + \gamma u), \qquad u \leftarrow u + (Q_A - Q_B)/\gamma .
 
-One eigendecomposition and one Cholesky factorisation of an ``N x N`` matrix per
-iteration. ``(Q_B, u)`` is the state: pass them back to warm-start.
+``(Q_B, u)`` is the state: pass them back to warm-start.
+
+**Cost per iteration.** Two or three Cholesky factorisations of ``N x N``
+matrices (``g`` at ``Q_A`` for each backtracking trial, ``g`` and its gradient at
+``Q_B``) and one more that tests whether ``Q_A + gamma u`` is already positive
+definite: then its PSD projection is itself, and the eigendecomposition (about
+25 times the flops of a Cholesky factorisation) is skipped. For this objective
+the PSD constraint is inactive at the optimum whenever ``Q*`` is positive
+definite (every point farther than ``lam`` from ``b*``: theory.md §3-4), and
+the iterates start in the positive definite cone, at the best multiple of the
+identity ``c I``, ``c = max(0, ||X - 1 xbar^T||_F / sqrt(N) - lam)``
+(the minimiser of ``g(cI)``), with the step size ``1/L`` of the local
+Lipschitz constant there. On the random family the eigendecomposition is then
+needed in only a handful of iterations, or none.
 
 **Duality gap.** For any ``S`` in the dual cone ``DNN* = PSD + NN`` the
 Lagrangian gives ``min f >= min_{P > 0, b} f - <S, Q>``. Taking
@@ -39,12 +51,15 @@ Cauchy-Schwarz), the inner minimum over ``P`` is
 .. math:: d(\alpha, R_c) = \frac1N\big(2\alpha\,\|R_c^\top X\|_* - \alpha^2\|R_c\|_F^2\big),
 
 a rigorous lower bound on the DNN optimum (and on the CP optimum, and on the
-nonnegative relaxation, since ``S >= 0``). Two residual matrices are tried at
-each check: ``R`` at the current iterate, and the rows ``x_i - b`` shortened to
+nonnegative relaxation, since ``S >= 0``). Residual matrices are tried at
+each check: ``R`` at the iterate and at the feasible points below, and the rows ``x_i - b`` shortened to
 length ``lam`` (the per-point dual of theory §3 at the current bias); the
-larger bound is kept. The upper bound is ``g`` at a
-feasible point: ``Q_B + t 1 1^T`` (``t`` = its most negative entry) or
-``Q_A + s I`` (``s`` = its most negative eigenvalue), both PSD and
+largest bound is kept. Before the final centring and scaling, each is moved
+towards the set {centred, rows of length <= lam} by three rounds of
+alternating projection (clip rows, centre), which keeps ``alpha`` close to 1. The upper bound is ``g`` at a
+feasible point: ``Q_B + t 1 1^T`` (``t`` = its most negative entry), and
+``Q_A`` when a Cholesky factorisation shows it is positive definite, else
+``Q_A + s I`` (``s`` = its most negative eigenvalue); all are PSD and
 nonnegative. The solver stops when ``upper - lower <= tol * upper``.
 """
 
@@ -229,7 +244,7 @@ def dnn_dual_bound(X, lam, Q, b=None) -> float:
 
 
 def solve_dnn(X, lam, *, b=None, tol: float = 1e-6, max_iter: int = 20_000, time_limit: float | None = None,
-              Q0=None, u0=None, step0: float | None = None, check_every: int = 10, device: str = "auto",
+              Q0=None, u0=None, step0: float | None = None, check_every: int = 5, device: str = "auto",
               num_threads: int | None = None, callback=None) -> DNNResult:
     r"""Solve the DNN relaxation of the Q-problem to a certified relative gap.
 
@@ -248,7 +263,8 @@ def solve_dnn(X, lam, *, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
     Q0, u0, step0 : warm start
         A previous result's ``Q``, ``u`` and ``step``.
     check_every : int
-        Iterations between duality-gap checks (each costs one extra eigendecomposition).
+        Iterations between duality-gap checks (each costs two Cholesky factorisations, and an
+        eigenvalue computation when ``Q_A`` is not positive definite).
     device : str
         ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda"``, ...
     num_threads : int, optional
@@ -342,7 +358,8 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
             else:
                 smin = float(torch.linalg.eigvalsh(0.5 * (QA + QA.T))[0])
                 Qc = QA + max(0.0, -smin) * prob.I
-                cand = [(*prob.evaluate(Qc, need_grad=False)[:1], Qc, *prob.evaluate(Qc, need_grad=False)[2:])]
+                v, _, Rc, bc = prob.evaluate(Qc, need_grad=False)
+                cand = [(v, Qc, Rc, bc)]
             t = max(0.0, -float(QB.min()))
             if t > 0:
                 Qc = QB + t
