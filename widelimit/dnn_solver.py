@@ -220,12 +220,13 @@ class _Problem:
         return 0.5 * (out + out.T), False
 
 
-def dnn_dual_bound(X, lam, Q, b=None) -> float:
+def dnn_dual_bound(X, lam, Q, b=None, sweeps: int = 3) -> float:
     r"""Certified lower bound on the DNN (and CP) optimum from any ``Q`` with ``Q + lam I`` positive definite.
 
     Computes the residuals ``R = lam (Q + lam I)^{-1} (X - 1 b^T)`` at the optimal
     bias for ``Q`` (or at the fixed ``b``) and returns the dual value
-    ``d(alpha, R_c)`` of the module docstring. Equal to the optimum at an optimal ``Q``.
+    ``d(alpha, R_c)`` of the module docstring, after ``sweeps`` rounds of alternating
+    projection of ``R`` towards {centred, rows of length <= lam}. Equal to the optimum at an optimal ``Q``.
     """
     import torch
 
@@ -240,7 +241,7 @@ def dnn_dual_bound(X, lam, Q, b=None) -> float:
     val, _, R, bb = prob.evaluate(torch.as_tensor(0.5 * (Qa + Qa.T)), need_grad=False)
     if R is None:
         raise ValueError("Q + lam*I is not positive definite")
-    return prob.dual_bound(R, bb)
+    return prob.dual_bound(R, bb, sweeps)
 
 
 def solve_dnn(X, lam, *, b=None, tol: float = 1e-6, max_iter: int = 20_000, time_limit: float | None = None,
