@@ -120,3 +120,19 @@ def test_refine_random_instance_and_errors():
     assert ref.value == pytest.approx(sol.value, rel=1e-5)
     with pytest.raises(ValueError, match="N = 10"):
         refine(inst.X, inst.lam, np.eye(4), r.b)
+
+
+def test_refine_of_a_q_that_is_not_cp_is_still_an_honest_upper_bound():
+    # the Horn-separated DNN matrix has no nonnegative factor: refine uses the best one it found,
+    # says so, and the value is the true objective of the triple it returns (>= the optimum)
+    Cyc = np.roll(np.eye(5), 1, axis=1)
+    A = np.eye(5) + 0.6 * (Cyc + Cyc.T)
+    X = np.random.default_rng(0).standard_normal((5, 2)) * 3
+    sol = wl.solve(X, 0.5)
+    ref = refine(X, 0.5, A, sol.bias, max_iter=300, restarts=1)
+    assert not ref.factorization.success and ref.factorization.residual > 1e-2
+    assert ref.value == pytest.approx(wl.sae_objective(X, ref.W, ref.Z, ref.b, 0.5).value, rel=1e-12)
+    assert ref.value >= sol.value * (1 - 1e-12)
+    assert ref.certificate.rel_gap >= -1e-12
+    with pytest.raises(ValueError, match="best relative residual"):
+        refine(X, 0.5, A, sol.bias, accept=1e-3, max_iter=300, restarts=1)
