@@ -114,7 +114,8 @@ class DNNResult:
         Final dual variable of the PSD constraint (for warm starts).
     device : str
     history : list of dict
-        ``iter``, ``time_s``, ``value``, ``lower_bound``, ``rel_gap`` at each check.
+        ``iter``, ``time_s``, ``value``, ``lower_bound``, ``rel_gap``, ``step`` and ``n_eigh``
+        (eigendecompositions so far; the other PSD projections were identities) at each check.
     """
 
     value: float
