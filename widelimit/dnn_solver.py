@@ -204,6 +204,24 @@ class _Problem:
         alpha = min(amax, nuc / rr)
         return (2.0 * alpha * nuc - alpha * alpha * rr) / self.N
 
+    def is_psd(self, Z) -> bool:
+        """Cholesky test: ``Z`` (symmetric) is positive definite once its zero rows and columns are removed.
+
+        Zero rows are the rule, not the exception: points within ``lam`` of the bias have
+        ``Q*_ii = 0``, the nonnegativity step sets their rows to exactly 0, and such a ``Z`` is PSD
+        but singular, so a plain Cholesky factorisation would fail on it.
+        """
+        torch = self.torch
+        if int(torch.linalg.cholesky_ex(Z)[1]) == 0:
+            return True
+        live = Z.abs().amax(dim=1) > 0
+        n_live = int(live.sum())
+        if n_live == Z.shape[0]:
+            return False
+        if n_live == 0:
+            return True
+        return int(torch.linalg.cholesky_ex(Z[live][:, live])[1]) == 0
+
     def psd_project(self, Z):
         """Projection onto the PSD cone; ``(Pi(Z), identity)``.
 
@@ -213,7 +231,7 @@ class _Problem:
         """
         torch = self.torch
         Zs = 0.5 * (Z + Z.T)
-        if int(torch.linalg.cholesky_ex(Zs)[1]) == 0:
+        if self.is_psd(Zs):
             return Zs, True
         w, V = torch.linalg.eigh(Zs)
         w = torch.clamp(w, min=0.0)
@@ -355,7 +373,7 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
         gamma *= grow
         if it % check_every == 0 or it == max_iter:
             # feasible points: QA (nonnegative) when it is PSD, else QA + s I; QB + t 11^T (QB is PSD)
-            if int(torch.linalg.cholesky_ex(QA)[1]) == 0:
+            if prob.is_psd(QA):
                 cand = [(fA, QA, RA, bA)]
             else:
                 smin = float(torch.linalg.eigvalsh(0.5 * (QA + QA.T))[0])
