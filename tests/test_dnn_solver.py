@@ -69,7 +69,16 @@ def test_psd_projection_skips_eigh_only_for_positive_definite_input():
     A = rng.standard_normal((30, 30))
     U = np.linalg.qr(A)[0]
     one_negative = (U * np.r_[-1e-3, rng.uniform(0.1, 2.0, 29)]) @ U.T  # a single small negative eigenvalue
-    for Z, pd in ((A @ A.T + 0.1 * np.eye(30), True), (A + A.T, False), (one_negative, False)):
+    zero_rows = A @ A.T + 0.1 * np.eye(30)
+    zero_rows[[3, 17], :] = 0.0  # PSD but singular (points within lam): still its own projection
+    zero_rows[:, [3, 17]] = 0.0
+    keep = np.setdiff1d(np.arange(30), [3, 17])
+    U28 = np.linalg.qr(rng.standard_normal((28, 28)))[0]
+    bad_rows = np.zeros((30, 30))
+    bad_rows[np.ix_(keep, keep)] = (U28 * np.r_[-1e-3, rng.uniform(0.1, 2.0, 27)]) @ U28.T
+    cases = ((A @ A.T + 0.1 * np.eye(30), True), (A + A.T, False), (one_negative, False), (zero_rows, True),
+             (bad_rows, False), (np.zeros((30, 30)), True))
+    for Z, pd in cases:
         out, identity = prob.psd_project(torch.as_tensor(Z))
         w, V = np.linalg.eigh(0.5 * (Z + Z.T))
         ref = (V * np.maximum(w, 0)) @ V.T
