@@ -30,7 +30,8 @@ step size (Pedregosa & Gidel, "Adaptive three operator splitting", ICML 2018):
 **Cost per iteration.** Two or three Cholesky factorisations of ``N x N``
 matrices (``g`` at ``Q_A`` for each backtracking trial, ``g`` and its gradient at
 ``Q_B``) and one more that tests whether ``Q_A + gamma u`` is already positive
-definite: then its PSD projection is itself, and the eigendecomposition (about
+definite (after removing its exactly-zero rows and columns, see
+``_Problem.is_psd``): then its PSD projection is itself, and the eigendecomposition (about
 25 times the flops of a Cholesky factorisation) is skipped. For this objective
 the PSD constraint is inactive at the optimum whenever ``Q*`` is positive
 definite (every point farther than ``lam`` from ``b*``: theory.md §3-4), and
@@ -58,7 +59,7 @@ largest bound is kept. Before the final centring and scaling, each is moved
 towards the set {centred, rows of length <= lam} by three rounds of
 alternating projection (clip rows, centre), which keeps ``alpha`` close to 1. The upper bound is ``g`` at a
 feasible point: ``Q_B + t 1 1^T`` (``t`` = its most negative entry), and
-``Q_A`` when a Cholesky factorisation shows it is positive definite, else
+``Q_A`` when a Cholesky factorisation shows it is PSD, else
 ``Q_A + s I`` (``s`` = its most negative eigenvalue); all are PSD and
 nonnegative. The solver stops when ``upper - lower <= tol * upper``.
 """
@@ -207,8 +208,7 @@ class _Problem:
     def is_psd(self, Z) -> bool:
         """Cholesky test: ``Z`` (symmetric) is positive definite once its zero rows and columns are removed.
 
-        Zero rows are the rule, not the exception: points within ``lam`` of the bias have
-        ``Q*_ii = 0``, the nonnegativity step sets their rows to exactly 0, and such a ``Z`` is PSD
+        Zero rows are common: points within ``lam`` of the bias have ``Q*_ii = 0``, the nonnegativity step sets their rows to exactly 0, and such a ``Z`` is PSD
         but singular, so a plain Cholesky factorisation would fail on it.
         """
         torch = self.torch
@@ -226,7 +226,7 @@ class _Problem:
         """Projection onto the PSD cone; ``(Pi(Z), identity)``.
 
         A Cholesky factorisation (``N^3/3`` flops) first tests whether ``Z`` is
-        already positive definite, in which case ``Pi(Z) = Z``; only otherwise
+        already PSD (:meth:`is_psd`), in which case ``Pi(Z) = Z``; only otherwise
         is the eigendecomposition (about ``9 N^3`` flops) computed.
         """
         torch = self.torch
