@@ -85,6 +85,7 @@ def main(argv=None):
     ap.add_argument("--tol", type=float, default=1e-6, help="solver tolerance (TORCH: certified relative gap)")
     ap.add_argument("--large", type=int, default=0, help="also run the own DNN solver at this N (CPU)")
     ap.add_argument("--large-time", type=float, default=600.0)
+    ap.add_argument("--large-seed", type=int, default=0, help="seed of the --large instance")
     ap.add_argument("--large-only", action="store_true", help="run only the --large solve (keeps the grid results)")
     ap.add_argument("--replot", action="store_true", help="redraw the plot from relaxations.json only")
     ap.add_argument("--vs-scs", default="", metavar="SIZES",
@@ -135,12 +136,12 @@ def main(argv=None):
 
     large = None
     if args.large:
-        inst = make_instance("random", args.large, args.dim, seed=0)
+        inst = make_instance("random", args.large, args.dim, seed=args.large_seed)
         exact = wl.solve(inst.X, inst.lam).value
         r = solve_dnn(inst.X, inst.lam, tol=args.tol, time_limit=args.large_time, device="cpu", num_threads=1,
                       callback=lambda h: print(f"  large N={args.large}: iter {h['iter']} t={h['time_s']:.0f}s "
                                                f"rel_gap={h['rel_gap']:.2e}", flush=True) and False)
-        large = {"N": args.large, "n": args.dim, "exact_value": exact, "value": r.value, "lower_bound": r.lower_bound,
+        large = {"N": args.large, "n": args.dim, "seed": args.large_seed, "exact_value": exact, "value": r.value, "lower_bound": r.lower_bound,
                  "load_average_after": os.getloadavg(), "threads": 1,
                  "rel_gap": r.rel_gap, "rel_error_upper": abs(r.value - exact) / exact,
                  "rel_error_lower": abs(r.lower_bound - exact) / exact, "converged": r.converged,
