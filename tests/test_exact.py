@@ -190,3 +190,56 @@ def test_dense_codes_guard(rng):
 def test_bad_input(fn, msg):
     with pytest.raises(ValueError, match=msg):
         fn()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("layout", ["singles", "shared", "mixed"])
+def test_one_pass_solution_matches_the_generic_pieces(dtype, layout, rng):
+    """solve builds atoms, codes and certificate in one fused pass: it must agree with
+    RayGroups.atoms / code_values and with verify's generic certificate of the same triple,
+    on rays of one point, rays shared by many points (spanning several batches), and both."""
+    from widelimit import _validation
+    from widelimit.exact import _build_and_certify
+    from widelimit.rays import _group_rays
+    from widelimit.streaming import LocalEngine
+
+    n = 6
+    if layout == "singles":
+        X = rng.standard_normal((3000, n))
+    else:
+        dirs = rng.standard_normal((7, n))
+        dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+        X = dirs[rng.integers(0, 7, 3000)] * rng.uniform(0.1, 4.0, (3000, 1))
+        if layout == "mixed":
+            X[::3] = rng.standard_normal((1000, n)) * 2
+    X = X.astype(dtype)
+    lam = 0.8
+    sol = wl.solve(X, lam)
+    ref = wl.huber_median(X, lam)
+    groups = _group_rays(X, sol.bias, lam, wl.rays.default_ray_tol(dtype), False, 0)
+    W_ref = groups.atoms(X, dtype=dtype)
+    np.testing.assert_array_equal(sol.rays, groups.rays)
+    np.testing.assert_allclose(sol.dictionary, W_ref, rtol=0, atol=4 * np.finfo(dtype).eps)
+    np.testing.assert_allclose(sol.code_values, groups.code_values(X, sol.dictionary), rtol=1e-12, atol=1e-12)
+    generic = wl.verify(X, lam, sol.dictionary, sol.sparse_codes, sol.bias, median=sol.median)
+    for key in ("value", "reconstruction", "penalty", "lower_bound_at_bias", "dual_min", "max_residual_norm"):
+        assert getattr(sol.certificate, key) == pytest.approx(getattr(generic, key), rel=1e-11, abs=1e-13), key
+    assert sol.certificate.complementarity == pytest.approx(generic.complementarity, rel=1e-8, abs=1e-12)
+    assert sol.certificate.bias_stationarity == pytest.approx(generic.bias_stationarity, rel=1e-6, abs=1e-12)
+    assert sol.certificate.width == generic.width == sol.width
+    assert sol.certified and generic.certified
+    assert abs(sol.median.lower_bound - ref.lower_bound) <= 1e-10 * ref.value
+    # the rays' keys came from the median's last pass: one pass after the median builds and certifies
+    assert sol.n_passes == sol.median.n_passes + 1
+    # small batches: a shared ray is carried over batch boundaries
+    old = _validation.CHUNK_BYTES
+    try:
+        _validation.CHUNK_BYTES = 8 * n * 37
+        W2, z2, cert2 = _build_and_certify(LocalEngine(X, threads=2), groups, lam, sol.median, 1e-9, dtype)
+    finally:
+        _validation.CHUNK_BYTES = old
+    np.testing.assert_array_equal(W2, sol.dictionary)
+    np.testing.assert_allclose(z2, sol.code_values, rtol=1e-13, atol=1e-13)
+    assert cert2.value == pytest.approx(generic.value, rel=1e-11)
+    assert cert2.complementarity == pytest.approx(generic.complementarity, rel=1e-8, abs=1e-12)
+    assert cert2.width == generic.width

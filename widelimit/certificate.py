@@ -32,7 +32,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ._validation import check_lam, row_norms
-from .median import MedianResult, huber_median
+from .median import MedianResult, centered, huber_median
 from .objective import _check_triple, _matmul_rows, huber_h
 from .streaming import engine_for, raise_nonfinite, scratch
 
@@ -107,7 +107,7 @@ def _cert_chunk(c, s, W, b, lam, norms, count, slot, n_multi, Zc):
     for dense codes ``EtZ = E^T Z`` (k x n).
     """
     k, n = W.shape
-    D = np.subtract(c, b, out=scratch(c.shape, "a"))
+    D = centered(c, b, "a")
     hub = float(huber_h(np.sqrt(np.einsum("ij,ij->i", D, D)), lam).sum())
     E = np.subtract(D, _matmul_rows(Zc, 0, c.shape[0], W), out=scratch(c.shape, "b")) if k else D
     ee = np.einsum("ij,ij->i", E, E)
@@ -162,7 +162,6 @@ def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float,
     rec, esum, emax, EtZ, hub, comp_single = engine.reduce(
         _cert_chunk, _merge_cert, W, b, lam, norms, count, slot, 0 if multi is None else multi.size, extras=(Z,))
     pen = 2.0 * lam * float(colsum.sum())
-    value = (rec + pen) / N
     if sparse:
         cs = colsum[multi]
         live = cs > 0
@@ -174,6 +173,18 @@ def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float,
         comp = (lam / N) * float(
             np.sum(colsum[live] - np.einsum("ij,ij->i", EtZ[live], EtZ[live]) / (lam * lam * colsum[live]))
         )
+    return make_certificate(N, n, rec, pen, esum, emax, hub, comp, int(np.count_nonzero(colsum > 0)), lam, median,
+                            tol, atol)
+
+
+def make_certificate(N, n, rec, pen, esum, emax, hub, comp, width, lam, median: MedianResult, tol, atol) -> Certificate:
+    """The :class:`Certificate` from a candidate's sums over the data.
+
+    ``rec = sum ||e_i||^2``, ``pen = 2 lam sum_d ||Z_d||_1`` (unit atoms), ``esum = sum e_i``,
+    ``emax = max ||e_i||^2``, ``hub = sum h(||x_i - b||)`` and ``comp = <G, Q>``; ``median``
+    supplies the global lower bound.
+    """
+    value = (rec + pen) / N
     lb = median.lower_bound
     gap = max(0.0, value - lb)
     return Certificate(
@@ -194,7 +205,7 @@ def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float,
         atol=atol,
         n_points=N,
         dim=n,
-        width=int(np.count_nonzero(colsum > 0)),
+        width=width,
         lam=lam,
     )
 

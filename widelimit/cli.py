@@ -66,6 +66,11 @@ def certificate_table(title: str, rows: list[tuple[str, object, str]]):
     return t
 
 
+def _dual_round(c) -> float:
+    """Rounding level of ``min G = (lam/N)(1 - max ||e||^2 / lam^2)``: residuals of length lam give +-this."""
+    return 8 * np.finfo(np.float64).eps * c.lam / c.n_points
+
+
 def _solution_rows(sol, geo=None):
     c = sol.certificate
     rows = [
@@ -78,9 +83,10 @@ def _solution_rows(sol, geo=None):
         ("width", sol.width, "atoms = rays beyond lam (narrowest optimum)"),
         ("points within lam", int(np.count_nonzero(sol.rays < 0)), "code 0"),
         ("bias stationarity", c.bias_stationarity, "||mean residual||, 0 at the optimal bias"),
-        ("min dual entry", c.dual_min, "min_ij G_ij, must be >= 0"),
+        ("min dual entry", c.dual_min, f"min_ij G_ij, >= 0 at an optimum (rounding level {_dual_round(c):.0e})"),
         ("complementarity", c.complementarity, "<G, Q>, 0 at an optimum"),
         ("median passes", sol.median.n_passes, f"passes over X ({sol.median.method})"),
+        ("solve passes", sol.n_passes, "passes over X in all (median, rays, dictionary + certificate)"),
     ]
     if not np.array_equal(sol.bias_segment[0], sol.bias_segment[1]):
         rows.append(("optimal bias set", "segment", "collinear data: every b on the segment is optimal"))

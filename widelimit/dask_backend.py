@@ -96,13 +96,13 @@ def _apply(fn, merge, block, start, args, *extras):
     """One block, reduced on the worker in cache-sized chunks by the single-process engine."""
     from .streaming import LocalEngine
 
-    return LocalEngine(block, offset=start, prefetch=False).reduce(fn, merge, *args, extras=extras)
+    return LocalEngine(block, offset=start, prefetch=False, threads=1).reduce(fn, merge, *args, extras=extras)
 
 
-def _apply_rows(fn, block, start, args):
+def _apply_rows(fn, block, start, args, cols=None):
     from .streaming import LocalEngine
 
-    return LocalEngine(block, offset=start, prefetch=False).map_rows(fn, *args)
+    return LocalEngine(block, offset=start, prefetch=False, threads=1).map_rows(fn, *args, cols=cols)
 
 
 class DaskEngine:
@@ -187,14 +187,14 @@ class DaskEngine:
             self.progress(Progress(stage or self.stage, self.passes, self.N, self.N, done=True))
         return out
 
-    def map_rows(self, fn, *args, stage: str | None = None) -> np.ndarray:
-        """One pass returning one number per row, gathered on the client (O(N) scalars)."""
+    def map_rows(self, fn, *args, cols: int | None = None, stage: str | None = None) -> np.ndarray:
+        """One pass returning one number (or ``cols`` numbers) per row, gathered on the client (O(N) scalars)."""
         import dask
 
         self.passes += 1
         app = dask.delayed(_apply_rows, pure=True)
         args = self._shared(args)
-        parts = [app(fn, blk, int(s), args) for blk, s in zip(self._blocks(), self.offsets[:-1])]
+        parts = [app(fn, blk, int(s), args, cols) for blk, s in zip(self._blocks(), self.offsets[:-1])]
         return np.concatenate(self._compute(parts))
 
     def take(self, idx) -> np.ndarray:

@@ -20,10 +20,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from ._validation import check_data, check_lam
-from .certificate import Certificate, _certificate
+from ._validation import chunk_rows
+from .certificate import Certificate, _certificate, make_certificate
+from .median import centered
+from .objective import huber_h
+from .streaming import LocalEngine, engine_for, raise_nonfinite, scratch
 from .median import MedianResult
 from .median import _solve as _median
-from .rays import RayGroups, _group_rays, default_ray_tol
+from .rays import KeysTap, RayGroups, _group_rays, default_ray_tol
 
 __all__ = ["WideLimitSolution", "solve"]
 
@@ -59,6 +63,11 @@ class WideLimitSolution:
     excess : float
         ``value - H(bias)``: loss added by merging directions that were not
         identical (0 up to rounding when the tolerance only grouped identical rays).
+    signed : bool
+        Whether codes are signed (atoms are lines).
+    n_passes : int
+        Passes over X the whole solve made (the median's, the rays' sort keys unless they
+        came from the median's last pass, and the one that builds and certifies the solution).
     """
 
     value: float
@@ -73,6 +82,7 @@ class WideLimitSolution:
     ray_tol: float
     excess: float
     signed: bool = False
+    n_passes: int = 0
 
     @property
     def width(self) -> int:
@@ -143,6 +153,7 @@ class WideLimitSolution:
             "ray_tol": self.ray_tol,
             "excess": self.excess,
             "signed": self.signed,
+            "n_passes": self.n_passes,
             "certificate": c.as_dict(),
             "median": {
                 "value": self.median.value,
@@ -155,17 +166,20 @@ class WideLimitSolution:
         }
 
 
-def _narrowest_bias(X, med: MedianResult, lam, tol, signed) -> tuple[np.ndarray, RayGroups]:
-    """Among the optimal biases (a segment for collinear data), one with the fewest rays."""
+def _narrowest_bias(X, med: MedianResult, lam, tol, signed, tap=None) -> tuple[np.ndarray, RayGroups, int]:
+    """Among the optimal biases (a segment for collinear data), one with the fewest rays (and the passes made)."""
     seg = med.segment
     if np.array_equal(seg[0], seg[1]):
-        return med.point, _group_rays(X, med.point, lam, tol, signed, 0)
-    best = None
+        rk = None if tap is None else tap.keys_at(med.point)
+        g = _group_rays(X, med.point, lam, tol, signed, 0, rk)
+        return med.point, g, g.n_passes
+    best, passes = None, 0
     for cand in (med.point, seg[0], seg[1]):
         g = _group_rays(X, cand, lam, tol, signed, 0)
+        passes += g.n_passes
         if best is None or g.width < best[1].width:
             best = (cand, g)
-    return best
+    return best[0], best[1], passes
 
 
 def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bool = False,
@@ -215,30 +229,157 @@ def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     >>> round(sol.value, 12), sol.width, round(float(sol.bias[0]), 12)
     (4.666666666667, 1, 0.333333333333)
     """
-    X = check_data(X)
+    X = check_data(X, finite=False)  # the median's first pass checks every row
     lam = check_lam(lam)
     tol_dir = default_ray_tol(X.dtype) if ray_tol is None else float(ray_tol)
     if not (tol_dir >= 0 and np.isfinite(tol_dir)):
         raise ValueError(f"ray_tol must be a finite number >= 0, got {ray_tol!r}")
-    med = _median(X, lam, None, "huber", min(1e-12, tol), 1e-11, 100, 4096, 0, progress, checkpoint)
-    b, groups = _narrowest_bias(X, med, lam, tol_dir, signed)
+    # the rays' sort keys are taken inside the median's last pass when it can tell which one that is
+    tap = KeysTap(X.shape[0], X.shape[1], signed) if isinstance(engine_for(X), LocalEngine) else None
+    med = _median(X, lam, None, "huber", min(1e-11, 0.01 * tol), 1e-10, 100, 4096, 0, progress, checkpoint, tap)
+    b, groups, passes = _narrowest_bias(X, med, lam, tol_dir, signed, tap)
+    del tap
     # atoms keep float32 for float32 data (as scikit-learn estimators do): the certificate
     # below evaluates the returned float32 atoms in float64, so it stays rigorous
-    Wd = groups.atoms(X, dtype=np.float32 if X.dtype == np.float32 else np.float64)
-    z = groups.code_values(X, Wd)
-    N = X.shape[0]
-    on = np.flatnonzero(groups.rays >= 0)
-    Zs = sp.csr_array((z[on], (on, groups.rays[on])), shape=(N, Wd.shape[0]))
-    if signed:
-        cert = _signed_certificate(X, Wd, Zs, b, lam, med, tol)
+    dtype = np.float32 if X.dtype == np.float32 else np.float64
+    engine = engine_for(X, progress)
+    if not signed and isinstance(engine, LocalEngine):
+        Wd, z, cert = _build_and_certify(engine, groups, lam, med, tol, dtype)
+        passes += 1
     else:
-        cert = _certificate(X, Wd, Zs, b, lam, med, tol, 0.0, progress)
+        passes += 3  # atoms (random access), codes, certificate
+        Wd = groups.atoms(X, dtype=dtype)
+        z = groups.code_values(X, Wd)
+        N = X.shape[0]
+        on = np.flatnonzero(groups.rays >= 0)
+        Zs = sp.csr_array((z[on], (on, groups.rays[on])), shape=(N, Wd.shape[0]))
+        if signed:
+            cert = _signed_certificate(X, Wd, Zs, b, lam, med, tol)
+        else:
+            cert = _certificate(X, Wd, Zs, b, lam, med, tol, 0.0, progress)
     excess = cert.value - cert.lower_bound_at_bias
     return WideLimitSolution(
         value=cert.value, bias=b, bias_segment=med.segment, dictionary=Wd, rays=groups.rays,
         code_values=z, certificate=cert, median=med, lam=lam, ray_tol=tol_dir,
-        excess=float(excess), signed=signed,
+        excess=float(excess), signed=signed, n_passes=med.n_passes + passes,
     )
+
+
+def _solution_chunk(c, s, b, lam, W, z_out, ray, lead, single):
+    """One block of the pass that builds the solution and certifies it.
+
+    Writes the atoms of the rays whose leader is in the block into ``W`` and the codes of
+    points alone on their ray into ``z_out``, and returns the certificate's sums over the
+    points within ``lam`` and the points alone on their ray (points on shared rays are
+    settled afterwards, once every atom exists): ``(sum ||e||^2, sum e, max ||e||^2,
+    sum h(||x - b||), <G, Q> part, penalty part, atoms used)``.
+    """
+    D = centered(c, b)
+    r2 = np.einsum("ij,ij->i", D, D)
+    r = np.sqrt(r2)
+    hub = float(huber_h(r, lam).sum())
+    if not np.isfinite(hub):
+        raise_nonfinite(c, s)
+    U = scratch(D.shape, "b")  # unit directions, then the stored atoms in float64
+    np.divide(D, np.where(r > 0, r, 1.0)[:, None], out=U)
+    src = U
+    if W.dtype != np.float64:
+        src = scratch(D.shape, "c", W.dtype)
+        np.copyto(src, U, casting="same_kind")
+        np.copyto(U, src)  # what the dictionary stores (rounding included)
+    li = np.flatnonzero(lead)
+    if li.size:
+        at = ray[li]
+        if at[-1] - at[0] == li.size - 1 == li[-1] - li[0] and np.all(np.diff(at) == 1):
+            W[at[0] : at[-1] + 1] = src[li[0] : li[-1] + 1]  # consecutive rows to consecutive atoms
+        else:
+            W[at] = src[li]
+    norms = np.sqrt(np.einsum("ij,ij->i", U, U))
+    # points alone on their ray: z = (<w, x - b> - lam)_+ on their own atom; points within lam: z = 0
+    z = np.where(single, np.maximum(np.einsum("ij,ij->i", D, U) - lam, 0.0), 0.0)
+    z_out[s : s + c.shape[0]][single] = z[single]
+    U *= z[:, None]
+    D -= U  # residuals e (points on shared rays are masked out below)
+    ee = np.einsum("ij,ij->i", D, D)
+    keep = single | (ray < 0)
+    zn = z * norms
+    rec = float(ee[keep].sum())
+    emax = float(ee[keep].max()) if keep.any() else 0.0
+    esum = keep.astype(np.float64) @ D
+    return (rec, esum, emax, hub, float(np.sum(zn * (1.0 - ee / (lam * lam)))), float(zn.sum()),
+            int(np.count_nonzero(zn > 0)))
+
+
+def _merge_solution(p, q):
+    return (p[0] + q[0], p[1] + q[1], max(p[2], q[2]), p[3] + q[3], p[4] + q[4], p[5] + q[5], p[6] + q[6])
+
+
+def _build_and_certify(engine, groups: RayGroups, lam, med, tol, dtype):
+    """Atoms, codes and certificate of the narrowest solution in one pass over X.
+
+    Equivalent to ``groups.atoms``, ``groups.code_values`` and :func:`widelimit.verify`'s
+    certificate of the resulting ``(W, Z, b)`` (which the tests check), without reading X
+    three times. Points on rays shared with other points are settled after the pass from
+    their rows alone (random access), atom by atom, so memory stays O(chunk).
+    """
+    X, b = engine.X, groups.bias
+    N, n = X.shape
+    rays, leaders = groups.rays, groups.leaders
+    k = leaders.size
+    W = np.empty((k, n), dtype=dtype)
+    z = np.zeros(N)
+    count = np.bincount(rays[rays >= 0], minlength=k)
+    lead = np.zeros(N, dtype=bool)
+    lead[leaders] = True
+    single = np.zeros(N, dtype=bool)
+    single[leaders[count == 1]] = True
+    engine.stage = "certificate"
+    rec, esum, emax, hub, comp, pen, width = engine.reduce(
+        _solution_chunk, _merge_solution, b, lam, W, z, extras=(rays, lead, single))
+    # points on shared rays, grouped by ray (a ray split across two batches is carried over)
+    multi = np.flatnonzero((rays >= 0) & ~single)
+    multi = multi[np.argsort(rays[multi], kind="stable")]
+    carry = None  # (atom, sum z, sum z e)
+    step = chunk_rows(n)
+
+    def settle(cs, ez):
+        return float(cs - (ez @ ez) / (lam * lam * cs)) if cs > 0 else 0.0
+
+    for a0 in range(0, multi.size, step):
+        idx = multi[a0 : a0 + step]
+        atom = rays[idx]
+        D = engine.take(idx) - b
+        w = W[atom].astype(np.float64)
+        norms = np.sqrt(np.einsum("ij,ij->i", w, w))
+        zz = np.maximum(np.einsum("ij,ij->i", D, w) - lam, 0.0)
+        z[idx] = zz
+        D -= zz[:, None] * w
+        ee = np.einsum("ij,ij->i", D, D)
+        rec += float(ee.sum())
+        esum = esum + D.sum(axis=0)
+        emax = max(emax, float(ee.max()))
+        zn = zz * norms
+        pen += float(zn.sum())
+        starts = np.flatnonzero(np.r_[True, atom[1:] != atom[:-1]])
+        cs = np.add.reduceat(zn, starts)
+        ez = np.add.reduceat(zn[:, None] * D, starts, axis=0)
+        if carry is not None and carry[0] == atom[0]:
+            cs[0] += carry[1]
+            ez[0] += carry[2]
+        elif carry is not None:
+            comp += settle(carry[1], carry[2])
+            width += int(carry[1] > 0)
+        done, ezd = cs[:-1], ez[:-1]  # rays complete in this batch
+        live = done > 0
+        comp += float(np.sum(done[live] - np.einsum("ij,ij->i", ezd[live], ezd[live]) / (lam * lam * done[live])))
+        width += int(np.count_nonzero(live))
+        carry = (atom[starts[-1]], cs[-1], ez[-1])
+    if carry is not None:
+        comp += settle(carry[1], carry[2])
+        width += int(carry[1] > 0)
+    cert = make_certificate(N, n, rec, 2.0 * lam * pen, esum, emax, hub, (lam / N) * comp, width, lam, med,
+                            tol, 0.0)
+    return W, z, cert
 
 
 def _signed_certificate(X, W, Zs, b, lam, med, tol):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +137,9 @@ class _Shard(abc.ABC):
         return [self.name, self.rows, self.n, self.kind]
 
 
+_OPEN_LOCK = threading.Lock()
+
+
 class _FileShard(_Shard):
     """Rows stored contiguously in a file at byte ``offset`` (C order): read with ``os.pread``.
 
@@ -162,7 +166,9 @@ class _FileShard(_Shard):
 
     def _file(self) -> int:
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
+            with _OPEN_LOCK:  # passes read shards from several threads
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_RDONLY)
         return self._fd
 
     def __del__(self):
@@ -218,7 +224,8 @@ def _npy_shard(path: Path) -> _FileShard:
     return _FileShard(path, offset, shape[0], shape[1], dtype, kind)
 
 
-def _safetensors_shard(path: Path, key: str | None) -> _FileShard:
+def _safetensors_entry(path: Path, key: str | None) -> tuple[list, int, np.dtype, str]:
+    """``(shape, byte offset, raw dtype, kind)`` of one tensor of a safetensors file (header checked)."""
     import json
     import struct
 
@@ -255,13 +262,18 @@ def _safetensors_shard(path: Path, key: str | None) -> _FileShard:
         raise DataError(f"{path}: corrupted .safetensors shard (bad entry for {key!r})") from None
     if dt not in _ST_RAW:
         raise DataError(f"{path}: tensor {key!r} has dtype {dt}; streaming reads F16, BF16, F32, F64")
-    if len(shape) != 2:
-        raise DataError(f"{path}: tensor {key!r} must be 2-D (rows, dims), has shape {tuple(shape)}")
     raw = _ST_RAW[dt]
-    if b1 - b0 != shape[0] * shape[1] * raw.itemsize or b0 < 0:
+    if b1 - b0 != int(np.prod(shape)) * raw.itemsize or b0 < 0:
         raise DataError(f"{path}: corrupted .safetensors shard (offsets of {key!r} do not match its shape)")
     kind = {"F16": "f16", "BF16": "bf16", "F32": "f32", "F64": "f64"}[dt]
-    return _FileShard(path, 8 + hlen + b0, shape[0], shape[1], raw, kind)
+    return shape, 8 + hlen + b0, raw, kind
+
+
+def _safetensors_shard(path: Path, key: str | None) -> _FileShard:
+    shape, offset, raw, kind = _safetensors_entry(path, key)
+    if len(shape) != 2:
+        raise DataError(f"{path}: tensor {key or 'in it'!r} must be 2-D (rows, dims), has shape {tuple(shape)}")
+    return _FileShard(path, offset, shape[0], shape[1], raw, kind)
 
 
 class _ArrowShard(_Shard):
@@ -455,6 +467,9 @@ class ActivationSource:
         self.shape = (int(self.starts[-1]), int(n))
         self.dtype = np.dtype(np.float64) if any(sh.kind == "f64" for sh in shards) else np.dtype(np.float32)
         self.storage_dtypes = sorted({sh.kind for sh in shards})
+        #: whether row slices may be read from several threads at once (positional file reads
+        #: and in-memory arrays; Arrow tables are read by one thread)
+        self.concurrent_reads = all(isinstance(sh, (_FileShard, _ArrayShard)) for sh in shards)
 
     # construction -----------------------------------------------------------------
     @classmethod
@@ -636,7 +651,7 @@ class RowConverter:
 
     @staticmethod
     def _bf16_to_f32(u16: np.ndarray) -> np.ndarray:
-        return (np.asarray(u16, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+        return _widen(np.asarray(u16, dtype=np.uint16), "bf16")
 
     def __getitem__(self, idx):
         return self._bf16_to_f32(self._raw[idx])
@@ -646,37 +661,15 @@ class RowConverter:
         return out if dtype is None else out.astype(dtype)
 
 
-_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-
-
 def _safetensors_mmap(p: Path, key):
-    """Memory-map one tensor of a safetensors file (header parsed directly; no copy)."""
-    import json
-    import struct
-
-    with open(p, "rb") as fh:
-        head = fh.read(8)
-        if len(head) < 8:
-            raise DataError(f"{p}: not a safetensors file (too short)")
-        (n,) = struct.unpack("<Q", head)
-        if n > 100_000_000:
-            raise DataError(f"{p}: not a safetensors file (implausible header size)")
-        try:
-            header = json.loads(fh.read(n))
-        except ValueError:
-            raise DataError(f"{p}: not a safetensors file (unreadable header)") from None
-    header.pop("__metadata__", None)
-    info = _pick(header, key, p)
-    name = key if key is not None else next(iter(header))
-    dt = info.get("dtype")
-    if dt not in _ST_DTYPES:
-        raise DataError(f"{p}: tensor {name!r} has dtype {dt}; activations must be F64, F32, F16 or BF16")
-    shape = tuple(info["shape"])
-    begin, end = info["data_offsets"]
-    raw = np.memmap(p, dtype=_ST_DTYPES[dt], mode="r", offset=8 + n + begin, shape=shape)
-    if raw.nbytes != end - begin:
-        raise DataError(f"{p}: tensor {name!r} size does not match its shape {shape}")
-    return RowConverter(raw) if dt == "BF16" else raw
+    """Memory-map one tensor of a safetensors file (no copy; bfloat16 through :class:`RowConverter`)."""
+    shape, offset, raw, kind = _safetensors_entry(p, key)
+    need = offset + int(np.prod(shape)) * raw.itemsize
+    if p.stat().st_size < need:
+        raise DataError(f"{p}: truncated .safetensors file: the header promises {need} bytes, the file has "
+                        f"{p.stat().st_size}")
+    arr = np.memmap(p, dtype=raw, mode="r", offset=offset, shape=tuple(shape))
+    return RowConverter(arr) if kind == "bf16" else arr
 
 
 def load_activations(path, key: str | None = None):

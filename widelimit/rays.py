@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import check_data, check_lam, check_vector, chunk_rows
+from .median import centered
+from .streaming import engine_for, raise_nonfinite
 
 __all__ = ["RayGroups", "group_rays", "default_ray_tol"]
 
@@ -61,6 +63,7 @@ class RayGroups:
     lam: float
     tol: float
     signed: bool = False
+    n_passes: int = 0  #: passes over X made to group (0 when the keys came from another pass)
 
     @property
     def width(self) -> int:
@@ -154,35 +157,71 @@ def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> R
     return _group_rays(X, b, check_lam(lam), tol, signed, seed)
 
 
-def _group_rays(X, b, lam, tol, signed, seed) -> RayGroups:
-    """:func:`group_rays` on validated input."""
-    N, n = X.shape
+def _keys_rows(D, r, V, signed):
+    """``[r, keys]`` per row of a centred block ``D = x - b``: ``keys = V^T (x - b) / r``."""
+    kc = D @ V
+    kc /= np.where(r > 0, r, 1.0)[:, None]
+    if signed:  # orient each line by its random projection: u and -u, and directions near them, agree
+        kc *= _line_sign(kc[:, 0])[:, None]
+    out = np.empty((D.shape[0], V.shape[1] + 1))
+    out[:, 0] = r
+    out[:, 1:] = kc
+    return out
+
+
+def _keys_chunk(c, s, b, V, signed):
+    """Per row of a block: ``[r, keys]`` (one pass computes the rays' sort keys)."""
+    D = centered(c, b)
+    r = np.sqrt(np.einsum("ij,ij->i", D, D))
+    if not np.isfinite(r).all():  # out-of-core data are checked as they are read
+        raise_nonfinite(c, s)
+    return _keys_rows(D, r, V, signed)
+
+
+def _projections(n, seed):
+    """The ``min(n, 4)`` orthonormal random directions the rays are sorted and binned by."""
     rng = np.random.default_rng(seed)
-    p = min(n, 8)
-    V = np.linalg.qr(rng.standard_normal((n, p)))[0]  # p orthonormal random directions
-    radii = np.empty(N)
-    keys = np.empty((N, p))
-    rows = chunk_rows(n)
-    for s in range(0, N, rows):
-        D = np.asarray(X[s : s + rows], dtype=np.float64) - b
-        r = np.sqrt(np.einsum("ij,ij->i", D, D))
-        if not np.isfinite(r).all():  # out-of-core data is checked as it is read
-            i = int(np.flatnonzero(~np.isfinite(r))[0])
-            raise ValueError(f"X has a non-finite value in row {s + i}")
-        radii[s : s + rows] = r
-        D /= np.where(r > 0, r, 1.0)[:, None]
-        kc = D @ V
-        if signed:  # orient each line by its random projection: u and -u, and directions near them, agree
-            kc *= _line_sign(kc[:, 0])[:, None]
-        keys[s : s + rows] = kc
+    return np.linalg.qr(rng.standard_normal((n, min(n, 4))))[0]
+
+
+class KeysTap:
+    """Collects the rays' sort keys inside another pass (see ``median._solve(tap=...)``).
+
+    ``rows`` ``(N, 1 + p)`` receives ``[r, keys]`` of every row; ``point`` is the bias the last
+    tapped pass was made at (``None`` before any).
+    """
+
+    def __init__(self, N, n, signed=False, seed=0):
+        self.V = _projections(n, seed)
+        self.signed = signed
+        self.seed = seed
+        self.rows = np.empty((N, self.V.shape[1] + 1))
+        self.point = None
+
+    def __call__(self, D, r, s):
+        self.rows[s : s + D.shape[0]] = _keys_rows(D, r, self.V, self.signed)
+
+    def keys_at(self, b):
+        """The collected ``[r, keys]`` if they were taken at exactly ``b``, else ``None``."""
+        return self.rows if self.point is not None and np.array_equal(self.point, b) else None
+
+
+def _group_rays(X, b, lam, tol, signed, seed, rk=None) -> RayGroups:
+    """:func:`group_rays` on validated input (``rk``: the ``[r, keys]`` rows at ``b`` if already known)."""
+    N, n = X.shape
+    V = _projections(n, seed)
+    passes = int(rk is None)
+    if rk is None:
+        rk = engine_for(X).map_rows(_keys_chunk, b, V, signed, cols=V.shape[1] + 1, stage="rays")
+    radii, keys = rk[:, 0], rk[:, 1:]
     beyond = np.flatnonzero(radii > lam * (1.0 + _WITHIN_RTOL))
     rays = np.full(N, -1, dtype=np.int64)
     if beyond.size == 0:
-        return RayGroups(rays, np.zeros(0, dtype=np.int64), radii, b, lam, tol, signed)
+        return RayGroups(rays, np.zeros(0, dtype=np.int64), radii, b, lam, tol, signed, passes)
 
     # Sort by the first projection: two directions within tol of each other have every
     # projection within tol, so a ray lies inside one run of keys chained by gaps <= tol.
-    order = beyond[np.argsort(keys[beyond, 0], kind="stable")]
+    order = beyond[np.argsort(keys[beyond, 0])]
     K = keys[order]
     k0 = K[:, 0]
     starts = np.flatnonzero(np.concatenate([[True], np.diff(k0) > tol]))
@@ -254,12 +293,13 @@ def _group_rays(X, b, lam, tol, signed, seed) -> RayGroups:
     # number rays by the smallest point index they contain (deterministic, data order)
     first_point = np.full(label_next, N, dtype=np.int64)
     np.minimum.at(first_point, label, order)
-    renum = np.empty(label_next, dtype=np.int64)
-    renum[np.argsort(first_point, kind="stable")] = np.arange(label_next)
+    is_first = np.zeros(N, dtype=bool)  # first points are distinct: rank them without sorting
+    is_first[first_point] = True
+    renum = (np.cumsum(is_first) - 1)[first_point]
     rays[order] = renum[label]
     leaders = np.empty(label_next, dtype=np.int64)
     leaders[renum] = order[np.asarray(leader_of, dtype=np.int64)]
-    return RayGroups(rays, leaders, radii, b, lam, tol, signed)
+    return RayGroups(rays, leaders, radii, b, lam, tol, signed, passes)
 
 
 def _close_pairs(pos, K, unit, tol, step):
@@ -279,32 +319,30 @@ def _close_pairs(pos, K, unit, tol, step):
     q = min(2, K.shape[1])
     c = np.floor(K[pos, :q] / max(tol, 1e-300)).astype(np.int64)
     c -= c.min(axis=0)
-    if q == 2:
+    if q == 2:  # the 3 x 3 neighbouring cells are 3 runs of 3 consecutive keys
         w1 = int(c[:, 1].max()) + 3
         key = c[:, 0] * w1 + c[:, 1] + 1
-        offsets = [d0 * w1 + d1 for d0 in (-1, 0, 1) for d1 in (-1, 0, 1)]
+        offsets = [(d0 * w1 - 1, d0 * w1 + 1) for d0 in (-1, 0, 1)]
     else:
         key = c[:, 0] + 1
-        offsets = [-1, 0, 1]
-    srt = np.argsort(key, kind="stable")
+        offsets = [(-1, 1)]
+    srt = np.argsort(key)
     P, ks = pos[srt], key[srt]
     first = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
     head_at = np.repeat(first, np.diff(np.concatenate([first, [ks.size]])))
     follows = np.zeros(ks.size, dtype=bool)
-    for a in range(0, ks.size, step):
-        e = min(ks.size, a + step)
-        idx = np.arange(a, e)
-        other = head_at[idx] != idx
-        if other.any():
-            ii = idx[other]
-            d = np.linalg.norm(unit(P[ii]) - unit(P[head_at[ii]]), axis=1)
-            follows[ii[d <= tol]] = True
+    cand = np.flatnonzero(head_at != np.arange(ks.size))
+    cand = cand[np.all(np.abs(K[P[cand]] - K[P[head_at[cand]]]) <= tol, axis=1)]  # screen on every projection
+    for a in range(0, cand.size, step):
+        ii = cand[a : a + step]
+        d = np.linalg.norm(unit(P[ii]) - unit(P[head_at[ii]]), axis=1)
+        follows[ii[d <= tol]] = True
     follow, head = P[follows], P[head_at[follows]]
     R, rk = P[~follows], ks[~follows]  # representatives, still sorted by cell key
     src, dst = [], []
-    for off in offsets:
-        lo = np.searchsorted(rk, rk + off, side="left")
-        hi = np.searchsorted(rk, rk + off, side="right")
+    for off_lo, off_hi in offsets:
+        lo = np.searchsorted(rk, rk + off_lo, side="left")
+        hi = np.searchsorted(rk, rk + off_hi, side="right")
         cnt = hi - lo
         if not cnt.any():
             continue

@@ -95,8 +95,8 @@ def raise_nonfinite(chunk: np.ndarray, start: int) -> None:
 _SCRATCH = threading.local()
 
 
-def scratch(shape, slot: str = "a") -> np.ndarray:
-    """A reusable float64 work array of ``shape`` for this thread (contents undefined).
+def scratch(shape, slot: str = "a", dtype=np.float64) -> np.ndarray:
+    """A reusable work array of ``shape`` (float64 unless ``dtype``) for this thread (contents undefined).
 
     Chunk functions write their large temporaries into it instead of allocating a
     fresh chunk-sized array per chunk: allocations of that size are served by
@@ -107,10 +107,11 @@ def scratch(shape, slot: str = "a") -> np.ndarray:
     cache = getattr(_SCRATCH, "arrays", None)
     if cache is None:
         cache = _SCRATCH.arrays = {}
-    buf = cache.get(slot)
+    key = (slot, np.dtype(dtype).str)
+    buf = cache.get(key)
     size = int(np.prod(shape))
     if buf is None or buf.size < size:
-        buf = cache[slot] = np.empty(size)
+        buf = cache[key] = np.empty(size, dtype=dtype)
     return buf[:size].reshape(shape)
 
 
@@ -152,7 +153,7 @@ class LocalEngine:
     """
 
     def __init__(self, X, rows: int | None = None, progress: ProgressFn | None = None, prefetch: bool | None = None,
-                 offset: int = 0):
+                 offset: int = 0, threads: int | None = None):
         self.X = X
         self.offset = int(offset)
         self.N, self.n = int(X.shape[0]), int(X.shape[1])
@@ -161,42 +162,93 @@ class LocalEngine:
         self.passes = 0
         self.stage = "pass"
         self.prefetch = (not isinstance(X, np.ndarray)) if prefetch is None else bool(prefetch)
+        # in-memory arrays and sources that allow concurrent reads are reduced by several threads,
+        # each reading and reducing its own chunks (NumPy, BLAS and file reads release the GIL);
+        # other row sources keep one reader with a prefetch thread
+        # (in fixed row ranges whatever the thread count, so the results do not depend on it)
+        self.parallel = ((isinstance(X, np.ndarray) or getattr(X, "concurrent_reads", False))
+                         and self.N >= 2 * TASK_CHUNKS * self.rows)
+        self.threads = (default_threads() if threads is None else max(1, int(threads))) if self.parallel else 1
+
+    def _load(self, s):
+        c = np.asarray(self.X[s : min(self.N, s + self.rows)])
+        return c if c.dtype in (np.float32, np.float64) else c.astype(np.float64)
 
     def _chunks(self):
-        N, rows, X = self.N, self.rows, self.X
+        N, rows = self.N, self.rows
         starts = range(0, N, rows)
-
-        def load(s):
-            c = np.asarray(X[s : min(N, s + rows)])
-            return c if c.dtype in (np.float32, np.float64) else c.astype(np.float64)
-
         if not self.prefetch or N <= rows:
             for s in starts:
-                yield s, load(s)
+                yield s, self._load(s)
             return
         with ThreadPoolExecutor(max_workers=1) as pool:
-            nxt = pool.submit(load, 0)
+            nxt = pool.submit(self._load, 0)
             for s in starts:
                 cur = nxt.result()
                 if s + rows < N:
-                    nxt = pool.submit(load, s + rows)
+                    nxt = pool.submit(self._load, s + rows)
                 yield s, cur
+
+    def _tasks(self, work):
+        """Run ``work(s, e)`` over consecutive row ranges of :data:`TASK_CHUNKS` chunks, yielding
+        ``(e, result)`` in row order.
+
+        The ranges do not depend on the number of threads, so neither do the results
+        (partial sums are always merged in the same order).
+        """
+        span = self.rows * TASK_CHUNKS
+        ranges = [(s, min(self.N, s + span)) for s in range(0, self.N, span)]
+        if self.threads == 1:
+            for s, e in ranges:
+                yield e, work(s, e)
+            return
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(max_workers=self.threads) as pool:
+            ahead = 2 * self.threads  # bounded look-ahead: memory stays O(threads x chunk)
+            futs = [pool.submit(work, s, e) for s, e in ranges[:ahead]]
+            for i, (s, e) in enumerate(ranges):
+                res = futs[i].result()
+                if i + ahead < len(ranges):
+                    futs.append(pool.submit(work, *ranges[i + ahead]))
+                futs[i] = None
+                yield e, res
 
     def reduce(self, fn, merge, *args, extras=(), stage: str | None = None):
         """``merge`` of ``fn(chunk, start, *args, *extra_blocks)`` over all row chunks (one pass).
 
         ``extras`` are row-aligned arrays (weights ``(N,)``, codes ``(N, k)``,
-        dense or scipy.sparse, or ``None``) sliced like the chunk.
+        dense or scipy.sparse, or ``None``) sliced like the chunk. Partial results are
+        merged in row order whatever the number of threads.
         """
         self.passes += 1
         stage = stage or self.stage
+        off = self.offset
+
+        def part(s, c):
+            e = s + c.shape[0]
+            return fn(c, off + s, *args, *[None if x is None else x[s:e] for x in extras])
+
         acc = None
         try:
-            for s, c in self._chunks():
-                e = s + c.shape[0]
-                blocks = [None if x is None else x[s:e] for x in extras]
-                part = fn(c, self.offset + s, *args, *blocks)
-                acc = part if acc is None else merge(acc, part)
+            if not self.parallel:
+                for s, c in self._chunks():
+                    p = part(s, c)
+                    acc = p if acc is None else merge(acc, p)
+                    if self.progress is not None:
+                        e = s + c.shape[0]
+                        self.progress(Progress(stage, self.passes, e, self.N, done=e == self.N))
+                return acc
+
+            def work(s0, e0):
+                a = None
+                for s in range(s0, e0, self.rows):
+                    p = part(s, self._load(s))
+                    a = p if a is None else merge(a, p)
+                return a
+
+            for e, p in self._tasks(work):
+                acc = p if acc is None else merge(acc, p)
                 if self.progress is not None:
                     self.progress(Progress(stage, self.passes, e, self.N, done=e == self.N))
         except NonFiniteRow as err:
@@ -205,17 +257,56 @@ class LocalEngine:
             raise nonfinite_error(self.X, err) from None
         return acc
 
-    def map_rows(self, fn, *args, stage: str | None = None) -> np.ndarray:
-        """Concatenate ``fn(chunk, start, *args)`` (1-D per-row results) over all chunks (one pass)."""
+    def map_rows(self, fn, *args, cols: int | None = None, stage: str | None = None) -> np.ndarray:
+        """Concatenate ``fn(chunk, start, *args)`` over all chunks (one pass).
+
+        ``fn`` returns one number per row (``cols=None``, result ``(N,)``) or ``cols`` numbers
+        per row (result ``(N, cols)``).
+        """
         self.passes += 1
-        out = np.empty(self.N)
-        for s, c in self._chunks():
-            out[s : s + c.shape[0]] = fn(c, self.offset + s, *args)
+        out = np.empty(self.N if cols is None else (self.N, cols))
+        off = self.offset
+
+        def work(s0, e0):
+            for s in range(s0, e0, self.rows):
+                c = self._load(s)
+                out[s : s + c.shape[0]] = fn(c, off + s, *args)
+
+        try:
+            if not self.parallel:
+                for s, c in self._chunks():
+                    out[s : s + c.shape[0]] = fn(c, off + s, *args)
+            else:
+                for _e, _ in self._tasks(work):
+                    pass
+        except NonFiniteRow as err:
+            if self.offset:
+                raise
+            raise nonfinite_error(self.X, err) from None
         return out
 
     def take(self, idx) -> np.ndarray:
         """Rows ``idx`` (sorted or not) as float64 (random access; not counted as a pass)."""
         return np.asarray(self.X[np.asarray(idx)], dtype=np.float64)
+
+
+#: Chunks per task of a multi-threaded pass (fixed, so results do not depend on the thread count).
+TASK_CHUNKS = 4
+
+
+def default_threads() -> int:
+    """Threads a pass over an in-memory array uses: ``WIDELIMIT_THREADS`` if set, else the usable cores (at most 8)."""
+    env = os.environ.get("WIDELIMIT_THREADS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ValueError(f"WIDELIMIT_THREADS must be a positive integer, got {env!r}") from None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
 
 
 def engine_for(X, progress: ProgressFn | None = None):
