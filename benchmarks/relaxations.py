@@ -152,8 +152,9 @@ def main(argv=None):
     if args.large_only:
         return rows
 
-    meta = {"command": "PYTHONPATH=$PWD python3 benchmarks/relaxations.py " + " ".join(argv or sys.argv[1:]),
-            "tol": args.tol, "dim": args.dim, "python": platform.python_version(), "machine": platform.machine(),
+    meta = {"command": "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONPATH=$PWD python3 "
+                       "benchmarks/relaxations.py " + " ".join(argv or sys.argv[1:]),
+            "threads": _threads(), "load_average_end": os.getloadavg(), "tol": args.tol, "dim": args.dim, "python": platform.python_version(), "machine": platform.machine(),
             "total_time_s": time.perf_counter() - t_start, "widelimit": wl.__version__}
     write(rows, meta, args.out, large)
     return rows
@@ -253,7 +254,8 @@ def write(rows, meta, out: Path, large=None):
     # markdown table
     lines = [f"# Relaxation benchmark (known optimum)\n", f"Command: `{meta['command']}`  ",
              f"solver tolerance {meta['tol']:g}, dim {meta['dim']}, total {meta['total_time_s']:.0f} s "
-             "on a shared 2-core machine (timings are noisy).\n",
+             f"on a shared 2-core machine (timings are noisy); threads {meta['threads']}, "
+             f"load average at the end {meta['load_average_end'][0]:.2f}.\n",
              "| family | N | solver | cone | kind | status | rel. error | time (s) | check |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
