@@ -7,8 +7,13 @@ error against the truth, and outer <= exact <= inner is checked.
     PYTHONPATH=$PWD python3 benchmarks/relaxations.py            # default grid, a few minutes on 2 cores
     PYTHONPATH=$PWD python3 benchmarks/relaxations.py --quick    # seconds
     PYTHONPATH=$PWD python3 benchmarks/relaxations.py --large 2000 --large-time 600 --large-only  # own solver, big N
+    PYTHONPATH=$PWD python3 benchmarks/relaxations.py --vs-scs 50,100,200   # own solver vs SCS at equal accuracy
 
-Writes benchmarks/results/relaxations.{csv,json,md,png} (and relaxations_large.json).
+Run with one BLAS/torch thread for both sides:
+``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1`` in front of the command.
+
+Writes benchmarks/results/relaxations.{csv,json,md,png} (and relaxations_large.json,
+relaxations_vs_scs.{json,md}).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -79,8 +85,12 @@ def main(argv=None):
     ap.add_argument("--tol", type=float, default=1e-6, help="solver tolerance (TORCH: certified relative gap)")
     ap.add_argument("--large", type=int, default=0, help="also run the own DNN solver at this N (CPU)")
     ap.add_argument("--large-time", type=float, default=600.0)
+    ap.add_argument("--large-seed", type=int, default=0, help="seed of the --large instance")
     ap.add_argument("--large-only", action="store_true", help="run only the --large solve (keeps the grid results)")
     ap.add_argument("--replot", action="store_true", help="redraw the plot from relaxations.json only")
+    ap.add_argument("--vs-scs", default="", metavar="SIZES",
+                    help="only compare the own DNN solver with SCS at equal accuracy at these N (comma-separated)")
+    ap.add_argument("--target", type=float, default=1e-6, help="--vs-scs: accuracy both sides must reach")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.replot:
@@ -89,6 +99,8 @@ def main(argv=None):
         return rows
     sizes = [10, 20] if args.quick else [int(s) for s in args.sizes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.vs_scs:
+        return vs_scs([int(v) for v in args.vs_scs.split(",")], args.dim, args.target, args.out, argv)
 
     jobs = [("random", N, True) for N in sizes]
     jobs += [(fam, 20, False) for fam in ("rays", "collinear", "hierarchical")]
@@ -124,24 +136,99 @@ def main(argv=None):
 
     large = None
     if args.large:
-        inst = make_instance("random", args.large, args.dim, seed=0)
+        inst = make_instance("random", args.large, args.dim, seed=args.large_seed)
         exact = wl.solve(inst.X, inst.lam).value
         r = solve_dnn(inst.X, inst.lam, tol=args.tol, time_limit=args.large_time, device="cpu", num_threads=1,
                       callback=lambda h: print(f"  large N={args.large}: iter {h['iter']} t={h['time_s']:.0f}s "
                                                f"rel_gap={h['rel_gap']:.2e}", flush=True) and False)
-        large = {"N": args.large, "n": args.dim, "exact_value": exact, "value": r.value, "lower_bound": r.lower_bound,
+        large = {"N": args.large, "n": args.dim, "seed": args.large_seed, "exact_value": exact, "value": r.value, "lower_bound": r.lower_bound,
+                 "load_average_after": os.getloadavg(), "threads": 1,
                  "rel_gap": r.rel_gap, "rel_error_upper": abs(r.value - exact) / exact,
                  "rel_error_lower": abs(r.lower_bound - exact) / exact, "converged": r.converged,
-                 "n_iter": r.n_iter, "time_s": r.time_s, "time_limit_s": args.large_time, "device": r.device}
+                 "n_iter": r.n_iter, "n_eigh": r.history[-1]["n_eigh"] if r.history else None,
+                 "time_s": r.time_s, "time_limit_s": args.large_time, "device": r.device}
         (args.out / "relaxations_large.json").write_text(json.dumps(large, indent=2))
         print(json.dumps(large))
     if args.large_only:
         return rows
 
-    meta = {"command": "PYTHONPATH=$PWD python3 benchmarks/relaxations.py " + " ".join(argv or sys.argv[1:]),
-            "tol": args.tol, "dim": args.dim, "python": platform.python_version(), "machine": platform.machine(),
+    meta = {"command": "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONPATH=$PWD python3 "
+                       "benchmarks/relaxations.py " + " ".join(argv or sys.argv[1:]),
+            "threads": _threads(), "load_average_end": os.getloadavg(), "tol": args.tol, "dim": args.dim, "python": platform.python_version(), "machine": platform.machine(),
             "total_time_s": time.perf_counter() - t_start, "widelimit": wl.__version__}
     write(rows, meta, args.out, large)
+    return rows
+
+
+def _threads():
+    import torch
+
+    return {"torch": torch.get_num_threads(),
+            **{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}}
+
+
+def vs_scs(sizes, dim, target, out: Path, argv):
+    """Own DNN solver vs cvxpy + SCS on the DNN cone at equal accuracy, in one run.
+
+    SCS is run at ``eps = 1e-6, 1e-7, ...`` until its value is within ``target`` (relative) of
+    the closed-form optimum; its time is that of the first solve that gets there (one solve, as if
+    the right ``eps`` had been known). The own solver is run once to a certified relative gap
+    ``<= target``, which bounds its error without knowing the optimum. One torch thread.
+    """
+    small = make_instance("random", 10, dim, seed=1)  # warm-up: imports and first-call costs of both
+    relax(small.X, small.lam, "dnn", solver="SCS", tol=1e-4)
+    solve_dnn(small.X, small.lam, tol=1e-4, device="cpu", num_threads=1)
+    rows = []
+    for N in sizes:
+        inst = make_instance("random", N, dim, seed=0)
+        exact = wl.solve(inst.X, inst.lam).value
+        load0 = os.getloadavg()
+        scs_runs = []
+        for eps in (1e-6, 1e-7, 1e-8, 1e-9):
+            r = relax(inst.X, inst.lam, "dnn", solver="SCS", tol=eps)
+            err = abs(r.value - exact) / exact if r.ok else float("nan")
+            scs_runs.append({"eps": eps, "status": r.status, "time_s": r.time_s, "solve_time_s": r.solve_time_s,
+                             "rel_error": err})
+            print(f"N={N} SCS eps={eps:g} {r.status} rel_err={err:.2e} t={r.time_s:.2f}s", flush=True)
+            if r.ok and err <= target:
+                break
+        hit = scs_runs[-1] if scs_runs[-1]["rel_error"] <= target else None
+        o = solve_dnn(inst.X, inst.lam, tol=target, device="cpu", num_threads=1)
+        own = {"time_s": o.time_s, "converged": o.converged, "n_iter": o.n_iter, "rel_gap": o.rel_gap,
+               "rel_error_upper": abs(o.value - exact) / exact, "rel_error_lower": abs(exact - o.lower_bound) / exact,
+               "n_eigh": o.history[-1]["n_eigh"] if o.history else None}
+        print(f"N={N} own converged={o.converged} gap={o.rel_gap:.2e} t={o.time_s:.3f}s", flush=True)
+        rows.append({"N": N, "n": dim, "lam": inst.lam, "exact_value": exact, "target": target, "scs_runs": scs_runs,
+                     "scs_eps": hit["eps"] if hit else None, "scs_time_s": hit["time_s"] if hit else None,
+                     "scs_solve_time_s": hit["solve_time_s"] if hit else None,
+                     "scs_rel_error": hit["rel_error"] if hit else None, "own": own,
+                     "ratio": hit["time_s"] / o.time_s if hit and o.converged else None,
+                     "ratio_solve_only": hit["solve_time_s"] / o.time_s if hit and o.converged else None,
+                     "load_average_before": load0, "load_average_after": os.getloadavg()})
+    meta = {"command": "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONPATH=$PWD python3 "
+                       "benchmarks/relaxations.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "threads": _threads(), "python": platform.python_version(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "widelimit": wl.__version__}
+    (out / "relaxations_vs_scs.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = ["# Own DNN solver vs cvxpy + SCS at equal accuracy (DNN cone, random family)", "",
+             f"Command: `{meta['command']}`  ", f"threads: {meta['threads']}; {meta['cpus']} CPUs, shared machine.", "",
+             f"Both sides must reach relative error <= {target:g} against the closed-form optimum: SCS at the "
+             "first `eps` in 1e-6, 1e-7, ... that gets there (time of that one solve, model building included); "
+             "the own solver to a certified relative gap <= target (time of the whole solve). "
+             "'SCS solve' is SCS's own solve time (cvxpy's model building left out), for a second ratio.", "",
+             "| N | SCS eps | SCS time (s) | SCS solve (s) | SCS rel. error | own time (s) | own iterations (eigh) "
+             "| own certified gap | own rel. error (upper / lower) | ratio SCS/own | ratio SCS solve/own "
+             "| load avg (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        o = r["own"]
+        scs = (f"{r['scs_eps']:g} | {r['scs_time_s']:.2f} | {r['scs_solve_time_s']:.2f} | {r['scs_rel_error']:.1e}"
+               if r["scs_eps"] else f"not reached (eps {r['scs_runs'][-1]['eps']:g}) | | | ")
+        ratio = (f"{r['ratio']:.0f} | {r['ratio_solve_only']:.0f}" if r["ratio"] else "n/a | n/a")
+        lines.append(f"| {r['N']} | {scs} | {o['time_s']:.3f} | {o['n_iter']} ({o['n_eigh']}) | {o['rel_gap']:.1e} | "
+                     f"{o['rel_error_upper']:.1e} / {o['rel_error_lower']:.1e} | {ratio} | "
+                     f"{r['load_average_before'][0]:.2f} -> {r['load_average_after'][0]:.2f} |")
+    (out / "relaxations_vs_scs.md").write_text("\n".join(lines) + "\n")
     return rows
 
 
@@ -167,7 +254,8 @@ def write(rows, meta, out: Path, large=None):
     # markdown table
     lines = [f"# Relaxation benchmark (known optimum)\n", f"Command: `{meta['command']}`  ",
              f"solver tolerance {meta['tol']:g}, dim {meta['dim']}, total {meta['total_time_s']:.0f} s "
-             "on a shared 2-core machine (timings are noisy).\n",
+             f"on a shared 2-core machine (timings are noisy); threads {meta['threads']}, "
+             f"load average at the end {meta['load_average_end'][0]:.2f}.\n",
              "| family | N | solver | cone | kind | status | rel. error | time (s) | check |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

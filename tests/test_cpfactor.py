@@ -95,6 +95,23 @@ def test_refine_rays_gives_one_atom_per_ray():
     assert ref.certificate.rel_gap < 1e-5
 
 
+def test_refine_rays_n40_drops_unused_atoms():
+    # SCS's Q is CP only to ~1e-4 here: the factor keeps two atoms on one ray, and after the
+    # lasso re-fit one of them carries no code at all; it must not count towards the width
+    inst = make_instance("rays", 40, 3, seed=0)
+    sol = wl.solve(inst.X, inst.lam)
+    r = relax(inst.X, inst.lam, "dnn", solver="SCS", tol=1e-8)
+    ref = refine(inst.X, inst.lam, r.Q, r.b)
+    assert ref.width == sol.width == inst.truth["n_rays"] == 4
+    assert (ref.Z.max(axis=0) > 0).all()
+    # one atom per ray: each refined atom is parallel to one exact atom
+    cos = ref.W @ sol.dictionary.T
+    assert np.allclose(np.sort(cos.max(axis=1)), 1.0, atol=1e-6)
+    assert ref.value >= sol.certificate.lower_bound - 1e-12
+    assert ref.value == pytest.approx(sol.value, rel=1e-6)
+    assert wl.sae_objective(inst.X, ref.W, ref.Z, ref.b, inst.lam).value == pytest.approx(ref.value, rel=1e-12)
+
+
 def test_refine_random_instance_and_errors():
     inst = make_instance("random", 10, 3, seed=5)
     sol = wl.solve(inst.X, inst.lam)
@@ -103,3 +120,19 @@ def test_refine_random_instance_and_errors():
     assert ref.value == pytest.approx(sol.value, rel=1e-5)
     with pytest.raises(ValueError, match="N = 10"):
         refine(inst.X, inst.lam, np.eye(4), r.b)
+
+
+def test_refine_of_a_q_that_is_not_cp_is_still_an_honest_upper_bound():
+    # the Horn-separated DNN matrix has no nonnegative factor: refine uses the best one it found,
+    # says so, and the value is the true objective of the triple it returns (>= the optimum)
+    Cyc = np.roll(np.eye(5), 1, axis=1)
+    A = np.eye(5) + 0.6 * (Cyc + Cyc.T)
+    X = np.random.default_rng(0).standard_normal((5, 2)) * 3
+    sol = wl.solve(X, 0.5)
+    ref = refine(X, 0.5, A, sol.bias, max_iter=300, restarts=1)
+    assert not ref.factorization.success and ref.factorization.residual > 1e-2
+    assert ref.value == pytest.approx(wl.sae_objective(X, ref.W, ref.Z, ref.b, 0.5).value, rel=1e-12)
+    assert ref.value >= sol.value * (1 - 1e-12)
+    assert ref.certificate.rel_gap >= -1e-12
+    with pytest.raises(ValueError, match="best relative residual"):
+        refine(X, 0.5, A, sol.bias, accept=1e-3, max_iter=300, restarts=1)

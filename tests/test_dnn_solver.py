@@ -50,10 +50,40 @@ def test_dual_bound_is_a_lower_bound_and_tight_at_the_optimum(seed, N, n, lam):
     sol = wl.solve(X, lam)
     # at the closed-form optimum the dual bound of the Q-problem equals the optimum (an independent formula)
     assert dnn_dual_bound(X, lam, sol.Q) == pytest.approx(sol.value, rel=1e-9, abs=1e-12)
-    # anywhere else it stays below
+    # anywhere else it stays below, with or without the alternating-projection rounds on the residuals
     C = np.abs(rng.standard_normal((N, N + 2)))
     Q = C @ C.T * rng.uniform(0, 1)
-    assert dnn_dual_bound(X, lam, Q) <= sol.value * (1 + 1e-12) + 1e-12
+    for sweeps in (0, 1, 3, 20):
+        assert dnn_dual_bound(X, lam, Q, sweeps=sweeps) <= sol.value * (1 + 1e-12) + 1e-12
+    fixed = sol.bias + rng.standard_normal(n)
+    assert dnn_dual_bound(X, lam, Q, b=fixed) <= huber_value(X, fixed, lam) * (1 + 1e-12) + 1e-12
+
+
+def test_psd_projection_skips_eigh_only_for_positive_definite_input():
+    import torch
+
+    from widelimit.dnn_solver import _Problem
+
+    rng = np.random.default_rng(0)
+    prob = _Problem(rng.standard_normal((30, 3)), 0.5, None, torch.device("cpu"))
+    A = rng.standard_normal((30, 30))
+    U = np.linalg.qr(A)[0]
+    one_negative = (U * np.r_[-1e-3, rng.uniform(0.1, 2.0, 29)]) @ U.T  # a single small negative eigenvalue
+    zero_rows = A @ A.T + 0.1 * np.eye(30)
+    zero_rows[[3, 17], :] = 0.0  # PSD but singular (points within lam): still its own projection
+    zero_rows[:, [3, 17]] = 0.0
+    keep = np.setdiff1d(np.arange(30), [3, 17])
+    U28 = np.linalg.qr(rng.standard_normal((28, 28)))[0]
+    bad_rows = np.zeros((30, 30))
+    bad_rows[np.ix_(keep, keep)] = (U28 * np.r_[-1e-3, rng.uniform(0.1, 2.0, 27)]) @ U28.T
+    cases = ((A @ A.T + 0.1 * np.eye(30), True), (A + A.T, False), (one_negative, False), (zero_rows, True),
+             (bad_rows, False), (np.zeros((30, 30)), True))
+    for Z, pd in cases:
+        out, identity = prob.psd_project(torch.as_tensor(Z))
+        w, V = np.linalg.eigh(0.5 * (Z + Z.T))
+        ref = (V * np.maximum(w, 0)) @ V.T
+        assert identity == pd
+        np.testing.assert_allclose(out.numpy(), ref, atol=1e-10 * np.abs(Z).max())
 
 
 def test_bad_input():

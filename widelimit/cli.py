@@ -253,7 +253,8 @@ def _run_relax(args) -> int:
             raise ValueError(f"cannot refine: the solver returned no Q (status {d['status']})")
         ref = refine(X, lam, Q, b)
         d["refined"] = {"value": ref.value, "width": ref.width, "factor_width": ref.factor_width,
-                        "factor_residual": ref.factorization.residual, "rel_gap": ref.certificate.rel_gap,
+                        "factor_residual": ref.factorization.residual,
+                        "factor_success": ref.factorization.success, "rel_gap": ref.certificate.rel_gap,
                         "exact_width": solve(X, lam).width}
     if args.json:
         print_json(d)

@@ -25,8 +25,21 @@ step size (Pedregosa & Gidel, "Adaptive three operator splitting", ICML 2018):
           g(Q_A) \le g(Q_B) + \langle\nabla g(Q_B), Q_A - Q_B\rangle + \tfrac{1}{2\gamma}\|Q_A - Q_B\|^2),\\
     Q_B &\leftarrow \Pi_{\mathrm{PSD}}(Q_A + \gamma u), \qquad u \leftarrow u + (Q_A - Q_B)/\gamma .
 
-One eigendecomposition and one Cholesky factorisation of an ``N x N`` matrix per
-iteration. ``(Q_B, u)`` is the state: pass them back to warm-start.
+``(Q_B, u)`` is the state: pass them back to warm-start.
+
+**Cost per iteration.** Two or three Cholesky factorisations of ``N x N``
+matrices (``g`` at ``Q_A`` for each backtracking trial, ``g`` and its gradient at
+``Q_B``) and one more that tests whether ``Q_A + gamma u`` is already positive
+definite (after removing its exactly-zero rows and columns, see
+``_Problem.is_psd``): then its PSD projection is itself, and the eigendecomposition (about
+25 times the flops of a Cholesky factorisation) is skipped. For this objective
+the PSD constraint is inactive at the optimum whenever ``Q*`` is positive
+definite (every point farther than ``lam`` from ``b*``: theory.md §3-4), and
+the iterates start in the positive definite cone, at the best multiple of the
+identity ``c I``, ``c = max(0, ||X - 1 xbar^T||_F / sqrt(N) - lam)``
+(the minimiser of ``g(cI)``), with the step size ``1/L`` of the local
+Lipschitz constant there. On the random family the eigendecomposition is then
+needed in only a handful of iterations, or none.
 
 **Duality gap.** For any ``S`` in the dual cone ``DNN* = PSD + NN`` the
 Lagrangian gives ``min f >= min_{P > 0, b} f - <S, Q>``. Taking
@@ -39,12 +52,15 @@ Cauchy-Schwarz), the inner minimum over ``P`` is
 .. math:: d(\alpha, R_c) = \frac1N\big(2\alpha\,\|R_c^\top X\|_* - \alpha^2\|R_c\|_F^2\big),
 
 a rigorous lower bound on the DNN optimum (and on the CP optimum, and on the
-nonnegative relaxation, since ``S >= 0``). Two residual matrices are tried at
-each check: ``R`` at the current iterate, and the rows ``x_i - b`` shortened to
+nonnegative relaxation, since ``S >= 0``). Residual matrices are tried at
+each check: ``R`` at the iterate and at the feasible points below, and the rows ``x_i - b`` shortened to
 length ``lam`` (the per-point dual of theory §3 at the current bias); the
-larger bound is kept. The upper bound is ``g`` at a
-feasible point: ``Q_B + t 1 1^T`` (``t`` = its most negative entry) or
-``Q_A + s I`` (``s`` = its most negative eigenvalue), both PSD and
+largest bound is kept. Before the final centring and scaling, each is moved
+towards the set {centred, rows of length <= lam} by three rounds of
+alternating projection (clip rows, centre), which keeps ``alpha`` close to 1. The upper bound is ``g`` at a
+feasible point: ``Q_B + t 1 1^T`` (``t`` = its most negative entry), and
+``Q_A`` when a Cholesky factorisation shows it is PSD, else
+``Q_A + s I`` (``s`` = its most negative eigenvalue); all are PSD and
 nonnegative. The solver stops when ``upper - lower <= tol * upper``.
 """
 
@@ -99,7 +115,8 @@ class DNNResult:
         Final dual variable of the PSD constraint (for warm starts).
     device : str
     history : list of dict
-        ``iter``, ``time_s``, ``value``, ``lower_bound``, ``rel_gap`` at each check.
+        ``iter``, ``time_s``, ``value``, ``lower_bound``, ``rel_gap``, ``step`` and ``n_eigh``
+        (eigendecompositions so far; the other PSD projections were identities) at each check.
     """
 
     value: float
@@ -160,14 +177,24 @@ class _Problem:
         G = self.a - (R @ R.T) / (self.N * self.lam)
         return val, G, R, b
 
-    def dual_bound(self, R, b):
-        """Lower bound ``d(alpha, R_c)`` from residuals ``R`` (module docstring)."""
+    def dual_bound(self, R, b, sweeps: int = 0):
+        """Lower bound ``d(alpha, R_c)`` from residuals ``R`` (module docstring).
+
+        ``R`` is first moved towards the set {centred, every row of length <= lam}
+        by ``sweeps`` rounds of alternating projection (row clipping, centring); the
+        final centring and the scaling ``alpha`` make it exactly feasible.
+        """
         torch = self.torch
+        Rc = R
+        for _ in range(sweeps):
+            if self.b_fixed is None:
+                Rc = Rc - Rc.mean(dim=0, keepdim=True)
+            nr = torch.sqrt((Rc * Rc).sum(dim=1, keepdim=True))
+            Rc = Rc * torch.clamp(self.lam / torch.clamp(nr, min=1e-300), max=1.0)
         if self.b_fixed is None:
-            Rc = R - R.mean(dim=0, keepdim=True)
+            Rc = Rc - Rc.mean(dim=0, keepdim=True)
             M = Rc.T @ self.X
         else:
-            Rc = R
             M = Rc.T @ (self.X - b[None, :])
         nuc = float(torch.linalg.svdvals(M).sum())
         rr = float((Rc * Rc).sum())
@@ -178,20 +205,47 @@ class _Problem:
         alpha = min(amax, nuc / rr)
         return (2.0 * alpha * nuc - alpha * alpha * rr) / self.N
 
-    def psd_project(self, Z):
+    def is_psd(self, Z) -> bool:
+        """Cholesky test: ``Z`` (symmetric) is positive definite once its zero rows and columns are removed.
+
+        Zero rows are common: points within ``lam`` of the bias have ``Q*_ii = 0``, the nonnegativity step sets their rows to exactly 0, and such a ``Z`` is PSD
+        but singular, so a plain Cholesky factorisation would fail on it.
+        """
         torch = self.torch
-        w, V = torch.linalg.eigh(0.5 * (Z + Z.T))
+        if int(torch.linalg.cholesky_ex(Z)[1]) == 0:
+            return True
+        live = Z.abs().amax(dim=1) > 0
+        n_live = int(live.sum())
+        if n_live == Z.shape[0]:
+            return False
+        if n_live == 0:
+            return True
+        return int(torch.linalg.cholesky_ex(Z[live][:, live])[1]) == 0
+
+    def psd_project(self, Z):
+        """Projection onto the PSD cone; ``(Pi(Z), identity)``.
+
+        A Cholesky factorisation (``N^3/3`` flops) first tests whether ``Z`` is
+        already PSD (:meth:`is_psd`), in which case ``Pi(Z) = Z``; only otherwise
+        is the eigendecomposition (about ``9 N^3`` flops) computed.
+        """
+        torch = self.torch
+        Zs = 0.5 * (Z + Z.T)
+        if self.is_psd(Zs):
+            return Zs, True
+        w, V = torch.linalg.eigh(Zs)
         w = torch.clamp(w, min=0.0)
         out = (V * w) @ V.T
-        return 0.5 * (out + out.T), float(w.min())
+        return 0.5 * (out + out.T), False
 
 
-def dnn_dual_bound(X, lam, Q, b=None) -> float:
+def dnn_dual_bound(X, lam, Q, b=None, sweeps: int = 3) -> float:
     r"""Certified lower bound on the DNN (and CP) optimum from any ``Q`` with ``Q + lam I`` positive definite.
 
     Computes the residuals ``R = lam (Q + lam I)^{-1} (X - 1 b^T)`` at the optimal
     bias for ``Q`` (or at the fixed ``b``) and returns the dual value
-    ``d(alpha, R_c)`` of the module docstring. Equal to the optimum at an optimal ``Q``.
+    ``d(alpha, R_c)`` of the module docstring, after ``sweeps`` rounds of alternating
+    projection of ``R`` towards {centred, rows of length <= lam}. Equal to the optimum at an optimal ``Q``.
     """
     import torch
 
@@ -206,11 +260,11 @@ def dnn_dual_bound(X, lam, Q, b=None) -> float:
     val, _, R, bb = prob.evaluate(torch.as_tensor(0.5 * (Qa + Qa.T)), need_grad=False)
     if R is None:
         raise ValueError("Q + lam*I is not positive definite")
-    return prob.dual_bound(R, bb)
+    return prob.dual_bound(R, bb, sweeps)
 
 
 def solve_dnn(X, lam, *, b=None, tol: float = 1e-6, max_iter: int = 20_000, time_limit: float | None = None,
-              Q0=None, u0=None, step0: float | None = None, check_every: int = 10, device: str = "auto",
+              Q0=None, u0=None, step0: float | None = None, check_every: int = 5, device: str = "auto",
               num_threads: int | None = None, callback=None) -> DNNResult:
     r"""Solve the DNN relaxation of the Q-problem to a certified relative gap.
 
@@ -229,7 +283,8 @@ def solve_dnn(X, lam, *, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
     Q0, u0, step0 : warm start
         A previous result's ``Q``, ``u`` and ``step``.
     check_every : int
-        Iterations between duality-gap checks (each costs one extra eigendecomposition).
+        Iterations between duality-gap checks (each costs two Cholesky factorisations, and an
+        eigenvalue computation when ``Q_A`` is not positive definite).
     device : str
         ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda"``, ...
     num_threads : int, optional
@@ -259,7 +314,7 @@ def solve_dnn(X, lam, *, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
 
 
 def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, callback,
-               grow: float = 1.2) -> DNNResult:
+               grow: float = 1.2, sweeps: int = 3) -> DNNResult:
     import torch
 
     t0 = time.perf_counter()
@@ -278,13 +333,15 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
             raise ValueError(f"{name} must have shape ({N}, {N}), got {A.shape}")
         return torch.as_tensor(0.5 * (A + A.T), **f64)
 
-    QB = torch.zeros(N, N, **f64) if Q0 is None else prob.psd_project(as_matrix(Q0, "Q0"))[0]
+    Xt0 = prob.X - (prob.X.mean(dim=0, keepdim=True) if prob.b_fixed is None else prob.b_fixed[None, :])
+    # the best multiple of the identity: g(cI) = (lam/N)(||Xt||_F^2/(c + lam) + N c)
+    c = max(0.0, float(torch.linalg.norm(Xt0)) / math.sqrt(N) - lam)
+    QB = c * prob.I if Q0 is None else prob.psd_project(as_matrix(Q0, "Q0"))[0]
     u = torch.zeros(N, N, **f64) if u0 is None else as_matrix(u0, "u0")
     if step0 is None:
-        Xc = prob.X - prob.X.mean(dim=0, keepdim=True)
-        s2 = float(torch.linalg.matrix_norm(Xc, ord=2)) ** 2
-        L = 2.0 * prob.a * max(s2, 1e-12) / lam**3
-        gamma = 1.0 / L
+        # local Lipschitz estimate of grad g at Q = cI (backtracking corrects it)
+        s2 = float(torch.linalg.matrix_norm(Xt0, ord=2)) ** 2
+        gamma = (lam + c) ** 3 / (2.0 * prob.a * max(s2, 1e-300))
     else:
         gamma = float(step0)
 
@@ -293,19 +350,20 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
     best = (math.inf, None, None)  # (upper, Q, b)
     lower = -math.inf
     it = 0
+    n_eigh = 0
     converged = False
-    QA = QB
     while it < max_iter:
         it += 1
         # forward-backward step onto the nonnegative matrices, with backtracking on g
         for _ in range(60):
             QA = torch.clamp(QB - gamma * (u + G), min=0.0)
             D = QA - QB
-            fA = prob.evaluate(QA, need_grad=False)[0]
+            fA, _, RA, bA = prob.evaluate(QA, need_grad=False)
             if fA <= fB + float(torch.sum(G * D)) + float(torch.sum(D * D)) / (2 * gamma) + 1e-15 * abs(fB):
                 break
             gamma *= 0.5
-        QB_new, _ = prob.psd_project(QA + gamma * u)
+        QB_new, identity = prob.psd_project(QA + gamma * u)
+        n_eigh += not identity
         u = u + (QA - QB_new) / gamma
         QB = QB_new
         fB, G, R, bcur = prob.evaluate(QB)
@@ -314,27 +372,37 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
             fB, G, R, bcur = prob.evaluate(QB)
         gamma *= grow
         if it % check_every == 0 or it == max_iter:
-            # feasible candidates: QB + t 11^T and QA + s I
-            t = max(0.0, -float(QB.min()))
-            cand = [QB + t] if t > 0 else [QB]
-            smin = float(torch.linalg.eigvalsh(0.5 * (QA + QA.T))[0])
-            cand.append(QA + max(0.0, -smin) * prob.I)
-            for Qc in cand:
+            # feasible points: QA (nonnegative) when it is PSD, else QA + s I; QB + t 11^T (QB is PSD)
+            if prob.is_psd(QA):
+                cand = [(fA, QA, RA, bA)]
+            else:
+                smin = float(torch.linalg.eigvalsh(0.5 * (QA + QA.T))[0])
+                Qc = QA + max(0.0, -smin) * prob.I
                 v, _, Rc, bc = prob.evaluate(Qc, need_grad=False)
+                cand = [(v, Qc, Rc, bc)]
+            t = max(0.0, -float(QB.min()))
+            if t > 0:
+                Qc = QB + t
+                v, _, Rc, bc = prob.evaluate(Qc, need_grad=False)
+                cand.append((v, Qc, Rc, bc))
+            else:
+                cand.append((fB, QB, R, bcur))
+            for v, Qc, Rc, bc in cand:
                 if v < best[0]:
                     best = (v, Qc, bc)
                 if Rc is not None:
-                    lower = max(lower, prob.dual_bound(Rc, bc))
-            lower = max(lower, prob.dual_bound(R, bcur))
+                    lower = max(lower, prob.dual_bound(Rc, bc, sweeps))
+            lower = max(lower, prob.dual_bound(R, bcur, sweeps))
             # second dual candidate: the residuals of the per-point optimum at the current bias
             # (x_i - b shortened to length lam), the dual point of theory §3
             Xt = prob.X - bcur[None, :]
             nr = torch.sqrt((Xt * Xt).sum(dim=1, keepdim=True))
-            lower = max(lower, prob.dual_bound(Xt * torch.clamp(lam / torch.clamp(nr, min=1e-300), max=1.0), bcur))
+            lower = max(lower, prob.dual_bound(Xt * torch.clamp(lam / torch.clamp(nr, min=1e-300), max=1.0), bcur,
+                                               sweeps))
             upper = best[0]
             rel = (upper - lower) / max(abs(upper), 1e-300)
             rec = {"iter": it, "time_s": time.perf_counter() - t0, "value": upper, "lower_bound": lower,
-                   "rel_gap": rel, "step": gamma}
+                   "rel_gap": rel, "step": gamma, "n_eigh": n_eigh}
             history.append(rec)
             if rel <= tol:
                 converged = True

@@ -144,8 +144,11 @@ def centered(c, b, slot: str = "a") -> np.ndarray:
     For float32 ``c`` and float64 ``b`` the result is exact up to one float64 rounding per entry.
     """
     D = scratch(c.shape, slot)
-    np.copyto(D, c)
-    D -= b
+    if c.dtype == np.float64:
+        np.subtract(c, b, out=D)
+    else:
+        np.copyto(D, c)
+        D -= b
     return D
 
 
@@ -157,6 +160,11 @@ def _pass_chunk(c, s, b, lam, kind, eps_r, stats, tap, w):
     ``tap(D, r, s)``, if given, sees each block's ``D = x - b`` and ``r = ||D||`` (the exact
     solver takes the rays' sort keys from the median's last pass this way).
     """
+    with np.errstate(invalid="ignore", over="ignore"):  # a NaN/Inf row raises a clear error below instead
+        return _pass_sums(c, s, b, lam, kind, eps_r, stats, tap, w)
+
+
+def _pass_sums(c, s, b, lam, kind, eps_r, stats, tap, w):
     n = c.shape[1]
     xt = centered(c, b)
     r = np.sqrt(np.einsum("ij,ij->i", xt, xt))
