@@ -16,7 +16,7 @@ import numpy as np
 #: and its temporaries stay in the CPU cache (each pass makes several sweeps over a
 #: chunk; at 32 MiB they all went to RAM and a pass ran ~3.5x slower), large enough
 #: that per-chunk overhead is negligible.
-CHUNK_BYTES = 1 << 21  # 2 MiB
+CHUNK_BYTES = 1 << 23  # 8 MiB
 
 
 def to_numpy(a, name: str = "array") -> np.ndarray:
