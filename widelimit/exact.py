@@ -19,15 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ._validation import check_data, check_lam
-from ._validation import chunk_rows
+from ._kernels import solution_rows
+from ._validation import check_data, check_lam, chunk_rows
 from .certificate import Certificate, _certificate, make_certificate
-from .median import centered
-from .objective import huber_h
-from .streaming import LocalEngine, engine_for, raise_nonfinite, scratch
 from .median import MedianResult
 from .median import _solve as _median
 from .rays import KeysTap, RayGroups, _group_rays, default_ray_tol
+from .streaming import LocalEngine, engine_for, raise_nonfinite
 
 __all__ = ["WideLimitSolution", "solve"]
 
@@ -272,42 +270,13 @@ def _solution_chunk(c, s, b, lam, W, z_out, ray, lead, single):
     points alone on their ray into ``z_out``, and returns the certificate's sums over the
     points within ``lam`` and the points alone on their ray (points on shared rays are
     settled afterwards, once every atom exists): ``(sum ||e||^2, sum e, max ||e||^2,
-    sum h(||x - b||), <G, Q> part, penalty part, atoms used)``.
+    sum h(||x - b||), <G, Q> part, penalty part, atoms used)``. One fused sweep
+    (:func:`widelimit._kernels.solution_rows`).
     """
-    D = centered(c, b)
-    r2 = np.einsum("ij,ij->i", D, D)
-    r = np.sqrt(r2)
-    hub = float(huber_h(r, lam).sum())
+    rec, esum, emax, hub, comp, pen, width = solution_rows(c, b, float(lam), W, z_out, s, ray, lead, single)
     if not np.isfinite(hub):
         raise_nonfinite(c, s)
-    U = scratch(D.shape, "b")  # unit directions, then the stored atoms in float64
-    np.divide(D, np.where(r > 0, r, 1.0)[:, None], out=U)
-    src = U
-    if W.dtype != np.float64:
-        src = scratch(D.shape, "c", W.dtype)
-        np.copyto(src, U, casting="same_kind")
-        np.copyto(U, src)  # what the dictionary stores (rounding included)
-    li = np.flatnonzero(lead)
-    if li.size:
-        at = ray[li]
-        if at[-1] - at[0] == li.size - 1 == li[-1] - li[0] and np.all(np.diff(at) == 1):
-            W[at[0] : at[-1] + 1] = src[li[0] : li[-1] + 1]  # consecutive rows to consecutive atoms
-        else:
-            W[at] = src[li]
-    norms = np.sqrt(np.einsum("ij,ij->i", U, U))
-    # points alone on their ray: z = (<w, x - b> - lam)_+ on their own atom; points within lam: z = 0
-    z = np.where(single, np.maximum(np.einsum("ij,ij->i", D, U) - lam, 0.0), 0.0)
-    z_out[s : s + c.shape[0]][single] = z[single]
-    U *= z[:, None]
-    D -= U  # residuals e (points on shared rays are masked out below)
-    ee = np.einsum("ij,ij->i", D, D)
-    keep = single | (ray < 0)
-    zn = z * norms
-    rec = float(ee[keep].sum())
-    emax = float(ee[keep].max()) if keep.any() else 0.0
-    esum = keep.astype(np.float64) @ D
-    return (rec, esum, emax, hub, float(np.sum(zn * (1.0 - ee / (lam * lam)))), float(zn.sum()),
-            int(np.count_nonzero(zn > 0)))
+    return float(rec), esum, float(emax), float(hub), float(comp), float(pen), int(width)
 
 
 def _merge_solution(p, q):

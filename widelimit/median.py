@@ -46,6 +46,7 @@ import hashlib
 import json
 
 from ._validation import _finite_chunk, check_data, check_lam, check_vector, check_weights
+from ._kernels import median_rows
 from .streaming import (
     LocalEngine,
     Progress,
@@ -152,58 +153,34 @@ def centered(c, b, slot: str = "a") -> np.ndarray:
     return D
 
 
+_NO_V = np.zeros((0, 0))
+_NO_W = np.zeros(0)
+
+
 def _pass_chunk(c, s, b, lam, kind, eps_r, stats, tap, w):
     """What one iteration and the certificate need at ``b``, from rows ``s:s+len(c)``.
 
-    With ``stats`` it also returns the weighted column sums and ``max |x_ij|`` (the first pass
-    of a solve needs the mean and the data scale, so it makes no separate pass for them).
-    ``tap(D, r, s)``, if given, sees each block's ``D = x - b`` and ``r = ||D||`` (the exact
-    solver takes the rays' sort keys from the median's last pass this way).
+    One fused sweep over the block (:func:`widelimit._kernels.median_rows`, float64
+    arithmetic). With ``stats`` it also returns the weighted column sums and ``max |x_ij|``
+    (the first pass of a solve needs the mean and the data scale, so it makes no separate pass
+    for them). ``tap``, if given, receives each block's ``[r, V^T (x - b) / r]`` rows through
+    ``tap.store(rows, start)`` (the exact solver takes the rays' sort keys from the median's
+    last pass this way).
     """
-    with np.errstate(invalid="ignore", over="ignore"):  # a NaN/Inf row raises a clear error below instead
-        return _pass_sums(c, s, b, lam, kind, eps_r, stats, tap, w)
-
-
-def _pass_sums(c, s, b, lam, kind, eps_r, stats, tap, w):
-    n = c.shape[1]
-    xt = centered(c, b)
-    r = np.sqrt(np.einsum("ij,ij->i", xt, xt))
-    if tap is not None:
-        tap(xt, r, s)
-    ww = 1.0 if w is None else w
-    j = int(np.argmin(r))
-    rmin, imin = float(r[j]), s + j
-    wr = np.broadcast_to(ww, r.shape)
-    w0 = 0.0
-    c0 = np.zeros(n)
-    if kind == "huber":
-        beyond = r > lam
-        cc = np.where(beyond, lam / np.where(beyond, r, 1.0), 1.0)
-        value = float(wr @ np.where(beyond, 2.0 * lam * r - lam * lam, r * r))
-        cw = wr * cc
-        g = cw @ xt
-        A = float(cw @ (r * r))
-        B = float((cw * cc) @ (r * r))
-        a = float(cw.sum())
-    else:
-        far = r > eps_r
-        inv = np.where(far, 1.0 / np.where(far, r, 1.0), 0.0)
-        cw = wr * inv
-        value = float(wr @ r)
-        g = cw @ xt
-        A = float(wr[far] @ r[far])
-        B = float(wr[far].sum())
-        a = float(cw.sum())
-        if not far.all():
-            near = ~far
-            w0 = float(wr[near].sum())
-            c0 = wr[near] @ xt[near]
+    m, n = c.shape
+    VT = _NO_V.reshape(0, n) if tap is None else tap.VT
+    rows = np.empty((m, VT.shape[0] + 1)) if tap is not None else _NO_V
+    value, g, a, A, B, rmin, imin, w0, c0, dsum = median_rows(
+        c, b, 0.0 if lam is None else float(lam), kind == "geometric", float(eps_r),
+        _NO_W if w is None else w, bool(stats), VT, rows)
     if not np.isfinite(value):
         raise_nonfinite(c, s)
+    if tap is not None:
+        tap.store(rows, s)
     if not stats:
-        return _Pass(value, g, a, A, B, rmin, imin, w0, c0)
-    dsum = xt.sum(axis=0) if w is None else w @ xt
-    return _Pass(value, g, a, A, B, rmin, imin, w0, c0, dsum, float(max(c.max(), -c.min())))
+        return _Pass(value, g, a, A, B, rmin, s + int(imin), w0, c0)
+    absmax = float(max(c.max(), -c.min()))  # max |x_ij| without a block-sized temporary
+    return _Pass(value, g, a, A, B, rmin, s + int(imin), w0, c0, dsum, absmax)
 
 
 def _merge_pass(p: _Pass, q: _Pass) -> _Pass:

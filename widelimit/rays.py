@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import check_data, check_lam, check_vector, chunk_rows
-from .median import centered
+from ._kernels import grid_pairs, median_rows
+from .median import _NO_W
 from .streaming import engine_for, raise_nonfinite
 
 __all__ = ["RayGroups", "group_rays", "default_ray_tol"]
@@ -157,25 +158,20 @@ def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> R
     return _group_rays(X, b, check_lam(lam), tol, signed, seed)
 
 
-def _keys_rows(D, r, V, signed):
-    """``[r, keys]`` per row of a centred block ``D = x - b``: ``keys = V^T (x - b) / r``."""
-    kc = D @ V
-    kc /= np.where(r > 0, r, 1.0)[:, None]
-    if signed:  # orient each line by its random projection: u and -u, and directions near them, agree
-        kc *= _line_sign(kc[:, 0])[:, None]
-    out = np.empty((D.shape[0], V.shape[1] + 1))
-    out[:, 0] = r
-    out[:, 1:] = kc
-    return out
+def _orient(rows, signed):
+    """Signed codes group lines: orient each ``[r, keys]`` row by the sign of its first projection."""
+    if signed:  # u and -u, and directions near them, agree
+        rows[:, 1:] *= _line_sign(rows[:, 1])[:, None]
+    return rows
 
 
 def _keys_chunk(c, s, b, V, signed):
-    """Per row of a block: ``[r, keys]`` (one pass computes the rays' sort keys)."""
-    D = centered(c, b)
-    r = np.sqrt(np.einsum("ij,ij->i", D, D))
-    if not np.isfinite(r).all():  # out-of-core data are checked as they are read
+    """Per row of a block: ``[r, V^T (x - b) / r]`` (one pass computes the rays' sort keys)."""
+    rows = np.empty((c.shape[0], V.shape[1] + 1))
+    value = median_rows(c, b, 1.0, False, 0.0, _NO_W, False, np.ascontiguousarray(V.T), rows)[0]
+    if not np.isfinite(value):  # out-of-core data are checked as they are read
         raise_nonfinite(c, s)
-    return _keys_rows(D, r, V, signed)
+    return _orient(rows, signed)
 
 
 def _projections(n, seed):
@@ -193,13 +189,15 @@ class KeysTap:
 
     def __init__(self, N, n, signed=False, seed=0):
         self.V = _projections(n, seed)
+        self.VT = np.ascontiguousarray(self.V.T)
         self.signed = signed
         self.seed = seed
         self.rows = np.empty((N, self.V.shape[1] + 1))
         self.point = None
 
-    def __call__(self, D, r, s):
-        self.rows[s : s + D.shape[0]] = _keys_rows(D, r, self.V, self.signed)
+    def store(self, rows, s):
+        """Keep the ``[r, keys]`` rows of the block starting at row ``s``."""
+        self.rows[s : s + rows.shape[0]] = _orient(rows, self.signed)
 
     def keys_at(self, b):
         """The collected ``[r, keys]`` if they were taken at exactly ``b``, else ``None``."""
@@ -322,10 +320,9 @@ def _close_pairs(pos, K, unit, tol, step):
     if q == 2:  # the 3 x 3 neighbouring cells are 3 runs of 3 consecutive keys
         w1 = int(c[:, 1].max()) + 3
         key = c[:, 0] * w1 + c[:, 1] + 1
-        offsets = [(d0 * w1 - 1, d0 * w1 + 1) for d0 in (-1, 0, 1)]
     else:
+        w1 = 0
         key = c[:, 0] + 1
-        offsets = [(-1, 1)]
     srt = np.argsort(key)
     P, ks = pos[srt], key[srt]
     first = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
@@ -340,26 +337,13 @@ def _close_pairs(pos, K, unit, tol, step):
     follow, head = P[follows], P[head_at[follows]]
     R, rk = P[~follows], ks[~follows]  # representatives, still sorted by cell key
     src, dst = [], []
-    for off_lo, off_hi in offsets:
-        lo = np.searchsorted(rk, rk + off_lo, side="left")
-        hi = np.searchsorted(rk, rk + off_hi, side="right")
-        cnt = hi - lo
-        if not cnt.any():
-            continue
-        i = np.repeat(np.arange(R.size), cnt)
-        j = np.repeat(lo, cnt) + (np.arange(i.size) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-        keep = j > i
-        i, j = i[keep], j[keep]
-        if not i.size:
-            continue
-        a, bb = R[i], R[j]
-        close = np.all(np.abs(K[a] - K[bb]) <= tol, axis=1)
-        a, bb = a[close], bb[close]
-        for s0 in range(0, a.size, step):
-            aa, cc = a[s0 : s0 + step], bb[s0 : s0 + step]
-            d = np.linalg.norm(unit(aa) - unit(cc), axis=1) <= tol
-            src.append(np.minimum(aa[d], cc[d]))
-            dst.append(np.maximum(aa[d], cc[d]))
+    i, j = grid_pairs(rk, K[R], w1, q == 2, tol)  # touching cells, screened on every projection
+    a, bb = R[i], R[j]
+    for s0 in range(0, a.size, step):
+        aa, cc = a[s0 : s0 + step], bb[s0 : s0 + step]
+        d = np.linalg.norm(unit(aa) - unit(cc), axis=1) <= tol
+        src.append(np.minimum(aa[d], cc[d]))
+        dst.append(np.maximum(aa[d], cc[d]))
     src = np.concatenate(src) if src else empty
     dst = np.concatenate(dst) if dst else empty
     return src, dst, follow, head
