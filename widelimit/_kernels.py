@@ -24,6 +24,17 @@ _JIT = dict(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 
 
 @nb.njit(**_JIT)
+def _centre_row(c, i, b, d):  # pragma: no cover - compiled
+    """``d = x_i - b`` in float64 (each entry widened exactly); returns ``||d||^2``."""
+    r2 = 0.0
+    for j in range(c.shape[1]):
+        dj = np.float64(c[i, j]) - b[j]
+        d[j] = dj
+        r2 += dj * dj
+    return r2
+
+
+@nb.njit(**_JIT)
 def median_rows(c, b, lam, geometric, eps_r, w, stats, VT, rows_out):  # pragma: no cover - compiled
     """Sums of one median iteration over the rows of ``c`` at ``b`` (see ``median._Pass``).
 
@@ -48,11 +59,7 @@ def median_rows(c, b, lam, geometric, eps_r, w, stats, VT, rows_out):  # pragma:
     unit = w.shape[0] == 0
     for i in range(m):
         wi = 1.0 if unit else w[i]
-        r2 = 0.0
-        for j in range(n):
-            dj = np.float64(c[i, j]) - b[j]
-            d[j] = dj
-            r2 += dj * dj
+        r2 = _centre_row(c, i, b, d)
         r = np.sqrt(r2)
         if r < rmin:
             rmin = r
@@ -119,11 +126,7 @@ def solution_rows(c, b, lam, W, z_out, start, ray, lead, single):  # pragma: no 
     width = 0
     lam2 = lam * lam
     for i in range(m):
-        r2 = 0.0
-        for j in range(n):
-            dj = np.float64(c[i, j]) - b[j]
-            d[j] = dj
-            r2 += dj * dj
+        r2 = _centre_row(c, i, b, d)
         r = np.sqrt(r2)
         hub += r2 if r <= lam else 2.0 * lam * r - lam2
         k = ray[i]
@@ -166,42 +169,37 @@ def solution_rows(c, b, lam, W, z_out, start, ray, lead, single):  # pragma: no 
 
 
 @nb.njit(**_JIT)
-def _grid_scan(rk, KR, w1, two_d, tol, out_i, out_j, fill):  # pragma: no cover - compiled
+def _scan_range(rk, KR, i, j, hi_key, tol, out_i, out_j, fill, count):  # pragma: no cover - compiled
+    """Pairs ``(i, j'')`` for ``j'' = j, j + 1, ...`` while ``rk[j''] <= hi_key`` and every projection is within ``tol``."""
     m, p = KR.shape
+    while j < m and rk[j] <= hi_key:
+        close = True
+        for k in range(p):
+            if abs(KR[i, k] - KR[j, k]) > tol:
+                close = False
+                break
+        if close:
+            if fill:
+                out_i[count] = i
+                out_j[count] = j
+            count += 1
+        j += 1
+    return count
+
+
+@nb.njit(**_JIT)
+def _grid_scan(rk, KR, w1, two_d, tol, out_i, out_j, fill):  # pragma: no cover - compiled
+    m = rk.shape[0]
     count = 0
     nxt = 0  # first position whose key may lie in the next row's range (moves forward only)
     for i in range(m):
         ki = rk[i]
         # same cell and the next cell of the same row: consecutive in the sorted order
-        j = i + 1
-        while j < m and rk[j] <= ki + 1:
-            close = True
-            for k in range(p):
-                if abs(KR[i, k] - KR[j, k]) > tol:
-                    close = False
-                    break
-            if close:
-                if fill:
-                    out_i[count] = i
-                    out_j[count] = j
-                count += 1
-            j += 1
+        count = _scan_range(rk, KR, i, i + 1, ki + 1, tol, out_i, out_j, fill, count)
         if two_d:  # the three neighbouring cells of the next row: keys ki + w1 - 1 .. ki + w1 + 1
             while nxt < m and rk[nxt] < ki + w1 - 1:
                 nxt += 1
-            j = max(nxt, i + 1)
-            while j < m and rk[j] <= ki + w1 + 1:
-                close = True
-                for k in range(p):
-                    if abs(KR[i, k] - KR[j, k]) > tol:
-                        close = False
-                        break
-                if close:
-                    if fill:
-                        out_i[count] = i
-                        out_j[count] = j
-                    count += 1
-                j += 1
+            count = _scan_range(rk, KR, i, max(nxt, i + 1), ki + w1 + 1, tol, out_i, out_j, fill, count)
     return count
 
 
