@@ -25,7 +25,7 @@ from .certificate import Certificate, _certificate, make_certificate
 from .median import MedianResult
 from .median import _solve as _median
 from .rays import KeysTap, RayGroups, _group_rays, default_ray_tol
-from .streaming import LocalEngine, engine_for, raise_nonfinite
+from .streaming import LocalEngine, engine_for, one_blas_thread, raise_nonfinite
 
 __all__ = ["WideLimitSolution", "solve"]
 
@@ -232,6 +232,14 @@ def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     tol_dir = default_ray_tol(X.dtype) if ray_tol is None else float(ray_tol)
     if not (tol_dir >= 0 and np.isfinite(tol_dir)):
         raise ValueError(f"ray_tol must be a finite number >= 0, got {ray_tol!r}")
+    if getattr(engine_for(X), "threads", 1) > 1:  # the passes' threads use the cores; BLAS in between one
+        with one_blas_thread():
+            return _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint)
+    return _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint)
+
+
+def _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint) -> WideLimitSolution:
+    """:func:`solve` on validated input."""
     # the rays' sort keys are taken inside the median's last pass when it can tell which one that is
     tap = KeysTap(X.shape[0], X.shape[1], signed) if isinstance(engine_for(X), LocalEngine) else None
     med = _median(X, lam, None, "huber", min(1e-11, 0.01 * tol), 1e-10, 100, 4096, 0, progress, checkpoint, tap)

@@ -53,6 +53,7 @@ from .streaming import (
     data_fingerprint,
     engine_for,
     load_checkpoint,
+    one_blas_thread,
     raise_nonfinite,
     save_checkpoint,
     scratch,
@@ -367,9 +368,22 @@ SECANT_PAIRS = 2
 def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None, checkpoint=None, tap=None):
     """Solve a median problem on validated data ``X`` with validated weights ``w`` (or None).
 
-    ``tap`` (in-process engines only): a callable ``tap(D, r, start)`` run inside the passes that
-    may be the last one (the collinear certificate, and Newton trials once the gap is below
-    ``sqrt(tol)``); each such pass sets ``tap.point`` to the point it was made at.
+    When the passes run on several threads, BLAS runs on one in between (see
+    :func:`widelimit.streaming.one_blas_thread`).
+    """
+    if getattr(engine_for(X), "threads", 1) > 1:
+        with one_blas_thread():
+            return _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap)
+    return _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap)
+
+
+def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None, checkpoint=None, tap=None):
+    """:func:`_solve`'s iterations.
+
+    ``tap`` (in-process engines only, e.g. :class:`widelimit.rays.KeysTap`): its ``VT`` rows are
+    projected in the passes that may be the last one (the collinear certificate, and Newton trials
+    once the gap is below ``sqrt(tol)``), which hand ``[r, VT (x - b) / r]`` to
+    ``tap.store(rows, start)`` and set ``tap.point`` to the point they were made at.
     """
     N, n = X.shape
     W = float(N) if w is None else float(w.sum())
@@ -430,7 +444,8 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
     if state is None:
         # warm start: solve on the subsample (in memory, cheap), then polish on all data
         if m < N:
-            warm = _solve(Xs, lam, None if w is None else w[sub], kind, 1e-10, 1e-8, max_iter, hess_rows, seed)
+            # the subsample's median is within about scale / sqrt(m) of the full one: a modest accuracy suffices
+            warm = _solve(Xs, lam, None if w is None else w[sub], kind, 1e-8, 1e-6, max_iter, hess_rows, seed)
             b = warm.point.copy()
         else:
             b = mean_sub.copy()  # the subsample is all of X

@@ -202,9 +202,7 @@ class LocalEngine:
             for s, e in ranges:
                 yield e, work(s, e)
             return
-        from threadpoolctl import threadpool_limits
-
-        with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(max_workers=self.threads) as pool:
+        with one_blas_thread(), ThreadPoolExecutor(max_workers=self.threads) as pool:
             ahead = 2 * self.threads  # bounded look-ahead: memory stays O(threads x chunk)
             futs = [pool.submit(work, s, e) for s, e in ranges[:ahead]]
             for i, (s, e) in enumerate(ranges):
@@ -288,6 +286,23 @@ class LocalEngine:
     def take(self, idx) -> np.ndarray:
         """Rows ``idx`` (sorted or not) as float64 (random access; not counted as a pass)."""
         return np.asarray(self.X[np.asarray(idx)], dtype=np.float64)
+
+
+_BLAS = None
+
+
+def one_blas_thread():
+    """Context in which BLAS runs on one thread (the passes' own threads use the cores).
+
+    Multi-threaded BLAS calls between passes (the Newton matrix, its eigendecomposition) leave
+    OpenBLAS threads spinning for a while, which slowed the next pass by up to a third.
+    """
+    global _BLAS
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS = ThreadpoolController()
+    return _BLAS.limit(limits=1, user_api="blas")
 
 
 #: Chunks per task of a multi-threaded pass (fixed, so results do not depend on the thread count).
