@@ -41,7 +41,7 @@ def median_rows(c, b, lam, geometric, eps_r, w, stats, VT, rows_out):  # pragma:
     ``lam`` is unused for the geometric median; ``w`` is empty for unit weights; with
     ``stats`` the weighted sums of ``x - b`` are returned as well; if ``VT`` (``(p, n)``) has
     rows, ``rows_out[i] = [r_i, VT (x_i - b) / r_i]``.
-    Returns ``(value, g, a, A, B, rmin, imin, w0, c0, dsum)``.
+    Returns ``(value, g, a, A, B, rmin, imin, w0, c0, dsum, rmax)``.
     """
     m, n = c.shape
     p = VT.shape[0]
@@ -56,6 +56,7 @@ def median_rows(c, b, lam, geometric, eps_r, w, stats, VT, rows_out):  # pragma:
     w0 = 0.0
     rmin = np.inf
     imin = 0
+    rmax = 0.0
     unit = w.shape[0] == 0
     for i in range(m):
         wi = 1.0 if unit else w[i]
@@ -64,6 +65,8 @@ def median_rows(c, b, lam, geometric, eps_r, w, stats, VT, rows_out):  # pragma:
         if r < rmin:
             rmin = r
             imin = i
+        if r > rmax:
+            rmax = r
         if geometric:
             value += wi * r
             if r > eps_r:
@@ -101,7 +104,7 @@ def median_rows(c, b, lam, geometric, eps_r, w, stats, VT, rows_out):  # pragma:
                 for j in range(n):
                     s += d[j] * VT[k, j]
                 rows_out[i, k + 1] = s * inv
-    return value, g, a, A, B, rmin, imin, w0, c0, dsum
+    return value, g, a, A, B, rmin, imin, w0, c0, dsum, rmax
 
 
 @nb.njit(**_JIT)

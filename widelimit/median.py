@@ -137,7 +137,7 @@ class _Pass:
     w0: float = 0.0  # geometric: weight of points coinciding with b
     c0: np.ndarray | None = None  # geometric: sum over coinciding points of w_i (x_i - b)
     dsum: np.ndarray | None = None  # with stats: sum_i w_i (x_i - b) (gives the weighted mean)
-    absmax: float = 0.0  # with stats: max |x_ij| (the data scale)
+    xmax: float = 0.0  # with stats: an upper bound on max_i ||x_i|| (the data scale)
 
 
 def centered(c, b, slot: str = "a") -> np.ndarray:
@@ -171,7 +171,7 @@ def _pass_chunk(c, s, b, lam, kind, eps_r, stats, tap, w):
     m, n = c.shape
     VT = _NO_V.reshape(0, n) if tap is None else tap.VT
     rows = np.empty((m, VT.shape[0] + 1)) if tap is not None else _NO_V
-    value, g, a, A, B, rmin, imin, w0, c0, dsum = median_rows(
+    value, g, a, A, B, rmin, imin, w0, c0, dsum, rmax = median_rows(
         c, b, 0.0 if lam is None else float(lam), kind == "geometric", float(eps_r),
         _NO_W if w is None else w, bool(stats), VT, rows)
     if not np.isfinite(value):
@@ -180,8 +180,8 @@ def _pass_chunk(c, s, b, lam, kind, eps_r, stats, tap, w):
         tap.store(rows, s)
     if not stats:
         return _Pass(value, g, a, A, B, rmin, s + int(imin), w0, c0)
-    absmax = float(max(c.max(), -c.min()))  # max |x_ij| without a block-sized temporary
-    return _Pass(value, g, a, A, B, rmin, s + int(imin), w0, c0, dsum, absmax)
+    xmax = float(rmax) + float(np.linalg.norm(b))  # ||x_i|| <= ||x_i - b|| + ||b||
+    return _Pass(value, g, a, A, B, rmin, s + int(imin), w0, c0, dsum, xmax)
 
 
 def _merge_pass(p: _Pass, q: _Pass) -> _Pass:
@@ -189,7 +189,7 @@ def _merge_pass(p: _Pass, q: _Pass) -> _Pass:
     near = p if (p.rmin, p.imin) <= (q.rmin, q.imin) else q
     dsum = None if p.dsum is None else p.dsum + q.dsum
     return _Pass(p.value + q.value, p.g + q.g, p.a + q.a, p.A + q.A, p.B + q.B, near.rmin, near.imin,
-                 p.w0 + q.w0, p.c0 + q.c0, dsum, max(p.absmax, q.absmax))
+                 p.w0 + q.w0, p.c0 + q.c0, dsum, max(p.xmax, q.xmax))
 
 
 def _pass(X, w, b, lam, kind, eps_r, engine=None):
@@ -453,7 +453,7 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
         # the data scale (it also checks that every row is finite)
         p, val, lb = certify(b, "mean", stats=True)
         mean = b + p.dsum / W
-        tol_abs = 64.0 * dtype_eps * max(p.absmax, 1e-300) * np.sqrt(n)
+        tol_abs = 64.0 * dtype_eps * max(p.xmax, 1e-300)  # rounding level of distances between rows
         line = _collinear(engine, sub, tol_abs)
         report("mean", val, lb)
     else:
