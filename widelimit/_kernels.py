@@ -172,8 +172,9 @@ def solution_rows(c, b, lam, W, z_out, start, ray, lead, single):  # pragma: no 
 
 
 @nb.njit(**_JIT)
-def _scan_range(rk, KR, i, j, hi_key, tol, out_i, out_j, fill, count):  # pragma: no cover - compiled
-    """Pairs ``(i, j'')`` for ``j'' = j, j + 1, ...`` while ``rk[j''] <= hi_key`` and every projection is within ``tol``."""
+def _scan_range(rk, KR, i, j, hi_key, tol, out_i, out_j, count):  # pragma: no cover - compiled
+    """Pairs ``(i, j'')`` for ``j'' = j, j + 1, ...`` while ``rk[j''] <= hi_key`` and every projection is within ``tol``
+    (stored while ``out_i`` has room; counted in any case)."""
     m, p = KR.shape
     while j < m and rk[j] <= hi_key:
         close = True
@@ -182,7 +183,7 @@ def _scan_range(rk, KR, i, j, hi_key, tol, out_i, out_j, fill, count):  # pragma
                 close = False
                 break
         if close:
-            if fill:
+            if count < out_i.shape[0]:
                 out_i[count] = i
                 out_j[count] = j
             count += 1
@@ -191,18 +192,18 @@ def _scan_range(rk, KR, i, j, hi_key, tol, out_i, out_j, fill, count):  # pragma
 
 
 @nb.njit(**_JIT)
-def _grid_scan(rk, KR, w1, two_d, tol, out_i, out_j, fill):  # pragma: no cover - compiled
+def _grid_scan(rk, KR, w1, two_d, tol, out_i, out_j):  # pragma: no cover - compiled
     m = rk.shape[0]
     count = 0
     nxt = 0  # first position whose key may lie in the next row's range (moves forward only)
     for i in range(m):
         ki = rk[i]
         # same cell and the next cell of the same row: consecutive in the sorted order
-        count = _scan_range(rk, KR, i, i + 1, ki + 1, tol, out_i, out_j, fill, count)
+        count = _scan_range(rk, KR, i, i + 1, ki + 1, tol, out_i, out_j, count)
         if two_d:  # the three neighbouring cells of the next row: keys ki + w1 - 1 .. ki + w1 + 1
             while nxt < m and rk[nxt] < ki + w1 - 1:
                 nxt += 1
-            count = _scan_range(rk, KR, i, max(nxt, i + 1), ki + w1 + 1, tol, out_i, out_j, fill, count)
+            count = _scan_range(rk, KR, i, max(nxt, i + 1), ki + w1 + 1, tol, out_i, out_j, count)
     return count
 
 
@@ -214,9 +215,11 @@ def grid_pairs(rk, KR, w1, two_d, tol):
     """
     rk = np.ascontiguousarray(rk, dtype=np.int64)
     KR = np.ascontiguousarray(KR, dtype=np.float64)
-    empty = np.zeros(0, dtype=np.int64)
-    count = _grid_scan(rk, KR, int(w1), bool(two_d), float(tol), empty, empty, False)
-    out_i = np.empty(count, dtype=np.int64)
-    out_j = np.empty(count, dtype=np.int64)
-    _grid_scan(rk, KR, int(w1), bool(two_d), float(tol), out_i, out_j, True)
-    return out_i, out_j
+    cap = rk.shape[0]  # one sweep when there are at most as many pairs as points, two otherwise
+    while True:
+        out_i = np.empty(cap, dtype=np.int64)
+        out_j = np.empty(cap, dtype=np.int64)
+        count = _grid_scan(rk, KR, int(w1), bool(two_d), float(tol), out_i, out_j)
+        if count <= cap:
+            return out_i[:count], out_j[:count]
+        cap = count

@@ -533,7 +533,10 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
             act = r > eps_r
             coef = np.where(act, 1.0 / np.where(act, r, 1.0) ** 3, 0.0)
         cw = ws_sub * coef * (W / wsum_sub)
-        M = (D * cw[:, None]).T @ D
+        # the subsample's Newton matrix is an approximation anyway (its sampling error is about
+        # 1/sqrt(m)): float32 products halve its cost and change nothing that is certified
+        D32 = D.astype(np.float32)
+        M = ((D32 * cw.astype(np.float32)[:, None]).T @ D32).astype(np.float64)
         a = p.a
         # Newton matrix a I - M, corrected by BFGS updates with the secant pairs of the last steps:
         # exact curvature along recent steps turns the subsample's linear rate superlinear
