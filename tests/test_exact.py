@@ -283,7 +283,7 @@ def test_fused_median_kernel_matches_numpy(geometric, dtype, rng):
         assert w0 == pytest.approx(w[~far].sum(), rel=1e-13)
         np.testing.assert_allclose(c0, w[~far] @ D[~far], atol=1e-13)
     else:
-        cc = np.minimum(1.0, lam / r)
+        cc = np.where(r > lam, lam / np.where(r > lam, r, 1.0), 1.0)
         cw = w * cc
         assert value == pytest.approx(w @ np.where(r <= lam, r * r, 2 * lam * r - lam * lam), rel=1e-13)
         assert A == pytest.approx(cw @ (r * r), rel=1e-13) and B == pytest.approx((cw * cc) @ (r * r), rel=1e-13)
