@@ -316,6 +316,25 @@ def _project_chunk(c, s, o, u):
     return (c - o) @ u
 
 
+def _newton_step(Bm, g, floor):
+    """``d`` solving ``Bm d = g`` with the eigenvalues of the symmetric ``Bm`` raised to at least ``floor``.
+
+    A Cholesky factorisation of ``Bm`` (n^3 / 3 flops) when its smallest pivot clears ``floor``;
+    the eigendecomposition (several times dearer, which matters for n in the thousands) only
+    when ``Bm`` is nearly singular or indefinite.
+    """
+    from scipy.linalg import LinAlgError, cho_factor, cho_solve
+
+    try:
+        c, low = cho_factor(Bm, check_finite=False)
+        if np.diag(c).min() ** 2 >= floor:
+            return cho_solve((c, low), g, check_finite=False)
+    except LinAlgError:
+        pass
+    mu, V = np.linalg.eigh(Bm)
+    return V @ ((V.T @ g) / np.maximum(mu, floor))
+
+
 def _line_min(Xs, ws, b, d, lam, kind) -> float:
     """``argmin_{t in [0, 1]}`` of the weighted objective of the rows ``Xs`` at ``b + t d``.
 
@@ -547,9 +566,7 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
             sBs = float(s_ @ Bs)
             if sy > 1e-12 * np.linalg.norm(s_) * np.linalg.norm(y_) and sBs > 0:
                 Bm += np.outer(y_, y_) / sy - np.outer(Bs, Bs) / sBs
-        mu, V = np.linalg.eigh(0.5 * (Bm + Bm.T))
-        den = np.maximum(mu, 1e-9 * a)
-        d = V @ ((V.T @ gdir) / den)
+        d = _newton_step(0.5 * (Bm + Bm.T), gdir, 1e-9 * a)
         trial = b + d
         pt, vt, lbt = certify(trial)
         ok = vt < val or (vt <= val * (1 + 8 * round_rel) and np.linalg.norm(_grad(pt, kind)) < np.linalg.norm(gdir))
