@@ -1,3 +1,5 @@
+import warnings
+
 import cvxpy as cp
 import numpy as np
 import pytest
@@ -178,3 +180,25 @@ def test_huber_median_converges_on_points_on_few_lines(seed, lam, n_lines, N):
     X = rng.standard_normal(2) + rng.uniform(-3, 3, (N, 1)) * U[rng.integers(0, n_lines, N)]
     med = wl.huber_median(X, lam)
     assert med.converged and med.rel_gap <= 1e-9
+
+
+@pytest.mark.parametrize("seed,n_lines,N", [(70731, 2, 10), (40783, 3, 12)])
+def test_geometric_median_converges_next_to_a_data_point(seed, n_lines, N):
+    """Points on a few lines whose geometric median lies just off a data point (||g|| = 1.02 w0):
+    found by a stress run; a line search meant for the Huber median's lam-sphere crossings stalled here."""
+    rng = np.random.default_rng(seed)
+    U = rng.standard_normal((n_lines, 2))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    X = rng.standard_normal(2) + rng.uniform(-3, 3, (N, 1)) * U[rng.integers(0, n_lines, N)]
+    g = wl.geometric_median(X)
+    assert g.converged and g.rel_gap <= 1e-9
+
+
+def test_geometric_median_at_a_data_point_with_near_neighbours():
+    """The median is a data point and other points sit 1e-9 from it: 1/r^3 weights near 1e27 must
+    not overflow the subsample Newton matrix."""
+    star = np.array([[0.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0], [1e-9, 0.0], [0.0, 1e-9]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no overflow / invalid value on the way
+        g = wl.geometric_median(star)
+    assert g.converged and np.linalg.norm(g.point) <= 1e-8

@@ -554,8 +554,9 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
         cw = ws_sub * coef * (W / wsum_sub)
         # the subsample's Newton matrix is an approximation anyway (its sampling error is about
         # 1/sqrt(m)): float32 products halve its cost and change nothing that is certified
+        cmax = float(cw.max()) if cw.size and cw.max() > 0 else 1.0  # keep float32 in range (1/r^3 can be huge)
         D32 = D.astype(np.float32)
-        M = ((D32 * cw.astype(np.float32)[:, None]).T @ D32).astype(np.float64)
+        M = ((D32 * (cw / cmax).astype(np.float32)[:, None]).T @ D32).astype(np.float64) * cmax
         a = p.a
         # Newton matrix a I - M, corrected by BFGS updates with the secant pairs of the last steps:
         # exact curvature along recent steps turns the subsample's linear rate superlinear
@@ -567,6 +568,8 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
             if sy > 1e-12 * np.linalg.norm(s_) * np.linalg.norm(y_) and sBs > 0:
                 Bm += np.outer(y_, y_) / sy - np.outer(Bs, Bs) / sBs
         d = _newton_step(0.5 * (Bm + Bm.T), gdir, 1e-9 * a)
+        if not np.isfinite(d).all():  # a degenerate Newton matrix: take the majorise-minimise direction
+            d = gdir / a
         trial = b + d
         pt, vt, lbt = certify(trial)
         ok = vt < val or (vt <= val * (1 + 8 * round_rel) and np.linalg.norm(_grad(pt, kind)) < np.linalg.norm(gdir))
@@ -575,16 +578,19 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
             trial = engine.take([p.imin])[0].copy()
             pt, vt, lbt = certify(trial)
             ok = vt <= val
-        if not ok and vt > val * (1 + 8 * round_rel):
+        if not ok and kind == "huber" and vt > val * (1 + 8 * round_rel):
             # Overshoot: the Newton matrix jumps where points cross the lam sphere (and is nearly
             # singular when most points are beyond lam, e.g. nearly collinear data whose optimum
             # sits at such a crossing). Minimise along d on the in-memory subsample (exact when it
             # is all of X), then check the step on all data.
             t = _line_min(Xs, ws_sub, b, d, lam, kind)
             if 0.0 < t < 1.0:
+                full = (trial, pt, vt, lbt)
                 trial = b + t * d
                 pt, vt, lbt = certify(trial)
                 ok = vt < val
+                if not ok:  # no gain on all data: backtrack from the full step as before
+                    trial, pt, vt, lbt = full
         t = 1.0
         while not ok and t > 1.0 / 64 and vt > val * (1 + 8 * round_rel):
             # backtrack along the Newton direction
