@@ -95,8 +95,8 @@ def raise_nonfinite(chunk: np.ndarray, start: int) -> None:
 _SCRATCH = threading.local()
 
 
-def scratch(shape, slot: str = "a", dtype=np.float64) -> np.ndarray:
-    """A reusable work array of ``shape`` (float64 unless ``dtype``) for this thread (contents undefined).
+def scratch(shape, slot: str = "a") -> np.ndarray:
+    """A reusable float64 work array of ``shape`` for this thread (contents undefined).
 
     Chunk functions write their large temporaries into it instead of allocating a
     fresh chunk-sized array per chunk: allocations of that size are served by
@@ -107,11 +107,10 @@ def scratch(shape, slot: str = "a", dtype=np.float64) -> np.ndarray:
     cache = getattr(_SCRATCH, "arrays", None)
     if cache is None:
         cache = _SCRATCH.arrays = {}
-    key = (slot, np.dtype(dtype).str)
-    buf = cache.get(key)
+    buf = cache.get(slot)
     size = int(np.prod(shape))
     if buf is None or buf.size < size:
-        buf = cache[key] = np.empty(size, dtype=dtype)
+        buf = cache[slot] = np.empty(size)
     return buf[:size].reshape(shape)
 
 
