@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 import widelimit as wl
-from widelimit.cpfactor import factorize_cp, random_cp_matrix, refine
-from widelimit.relax import make_instance, relax
+from widelimit.relax.cpfactor import factorize_cp, random_cp_matrix, refine
+from widelimit.relax.cones import make_instance, relax
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -54,10 +54,10 @@ def make_problem(N, k=4096, n=384, active=20, noise=0.05, seed=0):
 
 
 def certified_gap(X, U, b, Z, lam):
-    """Per-token (P, gap) of codes Z with the duality-gap certificate of widelimit.coding."""
+    """Per-token (P, gap) of codes Z with the duality-gap certificate of widelimit.coding.pdas."""
     import torch
 
-    from widelimit.coding import _evaluate
+    from widelimit.coding.pdas import _evaluate
 
     P, g, _ = _evaluate(torch.as_tensor(np.asarray(X, np.float64) - b), torch.as_tensor(U), torch.as_tensor(Z), lam)
     return P.numpy(), g.numpy()
@@ -78,10 +78,10 @@ def main():
     import torch
     from sklearn.decomposition import SparseCoder
 
-    from widelimit.coding import optimal_codes
-    from widelimit.sae import SAE
-    from widelimit.sae_certify import certify_sae
-    from widelimit.working_set import optimal_codes_working_set
+    from widelimit.coding.pdas import optimal_codes
+    from widelimit.sae.model import SAE
+    from widelimit.sae.certify import certify_sae
+    from widelimit.coding.working_set import optimal_codes_working_set
 
     lam, tol = args.lam, args.tol
     N = max(args.tokens, args.sk_tokens, args.full_tokens, args.cert_tokens)

@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 import widelimit as wl
-from widelimit.dnn_solver import solve_dnn
-from widelimit.relax import CONES, OUTER_CONES, estimate_memory, make_instance, relax
+from widelimit.relax.dnn import solve_dnn
+from widelimit.relax.cones import CONES, OUTER_CONES, estimate_memory, make_instance, relax
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -3,7 +3,7 @@
 The total time is expressed as a multiple of one plain NumPy pass over X measured in the same
 run (a float32 matrix-vector product X @ v, which reads X once; best of 5), and the peak extra
 memory (tracemalloc, which sees NumPy's allocations) as a multiple of X's size. Both sides use
-all the machine's cores (OpenBLAS threads for X @ v, ``widelimit.streaming.default_threads()``
+all the machine's cores (OpenBLAS threads for X @ v, ``widelimit.engine.local.default_threads()``
 pass threads for the solve); ``--threads 1`` with ``OPENBLAS_NUM_THREADS=1`` measures one core.
 With ``--lam 12`` about 80% of the points lie beyond lam, so the narrowest dictionary has about
 800,000 atoms (an 0.8 GB output).
@@ -36,7 +36,7 @@ def main():
     a = ap.parse_args()
     if a.threads:
         os.environ["WIDELIMIT_THREADS"] = str(a.threads)
-    from widelimit.streaming import default_threads
+    from widelimit.engine.local import default_threads
     load0 = " ".join(f"{v:.2f}" for v in os.getloadavg())
     rng = np.random.default_rng(0)
     X = np.empty((a.N, a.dim), dtype=np.float32)

@@ -130,7 +130,7 @@ def _timed_median(X, lam):
 
 
 def stage_stream(d: Path, lam: float) -> dict:
-    from widelimit.io import ActivationSource
+    from widelimit.data.source import ActivationSource
 
     S = ActivationSource.open(d)
     _evict(d)
@@ -148,8 +148,8 @@ def stage_stream(d: Path, lam: float) -> dict:
 def stage_dask(d: Path, lam: float, workers: int) -> dict:
     from distributed import Client, LocalCluster
 
-    import widelimit.dask_backend as wdb
-    from widelimit.io import ActivationSource
+    import widelimit.engine.dask_engine as wdb
+    from widelimit.data.source import ActivationSource
 
     wdb.PERSIST = False  # stream from the files every pass: memory bounded like the single process
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,

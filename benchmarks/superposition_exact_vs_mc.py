@@ -16,7 +16,7 @@ import argparse
 import numpy as np
 
 from _common import timed, write
-from widelimit import superposition as sp
+from widelimit.lab import superposition as sp
 
 
 def main():

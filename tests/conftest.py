@@ -8,7 +8,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 # The suite's property tests draw the same examples on every run (CI must not pass or fail by luck);
 # `HYPOTHESIS_PROFILE=explore python3 -m pytest` searches afresh, which is how the stalls fixed in
-# widelimit.median were found. Failures found that way are pinned with @example.
+# widelimit.exact.median were found. Failures found that way are pinned with @example.
 settings.register_profile("ci", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

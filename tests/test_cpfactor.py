@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import widelimit as wl
-from widelimit.cpfactor import factorize_cp, random_cp_matrix, refine
-from widelimit.relax import horn_matrix, make_instance, relax
+from widelimit.relax.cpfactor import factorize_cp, random_cp_matrix, refine
+from widelimit.relax.cones import horn_matrix, make_instance, relax
 
 
 def _rel_res(Z, A):

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import widelimit as wl
-from widelimit.io import ActivationSource
+from widelimit.data.source import ActivationSource
 
 distributed = pytest.importorskip("distributed")
 da = pytest.importorskip("dask.array")
 
-from widelimit.dask_backend import DaskEngine, from_source  # noqa: E402
+from widelimit.engine.dask_engine import DaskEngine, from_source  # noqa: E402
 
 
 def _rel(a, b):
@@ -110,7 +110,7 @@ def test_nonfinite_row_on_a_worker_names_the_row(client, data):
 
 
 def test_certify_sae_on_cluster(client):
-    from widelimit.sae import orthogonal_rays_sae
+    from widelimit.sae.model import orthogonal_rays_sae
 
     X, sae = orthogonal_rays_sae(0.5, n_pairs=3, dim=8, points_per_ray=60, n_core=20, seed=2)
     a = wl.certify_sae(sae, X, lam=0.5, batch_size=128)

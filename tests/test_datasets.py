@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import widelimit as wl
-from widelimit import datasets
+from widelimit.data import datasets
 
 
 def test_generators_are_seeded():

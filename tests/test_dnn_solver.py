@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import widelimit as wl
-from widelimit.dnn_solver import dnn_dual_bound, solve_dnn
-from widelimit.median import huber_value
-from widelimit.relax import make_instance, relax
+from widelimit.relax.dnn import dnn_dual_bound, solve_dnn
+from widelimit.exact.median import huber_value
+from widelimit.relax.cones import make_instance, relax
 
 
 @pytest.mark.parametrize("family", ["random", "rays", "collinear"])
@@ -62,7 +62,7 @@ def test_dual_bound_is_a_lower_bound_and_tight_at_the_optimum(seed, N, n, lam):
 def test_psd_projection_skips_eigh_only_for_positive_definite_input():
     import torch
 
-    from widelimit.dnn_solver import _Problem
+    from widelimit.relax.dnn import _Problem
 
     rng = np.random.default_rng(0)
     prob = _Problem(rng.standard_normal((30, 3)), 0.5, None, torch.device("cpu"))

@@ -5,7 +5,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import widelimit as wl
-from widelimit.datasets import digits, symmetric_rays
+from widelimit.data.datasets import digits, symmetric_rays
 
 
 def test_solve_four_points():
@@ -203,9 +203,9 @@ def test_one_pass_solution_matches_the_generic_pieces(dtype, layout, rng):
     RayGroups.atoms / code_values and with verify's generic certificate of the same triple,
     on rays of one point, rays shared by many points (spanning several batches), and both."""
     from widelimit import _validation
-    from widelimit.exact import _build_and_certify
-    from widelimit.rays import _group_rays
-    from widelimit.streaming import LocalEngine
+    from widelimit.exact.solve import _build_and_certify
+    from widelimit.exact.rays import _group_rays
+    from widelimit.engine.local import LocalEngine
 
     n = 6
     if layout == "singles":
@@ -220,7 +220,7 @@ def test_one_pass_solution_matches_the_generic_pieces(dtype, layout, rng):
     lam = 0.8
     sol = wl.solve(X, lam)
     ref = wl.huber_median(X, lam)
-    groups = _group_rays(X, sol.bias, lam, wl.rays.default_ray_tol(dtype), False, 0)
+    groups = _group_rays(X, sol.bias, lam, wl.exact.rays.default_ray_tol(dtype), False, 0)
     W_ref = groups.atoms(X, dtype=dtype)
     np.testing.assert_array_equal(sol.rays, groups.rays)
     np.testing.assert_allclose(sol.dictionary, W_ref, rtol=0, atol=4 * np.finfo(dtype).eps)
@@ -252,7 +252,7 @@ def test_one_pass_solution_matches_the_generic_pieces(dtype, layout, rng):
 def test_grid_pairs_matches_brute_force(rng):
     """The neighbour search of the ray grouping: every pair of touching grid cells whose
     projections all lie within tol, each once, against a brute-force enumeration."""
-    from widelimit._kernels import grid_pairs
+    from widelimit.engine.kernels import grid_pairs
 
     for _ in range(100):
         m, w1, tol = int(rng.integers(1, 60)), int(rng.integers(3, 8)), 0.5
@@ -268,8 +268,8 @@ def test_grid_pairs_matches_brute_force(rng):
 @pytest.mark.parametrize("geometric", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_fused_median_kernel_matches_numpy(geometric, dtype, rng):
-    """One fused sweep (widelimit._kernels.median_rows) against the same sums written in NumPy."""
-    from widelimit._kernels import median_rows
+    """One fused sweep (widelimit.engine.kernels.median_rows) against the same sums written in NumPy."""
+    from widelimit.engine.kernels import median_rows
 
     X = (rng.standard_normal((300, 7)) * 2).astype(dtype)
     X[5] = X[6] = 0.25  # rows coinciding with b (geometric: the zero-distance branch)

@@ -1,12 +1,12 @@
-"""Tests for widelimit.frames: finite-field polynomial-incidence frames, random frames, Welch bounds."""
+"""Tests for widelimit.lab.frames: finite-field polynomial-incidence frames, random frames, Welch bounds."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from widelimit import frames as fr
-from widelimit import superposition as sp
+from widelimit.lab import frames as fr
+from widelimit.lab import superposition as sp
 
 
 @pytest.mark.parametrize(

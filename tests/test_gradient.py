@@ -8,9 +8,9 @@ import torch
 
 import widelimit as wl
 from widelimit.cli import main
-from widelimit.coding import code_steps
-from widelimit.datasets import symmetric_rays
-from widelimit.gradient import _cd_codes, _dict_steps, _jumprelu_fn, _working_sets, encoder_codes
+from widelimit.coding.pdas import code_steps
+from widelimit.data.datasets import symmetric_rays
+from widelimit.learn.gradient import _cd_codes, _dict_steps, _jumprelu_fn, _working_sets, encoder_codes
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +153,7 @@ def test_full_batch_small_working_sets(rng):
 
 
 def test_extrapolation_is_taken_and_keeps_the_history_monotone(rng, monkeypatch):
-    import widelimit.gradient as gradient
+    import widelimit.learn.gradient as gradient
 
     X, _ = _sparse_problem(rng, N=200, k=16, n=8)
     kw = dict(device="cpu", seed=0, max_steps=40, rtol=0.0)

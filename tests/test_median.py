@@ -7,7 +7,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import widelimit as wl
-from widelimit.median import _solve_1d
+from widelimit.exact.median import _solve_1d
 
 
 def test_huber_median_closed_form_four_points():

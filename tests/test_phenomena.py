@@ -7,9 +7,9 @@ import pytest
 from scipy import integrate, optimize
 
 import widelimit as wl
-from widelimit import datasets
-from widelimit.experiments import antipodal, exclusive, get, names
-from widelimit.objective import huber_h
+from widelimit.data import datasets
+from widelimit.lab.experiments import antipodal, exclusive, get, names
+from widelimit.exact.objective import huber_h
 
 
 # ---------------------------------------------------------------- antipodal
@@ -124,7 +124,7 @@ def _cvxpy_codes_value(X, W, b, lam):
 
 
 def test_absorbed_dictionary_beats_hierarchical_with_certified_codes():
-    from widelimit.experiments import absorption as A
+    from widelimit.lab.experiments import absorption as A
 
     lam, a, c = 0.5, 2.0, 1.5
     X, t = datasets.hierarchical(3, 6, 6, parent_scale=a, child_scale=(c, c), n_parent_only=6, n_inactive=6, seed=0)
@@ -147,7 +147,7 @@ def test_absorbed_dictionary_beats_hierarchical_with_certified_codes():
 
 def test_fixed_dictionary_objective_with_optimal_bias_is_certified():
     import cvxpy as cp
-    from widelimit.experiments import absorption as A
+    from widelimit.lab.experiments import absorption as A
 
     lam = 0.5
     X, t = datasets.hierarchical(2, 4, 5, child_scale=(1.0, 2.0), n_parent_only=4, n_inactive=3, seed=1)
@@ -168,7 +168,7 @@ def test_fixed_dictionary_objective_with_optimal_bias_is_certified():
 
 
 def test_absorption_gain_closed_form():
-    from widelimit.experiments import absorption as A
+    from widelimit.lab.experiments import absorption as A
 
     a, c = 2.0, 1.5
     lam = np.linspace(0.05, 1.4, 50)  # a, c > lam: gain = 2 lam (a + c - sqrt(a^2 + c^2)) - lam^2 > 0

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import widelimit as wl
-from widelimit.median import huber_value
-from widelimit.relax import (
+from widelimit.exact.median import huber_value
+from widelimit.relax.cones import (
     CONES,
     FAMILIES,
     INNER_CONES,

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from widelimit.io import DataError, load_activations
-from widelimit.sae import (
+from widelimit.data.source import DataError, load_activations
+from widelimit.sae.model import (
     SAE,
     SAEFormatError,
     load_sae,

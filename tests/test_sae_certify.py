@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from widelimit import certify_sae, load_sae, sae_objective
 from widelimit.cli import main
-from widelimit.sae import (
+from widelimit.sae.model import (
     SAE,
     orthogonal_rays_sae,
     save_dictionary_learning,
@@ -22,7 +22,7 @@ from widelimit.sae import (
     save_saelens,
     save_sparsify,
 )
-from widelimit.sae_certify import resolve_lam, write_sae_certificate
+from widelimit.sae.certify import resolve_lam, write_sae_certificate
 
 LAM = 0.5
 

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import widelimit as wl
-from widelimit import datasets
-from widelimit.objective import sae_objective
+from widelimit.data import datasets
+from widelimit.exact.objective import sae_objective
 
 
 def _lines_data(n_lines, dim, per_side, seed, centre_noise=0.0):

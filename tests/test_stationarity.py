@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import widelimit as wl
-from widelimit import datasets
-from widelimit.stationarity import first_order_conditions
+from widelimit.data import datasets
+from widelimit.exact.stationarity import first_order_conditions
 
 
 def test_exact_optimum_is_stationary_with_closed_form_margin():

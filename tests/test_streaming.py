@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import widelimit as wl
 from widelimit import _validation
-from widelimit.io import ActivationSource, DataError
-from widelimit.streaming import Progress
+from widelimit.data.source import ActivationSource, DataError
+from widelimit.engine.local import Progress
 
 
 def _rel(a, b):
@@ -291,7 +291,7 @@ def test_cli_bound_streams_a_folder_and_resumes(tmp_path, rng, capsys):
 
 
 def test_certify_sae_streams_a_source(tmp_path):
-    from widelimit.sae import orthogonal_rays_sae
+    from widelimit.sae.model import orthogonal_rays_sae
 
     X, sae = orthogonal_rays_sae(0.5, n_pairs=3, dim=8, points_per_ray=60, n_core=20, seed=2)
     X = X.astype(np.float32)
@@ -313,9 +313,9 @@ def test_certify_sae_streams_a_source(tmp_path):
 def test_threaded_passes_do_not_depend_on_the_thread_count(rng, tmp_path):
     """Passes over arrays run in fixed row ranges merged in row order: 1, 2 or 3 threads give
     bit-identical sums, per-row maps and a first non-finite row that is the first one."""
-    from widelimit.median import _merge_pass, _pass_chunk
-    from widelimit.rays import _keys_chunk
-    from widelimit.streaming import LocalEngine
+    from widelimit.exact.median import _merge_pass, _pass_chunk
+    from widelimit.exact.rays import _keys_chunk
+    from widelimit.engine.local import LocalEngine
 
     X = rng.standard_normal((5000, 7)).astype(np.float32)
     b = rng.standard_normal(7)

@@ -1,4 +1,4 @@
-"""Tests for widelimit.superposition and widelimit.frames (tied-weight power-activation autoencoder)."""
+"""Tests for widelimit.lab.superposition and widelimit.lab.frames (tied-weight power-activation autoencoder)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from widelimit import frames as fr
-from widelimit import superposition as sp
+from widelimit.lab import frames as fr
+from widelimit.lab import superposition as sp
 
 LAWS = ["rademacher", "gaussian", "uniform", "laplace"]
 
@@ -347,7 +347,7 @@ def test_monte_carlo_on_cuda():
 
 
 def test_experiments_quick(tmp_path):
-    from widelimit import experiments
+    from widelimit.lab import experiments
 
     names = experiments.names()
     todo = ["superposition-linear", "superposition-sparse-growth", "superposition-p-sweep",

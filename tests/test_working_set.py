@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from widelimit.coding import optimal_codes
-from widelimit.objective import sae_objective
-from widelimit.working_set import optimal_codes_working_set
+from widelimit.coding.pdas import optimal_codes
+from widelimit.exact.objective import sae_objective
+from widelimit.coding.working_set import optimal_codes_working_set
 
 
 def _problem(N=30, k=80, n=24, active=4, seed=0, noise=0.05):

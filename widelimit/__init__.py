@@ -14,20 +14,20 @@ The main entry points:
 - :func:`load_sae`, :func:`certify_sae` -- load a trained SAE (SAELens, dictionary_learning, sparsify)
   and measure how far it is from the global optimum of its own objective.
 - :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form;
-- :func:`sandwich` (module :mod:`widelimit.relax`), :func:`solve_dnn`, :func:`factorize_cp`, :func:`refine` --
+- :func:`sandwich` (module :mod:`widelimit.relax.cones`), :func:`solve_dnn`, :func:`factorize_cp`, :func:`refine` --
   the convex Q-problem over CP-cone approximations, checked against the closed form.
 """
 
-from .certificate import Certificate, verify
-from .coding import CodingResult, optimal_codes
-from .cpfactor import CPFactorization, factorize_cp, refine
-from .crossval import CrossValidation, crossvalidate
-from .dnn_solver import DNNResult, solve_dnn
-from .exact import WideLimitSolution, solve
-from .frontier import Frontier, frontier
-from .gradient import FitResult, fit_dictionary
-from .median import MedianResult, geometric_median, huber_median, huber_value
-from .objective import (
+from .exact.certificate import Certificate, verify
+from .coding.pdas import CodingResult, optimal_codes
+from .relax.cpfactor import CPFactorization, factorize_cp, refine
+from .learn.crossval import CrossValidation, crossvalidate
+from .relax.dnn import DNNResult, solve_dnn
+from .exact.solve import WideLimitSolution, solve
+from .learn.frontier import Frontier, frontier
+from .learn.gradient import FitResult, fit_dictionary
+from .exact.median import MedianResult, geometric_median, huber_median, huber_value
+from .exact.objective import (
     ObjectiveValue,
     balance,
     huber_h,
@@ -36,13 +36,13 @@ from .objective import (
     sae_objective,
     unconstrained_objective,
 )
-from .rays import RayGroups, group_rays
-from .io import ActivationSource
-from .sae import SAE, load_sae
-from .sae_certify import SAECertificate, certify_sae
-from .relax import RelaxationResult, SandwichReport, sandwich
-from .stationarity import Stationarity, first_order_conditions
-from . import datasets  # noqa: F401  (wl.datasets without an explicit import)
+from .exact.rays import RayGroups, group_rays
+from .data.source import ActivationSource
+from .sae.model import SAE, load_sae
+from .sae.certify import SAECertificate, certify_sae
+from .relax.cones import RelaxationResult, SandwichReport, sandwich
+from .exact.stationarity import Stationarity, first_order_conditions
+from .data import datasets  # noqa: F401  (wl.datasets without an explicit import)
 
 __version__ = "0.1.0"
 

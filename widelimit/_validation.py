@@ -80,11 +80,11 @@ def first_nonfinite_row(X: np.ndarray) -> int | None:
 def is_out_of_core(X) -> bool:
     """Whether ``X`` is read by row slices rather than converted to an array.
 
-    True for :class:`~widelimit.io.ActivationSource`, ``dask.array`` and any other 2-D
+    True for :class:`~widelimit.data.source.ActivationSource`, ``dask.array`` and any other 2-D
     array-like with ``shape``, ``dtype`` and slicing that is not a NumPy array, a torch
     tensor or a scipy.sparse matrix (h5py / zarr arrays, row-wise wrappers).
     """
-    from .streaming import is_dask_array
+    from .engine.local import is_dask_array
 
     if isinstance(X, np.ndarray) or hasattr(X, "detach") or hasattr(X, "toarray"):
         return False
@@ -96,7 +96,7 @@ def is_out_of_core(X) -> bool:
 
 
 def _finite_chunk(c, s):
-    from .streaming import raise_nonfinite
+    from .engine.local import raise_nonfinite
 
     if not np.isfinite(c).all():
         raise_nonfinite(c, s)
@@ -105,7 +105,7 @@ def _finite_chunk(c, s):
 
 def _check_out_of_core(X, name: str, finite: bool | None):
     """Shape/dtype checks of an ActivationSource or a dask array, without reading it."""
-    from .streaming import engine_for, is_dask_array
+    from .engine.local import engine_for, is_dask_array
 
     if len(X.shape) != 2:
         raise ValueError(f"{name} must be 2-D of shape (N points, n dims), got shape {tuple(X.shape)}")
@@ -130,7 +130,7 @@ def check_data(X, name: str = "X", *, finite: bool | None = None):
     float32 input is kept as float32 (no full-size copy); every computation
     reads it in float64 chunks.
 
-    An :class:`~widelimit.io.ActivationSource` or a ``dask.array`` is checked
+    An :class:`~widelimit.data.source.ActivationSource` or a ``dask.array`` is checked
     without being read: shape and dtype now, finiteness (``finite=None``,
     the default) in the first pass of the computation that uses it, which
     names the first bad row (and its shard); ``finite=True`` checks it now,
@@ -201,7 +201,7 @@ def check_codes(Z, N: int, k: int, name: str = "Z", nonneg: bool = True):
     A ``dask.array`` is checked for shape here and for sign and finiteness
     block by block in the pass that reads it.
     """
-    from .streaming import is_dask_array
+    from .engine.local import is_dask_array
 
     if is_dask_array(Z):
         if Z.ndim != 2 or tuple(Z.shape) != (N, k):

@@ -1,0 +1,379 @@
+r"""Passes over the data as map-reduce: one engine for arrays, on-disk sources and Dask.
+
+Every algorithm that certifies (the medians, :func:`widelimit.verify`,
+``certify_sae``) reads ``X`` only through *passes*: a pure per-chunk function
+``fn(chunk, start, *args, *row_aligned_blocks) -> partial`` applied to
+consecutive row blocks (float32 or float64 as stored, at most ``widelimit._validation.CHUNK_BYTES``
+of float64 each; the functions accumulate in float64: ``chunk - b`` with a float64 ``b``
+is float64 and exact, sums take ``dtype=np.float64``),
+and an associative ``merge(partial, partial)``. The state between passes is
+O(n) (a bias, a gradient, a few sums), so
+
+* :class:`LocalEngine` runs a pass chunk by chunk in this process (NumPy arrays,
+  ``np.memmap``, :class:`widelimit.data.source.ActivationSource`), reading the next
+  chunk in a background thread while the current one is reduced; peak memory is a few chunks,
+  independent of N;
+* :class:`widelimit.engine.dask_engine.DaskEngine` runs the same functions as one Dask
+  reduction over the chunks of a ``dask.array`` (workers of a
+  ``dask.distributed`` cluster).
+
+:func:`engine_for` picks the engine from the type of ``X``. Progress is
+reported through an optional callback receiving :class:`Progress` events;
+solvers never print.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .._validation import chunk_rows
+
+__all__ = [
+    "Progress", "LocalEngine", "engine_for", "NonFiniteRow", "is_dask_array", "save_checkpoint",
+    "load_checkpoint", "data_fingerprint", "raise_nonfinite", "nonfinite_error",
+]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress event of a streaming computation.
+
+    Attributes
+    ----------
+    stage : str
+        What the pass computes (``"mean"``, ``"newton"``, ``"certificate"``, ...).
+    pass_index : int
+        Passes over the data started so far (this one included).
+    rows_done, rows_total : int
+        Rows of the current pass reduced so far, and N.
+    value, lower_bound : float or None
+        After an iteration of a median: the objective at the current point and
+        the best certified lower bound so far (``None`` in chunk events).
+    done : bool
+        ``True`` for the engine's event that closes a pass, and for the solver's
+        event after each iteration (which carries ``value`` and ``lower_bound``).
+    """
+
+    stage: str
+    pass_index: int
+    rows_done: int
+    rows_total: int
+    value: float | None = None
+    lower_bound: float | None = None
+    done: bool = False
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+class NonFiniteRow(ValueError):
+    """Raised inside a pass: global row ``row`` holds NaN or Inf (the engine adds where it lives)."""
+
+    def __init__(self, row: int, what: str):
+        super().__init__(f"non-finite value ({what}) in row {row}")
+        self.row, self.what = int(row), what
+
+    def __reduce__(self):  # survives pickling back from a Dask worker
+        return (NonFiniteRow, (self.row, self.what))
+
+
+def raise_nonfinite(chunk: np.ndarray, start: int) -> None:
+    """Raise :class:`NonFiniteRow` for the first row of ``chunk`` (global row ``start + i``) that is not finite."""
+    ok = np.isfinite(chunk).all(axis=1)
+    i = int(np.flatnonzero(~ok)[0])
+    raise NonFiniteRow(start + i, "NaN" if np.isnan(chunk[i]).any() else "Inf")
+
+
+_SCRATCH = threading.local()
+
+
+def scratch(shape, slot: str = "a") -> np.ndarray:
+    """A reusable float64 work array of ``shape`` for this thread (contents undefined).
+
+    Chunk functions write their large temporaries into it instead of allocating a
+    fresh chunk-sized array per chunk: allocations of that size are served by
+    ``mmap`` and page-faulted in on every chunk when the process runs with a small
+    ``MALLOC_TRIM_THRESHOLD_`` (as Dask workers do), which made passes 2x slower.
+    Callers must not return or keep the array.
+    """
+    cache = getattr(_SCRATCH, "arrays", None)
+    if cache is None:
+        cache = _SCRATCH.arrays = {}
+    buf = cache.get(slot)
+    size = int(np.prod(shape))
+    if buf is None or buf.size < size:
+        buf = cache[slot] = np.empty(size)
+    return buf[:size].reshape(shape)
+
+
+def is_dask_array(X) -> bool:
+    """Whether ``X`` is a ``dask.array.Array`` (without importing dask)."""
+    return type(X).__module__.split(".")[0] == "dask" and hasattr(X, "chunks") and hasattr(X, "dask")
+
+
+def _where(X, row: int) -> str:
+    loc = getattr(X, "locate", None)
+    if loc is None:
+        return ""
+    shard, r = loc(row)
+    return f" (shard {shard}, row {r})"
+
+
+def nonfinite_error(X, err: NonFiniteRow, name: str = "X") -> ValueError:
+    """The user-facing error for a non-finite row, naming the shard for sources."""
+    return ValueError(f"{name} has a non-finite value ({err.what}) in row {err.row}{_where(X, err.row)}")
+
+
+class LocalEngine:
+    """Run passes chunk by chunk in this process.
+
+    Parameters
+    ----------
+    X : array-like (N, n)
+        Anything with ``.shape`` and row slicing ``X[s:e]``: a NumPy array, an
+        ``np.memmap``, an :class:`~widelimit.data.source.ActivationSource`.
+    rows : int, optional
+        Rows per chunk (default: a float64 chunk of ``_validation.CHUNK_BYTES``).
+    progress : callable, optional
+        Receives a :class:`Progress` after every chunk.
+    prefetch : bool, optional
+        Read the next chunk in a background thread (default: for sources that
+        are not in-memory arrays).
+    offset : int
+        Global index of ``X``'s first row (when ``X`` is one block of a larger matrix).
+    """
+
+    def __init__(self, X, rows: int | None = None, progress: ProgressFn | None = None, prefetch: bool | None = None,
+                 offset: int = 0, threads: int | None = None):
+        self.X = X
+        self.offset = int(offset)
+        self.N, self.n = int(X.shape[0]), int(X.shape[1])
+        self.rows = int(rows or chunk_rows(self.n))
+        self.progress = progress
+        self.passes = 0
+        self.stage = "pass"
+        self.prefetch = (not isinstance(X, np.ndarray)) if prefetch is None else bool(prefetch)
+        # in-memory arrays and sources that allow concurrent reads are reduced by several threads,
+        # each reading and reducing its own chunks (NumPy, BLAS and file reads release the GIL);
+        # other row sources keep one reader with a prefetch thread
+        # (in fixed row ranges whatever the thread count, so the results do not depend on it)
+        self.parallel = ((isinstance(X, np.ndarray) or getattr(X, "concurrent_reads", False))
+                         and self.N >= 2 * TASK_CHUNKS * self.rows)
+        self.threads = (default_threads() if threads is None else max(1, int(threads))) if self.parallel else 1
+
+    def _load(self, s):
+        c = np.asarray(self.X[s : min(self.N, s + self.rows)])
+        return c if c.dtype in (np.float32, np.float64) else c.astype(np.float64)
+
+    def _chunks(self):
+        N, rows = self.N, self.rows
+        starts = range(0, N, rows)
+        if not self.prefetch or N <= rows:
+            for s in starts:
+                yield s, self._load(s)
+            return
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            nxt = pool.submit(self._load, 0)
+            for s in starts:
+                cur = nxt.result()
+                if s + rows < N:
+                    nxt = pool.submit(self._load, s + rows)
+                yield s, cur
+
+    def _tasks(self, work):
+        """Run ``work(s, e)`` over consecutive row ranges of :data:`TASK_CHUNKS` chunks, yielding
+        ``(e, result)`` in row order.
+
+        The ranges do not depend on the number of threads, so neither do the results
+        (partial sums are always merged in the same order).
+        """
+        span = self.rows * TASK_CHUNKS
+        ranges = [(s, min(self.N, s + span)) for s in range(0, self.N, span)]
+        if self.threads == 1:
+            for s, e in ranges:
+                yield e, work(s, e)
+            return
+        with one_blas_thread(), ThreadPoolExecutor(max_workers=self.threads) as pool:
+            ahead = 2 * self.threads  # bounded look-ahead: memory stays O(threads x chunk)
+            futs = [pool.submit(work, s, e) for s, e in ranges[:ahead]]
+            for i, (s, e) in enumerate(ranges):
+                res = futs[i].result()
+                if i + ahead < len(ranges):
+                    futs.append(pool.submit(work, *ranges[i + ahead]))
+                futs[i] = None
+                yield e, res
+
+    def reduce(self, fn, merge, *args, extras=(), stage: str | None = None):
+        """``merge`` of ``fn(chunk, start, *args, *extra_blocks)`` over all row chunks (one pass).
+
+        ``extras`` are row-aligned arrays (weights ``(N,)``, codes ``(N, k)``,
+        dense or scipy.sparse, or ``None``) sliced like the chunk. Partial results are
+        merged in row order whatever the number of threads.
+        """
+        self.passes += 1
+        stage = stage or self.stage
+        off = self.offset
+
+        def part(s, c):
+            e = s + c.shape[0]
+            return fn(c, off + s, *args, *[None if x is None else x[s:e] for x in extras])
+
+        acc = None
+        try:
+            if not self.parallel:
+                for s, c in self._chunks():
+                    p = part(s, c)
+                    acc = p if acc is None else merge(acc, p)
+                    if self.progress is not None:
+                        e = s + c.shape[0]
+                        self.progress(Progress(stage, self.passes, e, self.N, done=e == self.N))
+                return acc
+
+            def work(s0, e0):
+                a = None
+                for s in range(s0, e0, self.rows):
+                    p = part(s, self._load(s))
+                    a = p if a is None else merge(a, p)
+                return a
+
+            for e, p in self._tasks(work):
+                acc = p if acc is None else merge(acc, p)
+                if self.progress is not None:
+                    self.progress(Progress(stage, self.passes, e, self.N, done=e == self.N))
+        except NonFiniteRow as err:
+            if self.offset:  # one block of a larger matrix: the caller knows where the row lives
+                raise
+            raise nonfinite_error(self.X, err) from None
+        return acc
+
+    def map_rows(self, fn, *args, cols: int | None = None, stage: str | None = None) -> np.ndarray:
+        """Concatenate ``fn(chunk, start, *args)`` over all chunks (one pass).
+
+        ``fn`` returns one number per row (``cols=None``, result ``(N,)``) or ``cols`` numbers
+        per row (result ``(N, cols)``).
+        """
+        self.passes += 1
+        out = np.empty(self.N if cols is None else (self.N, cols))
+        off = self.offset
+
+        def work(s0, e0):
+            for s in range(s0, e0, self.rows):
+                c = self._load(s)
+                out[s : s + c.shape[0]] = fn(c, off + s, *args)
+
+        try:
+            if not self.parallel:
+                for s, c in self._chunks():
+                    out[s : s + c.shape[0]] = fn(c, off + s, *args)
+            else:
+                for _e, _ in self._tasks(work):
+                    pass
+        except NonFiniteRow as err:
+            if self.offset:
+                raise
+            raise nonfinite_error(self.X, err) from None
+        return out
+
+    def take(self, idx) -> np.ndarray:
+        """Rows ``idx`` (sorted or not) as float64 (random access; not counted as a pass)."""
+        return np.asarray(self.X[np.asarray(idx)], dtype=np.float64)
+
+
+_BLAS = None
+
+
+def one_blas_thread():
+    """Context in which BLAS runs on one thread (the passes' own threads use the cores).
+
+    Multi-threaded BLAS calls between passes (the Newton matrix, its eigendecomposition) leave
+    OpenBLAS threads spinning for a while, which slowed the next pass by up to a third.
+    """
+    global _BLAS
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS = ThreadpoolController()
+    return _BLAS.limit(limits=1, user_api="blas")
+
+
+#: Chunks per task of a multi-threaded pass (fixed, so results do not depend on the thread count).
+TASK_CHUNKS = 4
+
+
+def default_threads() -> int:
+    """Threads a pass over an in-memory array uses: ``WIDELIMIT_THREADS`` if set, else the usable cores (at most 8)."""
+    env = os.environ.get("WIDELIMIT_THREADS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ValueError(f"WIDELIMIT_THREADS must be a positive integer, got {env!r}") from None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
+
+
+def engine_for(X, progress: ProgressFn | None = None):
+    """The engine that runs passes over ``X``: a Dask engine for ``dask.array``, else local."""
+    if is_dask_array(X):
+        from .dask_engine import DaskEngine
+
+        return DaskEngine(X, progress=progress)
+    return LocalEngine(X, progress=progress)
+
+
+def data_fingerprint(X) -> list:
+    """What identifies ``X`` for a checkpoint: shard names/sizes/mtimes, a Dask name, or a content hash."""
+    if hasattr(X, "fingerprint"):
+        return ["source"] + X.fingerprint()
+    if is_dask_array(X):
+        return ["dask", X.name, list(X.shape)]
+    import hashlib
+
+    h = hashlib.sha1()
+    N = X.shape[0]
+    for idx in (slice(0, 64), slice(max(0, N - 64), N)):
+        h.update(np.ascontiguousarray(np.asarray(X[idx], dtype=np.float64)).tobytes())
+    return ["array", list(X.shape), str(X.dtype), h.hexdigest()]
+
+
+# --------------------------------------------------------------------------------------
+# checkpoints: O(n) state, written atomically after every completed pass
+# --------------------------------------------------------------------------------------
+
+
+def save_checkpoint(path, meta: dict, arrays: dict) -> None:
+    """Write ``meta`` (JSON-able) and small float arrays to ``path`` (.npz) atomically."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+                 **{k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path) -> tuple[dict, dict] | None:
+    """``(meta, arrays)`` from a checkpoint written by :func:`save_checkpoint`, or ``None`` if absent."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["__meta__"]).decode())
+            arrays = {k: z[k] for k in z.files if k != "__meta__"}
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{path}: not a readable widelimit checkpoint ({type(e).__name__})") from None
+    return meta, arrays
+

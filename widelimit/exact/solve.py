@@ -1,0 +1,368 @@
+r"""The exact wide-limit solver: closed-form global optimum with its certificate.
+
+For every width ``k`` at least the number of rays, the global minimum of the
+sparse dictionary-learning objective is (theory.md §3)
+
+.. math:: \min_{W, Z\ge 0, b} L = \min_b H(b) = \min_b \frac1N\sum_i h_\lambda(\|x_i - b\|),
+
+attained by the Huber median ``b*``, one unit atom per ray of points farther
+than ``lam`` from ``b*``, and the 1-sparse codes ``z_i = r_i - lam`` on each
+point's own ray. :func:`solve` builds that solution, picks the bias in the
+optimal segment that needs the fewest atoms when the data are collinear, and
+certifies it with :func:`widelimit.verify`'s machinery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..engine.kernels import solution_rows
+from .._validation import check_data, check_lam, chunk_rows
+from .certificate import Certificate, _certificate, make_certificate
+from .median import MedianResult
+from .median import _solve as _median
+from .rays import KeysTap, RayGroups, _group_rays, default_ray_tol
+from ..engine.local import LocalEngine, engine_for, one_blas_thread, raise_nonfinite
+
+__all__ = ["WideLimitSolution", "solve"]
+
+#: Dense ``codes`` are built only up to this many entries; use ``sparse_codes`` beyond.
+DENSE_CODES_LIMIT = 200_000_000
+
+
+@dataclass(frozen=True)
+class WideLimitSolution:
+    """The narrowest globally optimal (W, Z, b) of the wide-limit problem.
+
+    Attributes
+    ----------
+    value : float
+        Objective of the returned ``(dictionary, codes, bias)`` (evaluated, not assumed).
+    bias : ndarray (n,)
+        Optimal bias ``b*`` (the Huber median; for collinear data the point of
+        the optimal segment that needs the fewest atoms).
+    bias_segment : ndarray (2, n)
+        Endpoints of the set of optimal biases (equal rows when unique).
+    dictionary : ndarray (k, n)
+        Unit-norm atoms, one per ray (float32 for float32 data, else float64).
+    rays : ndarray (N,) of int
+        Atom used by each point, ``-1`` for points within ``lam`` of ``b*``.
+    code_values : ndarray (N,)
+        Each point's single nonzero code (0 for points within ``lam``).
+    certificate : Certificate
+        Lower bound, gap, dual quantities, ``certified``.
+    median : MedianResult
+        The certified Huber median behind the lower bound.
+    lam : float
+    ray_tol : float
+    excess : float
+        ``value - H(bias)``: loss added by merging directions that were not
+        identical (0 up to rounding when the tolerance only grouped identical rays).
+    signed : bool
+        Whether codes are signed (atoms are lines).
+    n_passes : int
+        Passes over X the whole solve made (the median's, the rays' sort keys unless they
+        came from the median's last pass, and the one that builds and certifies the solution).
+    """
+
+    value: float
+    bias: np.ndarray
+    bias_segment: np.ndarray
+    dictionary: np.ndarray
+    rays: np.ndarray
+    code_values: np.ndarray
+    certificate: Certificate
+    median: MedianResult
+    lam: float
+    ray_tol: float
+    excess: float
+    signed: bool = False
+    n_passes: int = 0
+
+    @property
+    def width(self) -> int:
+        """Number of atoms ``k`` (= number of distinct rays beyond ``lam``)."""
+        return int(self.dictionary.shape[0])
+
+    @property
+    def lower_bound(self) -> float:
+        return self.certificate.lower_bound
+
+    @property
+    def gap(self) -> float:
+        return self.certificate.gap
+
+    @property
+    def certified(self) -> bool:
+        return self.certificate.certified
+
+    @property
+    def sparse_codes(self) -> sp.csr_array:
+        """Codes ``(N, k)`` as a CSR matrix with at most one nonzero per row."""
+        N = self.rays.size
+        on = np.flatnonzero(self.rays >= 0)
+        return sp.csr_array(
+            (self.code_values[on], (on, self.rays[on])), shape=(N, self.width), dtype=np.float64
+        )
+
+    @property
+    def codes(self) -> np.ndarray:
+        """Codes ``(N, k)`` as a dense array (use :attr:`sparse_codes` for large ``N * k``)."""
+        N = self.rays.size
+        if N * self.width > DENSE_CODES_LIMIT:
+            raise MemoryError(
+                f"dense codes would have {N}x{self.width} entries; use solution.sparse_codes "
+                "or solution.rays / solution.code_values"
+            )
+        Z = np.zeros((N, self.width))
+        on = np.flatnonzero(self.rays >= 0)
+        Z[on, self.rays[on]] = self.code_values[on]
+        return Z
+
+    @property
+    def Q(self) -> np.ndarray:
+        """The optimal Q-form matrix ``Zb Zb^T`` (N x N; diagonal when each ray holds one point)."""
+        Z = self.sparse_codes
+        col = np.asarray(Z.sum(axis=0)).ravel()
+        scale = np.where(col > 0, 1.0 / np.sqrt(np.where(col > 0, col, 1.0)), 0.0)
+        Zb = Z @ sp.diags(scale)
+        return np.asarray((Zb @ Zb.T).toarray())
+
+    def as_dict(self) -> dict:
+        """Summary as plain Python (JSON-serialisable); arrays other than the bias are left out."""
+        c = self.certificate
+        return {
+            "value": self.value,
+            "lower_bound": c.lower_bound,
+            "gap": c.gap,
+            "rel_gap": c.rel_gap,
+            "certified": bool(c.certified),
+            "width": self.width,
+            "bias": [float(v) for v in self.bias],
+            "bias_segment": [[float(v) for v in row] for row in self.bias_segment],
+            "bias_unique": bool(np.array_equal(self.bias_segment[0], self.bias_segment[1])),
+            "lam": self.lam,
+            "n_points": int(self.rays.size),
+            "dim": int(self.bias.size),
+            "n_within_lam": int(np.count_nonzero(self.rays < 0)),
+            "ray_tol": self.ray_tol,
+            "excess": self.excess,
+            "signed": self.signed,
+            "n_passes": self.n_passes,
+            "certificate": c.as_dict(),
+            "median": {
+                "value": self.median.value,
+                "lower_bound": self.median.lower_bound,
+                "gap": self.median.gap,
+                "n_passes": self.median.n_passes,
+                "n_iter": self.median.n_iter,
+                "method": self.median.method,
+            },
+        }
+
+
+def _narrowest_bias(X, med: MedianResult, lam, tol, signed, tap=None) -> tuple[np.ndarray, RayGroups, int]:
+    """Among the optimal biases (a segment for collinear data), one with the fewest rays (and the passes made)."""
+    seg = med.segment
+    if np.array_equal(seg[0], seg[1]):
+        rk = None if tap is None else tap.keys_at(med.point)
+        g = _group_rays(X, med.point, lam, tol, signed, 0, rk)
+        return med.point, g, g.n_passes
+    best, passes = None, 0
+    for cand in (med.point, seg[0], seg[1]):
+        g = _group_rays(X, cand, lam, tol, signed, 0)
+        passes += g.n_passes
+        if best is None or g.width < best[1].width:
+            best = (cand, g)
+    return best[0], best[1], passes
+
+
+def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bool = False,
+          progress=None, checkpoint=None) -> WideLimitSolution:
+    r"""Solve the wide-limit sparse dictionary-learning problem exactly, with a certificate.
+
+    Minimises ``mean_i ||z_i W + b - x_i||^2 + 2 lam ||z_i||_1`` over unit-norm
+    dictionaries of any width, ``Z >= 0`` and ``b`` (theory.md §3), returning
+    the *narrowest* global optimum: one atom per ray beyond ``lam`` from the
+    Huber median. Cost: a few passes over X (O(N n) each) plus sorting.
+
+    Parameters
+    ----------
+    X : array (N, n)
+        Data, one point per row (float32 accepted).
+    lam : float
+        Sparsity parameter (SAELens ``l1_coefficient = 2 lam``).
+    ray_tol : float, optional
+        Directions ``u_i, u_j`` (unit vectors from the bias) within ``ray_tol`` of a
+        ray's leader share its atom. Default: ``1e-8`` for float64 data,
+        ``1e-4`` for float32. A tolerance that merges genuinely different
+        directions is allowed: ``value`` is then the true objective of the
+        returned triple and ``excess`` the loss it adds.
+    tol : float
+        Relative gap at which the solution counts as certified.
+    signed : bool
+        Signed codes (``z`` in R with penalty ``|z|``): atoms are lines, not
+        rays, so antipodal rays share one atom. The lower bound is the same.
+
+    progress : callable, optional
+        Receives :class:`widelimit.engine.local.Progress` events of the passes.
+    checkpoint : str or Path, optional
+        Checkpoint file of the Huber median (resumable; see :func:`widelimit.huber_median`).
+
+    ``X`` may be an :class:`~widelimit.data.source.ActivationSource`: it is streamed;
+    memory is O(N) scalars (each point's ray and code, which the solution
+    returns) plus a chunk, never O(N n).
+
+    Returns
+    -------
+    WideLimitSolution
+
+    Examples
+    --------
+    >>> import numpy as np, widelimit as wl
+    >>> sol = wl.solve(np.array([[0.0], [0.0], [0.0], [10.0]]), lam=1.0)
+    >>> round(sol.value, 12), sol.width, round(float(sol.bias[0]), 12)
+    (4.666666666667, 1, 0.333333333333)
+    """
+    X = check_data(X, finite=False)  # the median's first pass checks every row
+    lam = check_lam(lam)
+    tol_dir = default_ray_tol(X.dtype) if ray_tol is None else float(ray_tol)
+    if not (tol_dir >= 0 and np.isfinite(tol_dir)):
+        raise ValueError(f"ray_tol must be a finite number >= 0, got {ray_tol!r}")
+    if getattr(engine_for(X), "threads", 1) > 1:  # the passes' threads use the cores; BLAS in between one
+        with one_blas_thread():
+            return _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint)
+    return _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint)
+
+
+def _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint) -> WideLimitSolution:
+    """:func:`solve` on validated input."""
+    # the rays' sort keys are taken inside the median's last pass when it can tell which one that is
+    tap = KeysTap(X.shape[0], X.shape[1], signed) if isinstance(engine_for(X), LocalEngine) else None
+    med = _median(X, lam, None, "huber", min(1e-11, 0.01 * tol), 1e-10, 100, 4096, 0, progress, checkpoint, tap)
+    b, groups, passes = _narrowest_bias(X, med, lam, tol_dir, signed, tap)
+    del tap
+    # atoms keep float32 for float32 data (as scikit-learn estimators do): the certificate
+    # below evaluates the returned float32 atoms in float64, so it stays rigorous
+    dtype = np.float32 if X.dtype == np.float32 else np.float64
+    engine = engine_for(X, progress)
+    if not signed and isinstance(engine, LocalEngine):
+        Wd, z, cert = _build_and_certify(engine, groups, lam, med, tol, dtype)
+        passes += 1
+    else:
+        passes += 3  # atoms (random access), codes, certificate
+        Wd = groups.atoms(X, dtype=dtype)
+        z = groups.code_values(X, Wd)
+        N = X.shape[0]
+        on = np.flatnonzero(groups.rays >= 0)
+        Zs = sp.csr_array((z[on], (on, groups.rays[on])), shape=(N, Wd.shape[0]))
+        if signed:
+            cert = _signed_certificate(X, Wd, Zs, b, lam, med, tol)
+        else:
+            cert = _certificate(X, Wd, Zs, b, lam, med, tol, 0.0, progress)
+    excess = cert.value - cert.lower_bound_at_bias
+    return WideLimitSolution(
+        value=cert.value, bias=b, bias_segment=med.segment, dictionary=Wd, rays=groups.rays,
+        code_values=z, certificate=cert, median=med, lam=lam, ray_tol=tol_dir,
+        excess=float(excess), signed=signed, n_passes=med.n_passes + passes,
+    )
+
+
+def _solution_chunk(c, s, b, lam, W, z_out, ray, lead, single):
+    """One block of the pass that builds the solution and certifies it.
+
+    Writes the atoms of the rays whose leader is in the block into ``W`` and the codes of
+    points alone on their ray into ``z_out``, and returns the certificate's sums over the
+    points within ``lam`` and the points alone on their ray (points on shared rays are
+    settled afterwards, once every atom exists): ``(sum ||e||^2, sum e, max ||e||^2,
+    sum h(||x - b||), <G, Q> part, penalty part, atoms used)``. One fused sweep
+    (:func:`widelimit.engine.kernels.solution_rows`).
+    """
+    rec, esum, emax, hub, comp, pen, width = solution_rows(c, b, float(lam), W, z_out, s, ray, lead, single)
+    if not np.isfinite(hub):
+        raise_nonfinite(c, s)
+    return float(rec), esum, float(emax), float(hub), float(comp), float(pen), int(width)
+
+
+def _merge_solution(p, q):
+    return (p[0] + q[0], p[1] + q[1], max(p[2], q[2]), p[3] + q[3], p[4] + q[4], p[5] + q[5], p[6] + q[6])
+
+
+def _build_and_certify(engine, groups: RayGroups, lam, med, tol, dtype):
+    """Atoms, codes and certificate of the narrowest solution in one pass over X.
+
+    Equivalent to ``groups.atoms``, ``groups.code_values`` and :func:`widelimit.verify`'s
+    certificate of the resulting ``(W, Z, b)`` (which the tests check), without reading X
+    three times. Points on rays shared with other points are settled after the pass from
+    their rows alone (random access), atom by atom, so memory stays O(chunk).
+    """
+    X, b = engine.X, groups.bias
+    N, n = X.shape
+    rays, leaders = groups.rays, groups.leaders
+    k = leaders.size
+    W = np.empty((k, n), dtype=dtype)
+    z = np.zeros(N)
+    count = np.bincount(rays[rays >= 0], minlength=k)
+    lead = np.zeros(N, dtype=bool)
+    lead[leaders] = True
+    single = np.zeros(N, dtype=bool)
+    single[leaders[count == 1]] = True
+    engine.stage = "certificate"
+    rec, esum, emax, hub, comp, pen, width = engine.reduce(
+        _solution_chunk, _merge_solution, b, lam, W, z, extras=(rays, lead, single))
+    # points on shared rays, grouped by ray (a ray split across two batches is carried over)
+    multi = np.flatnonzero((rays >= 0) & ~single)
+    multi = multi[np.argsort(rays[multi], kind="stable")]
+    carry = None  # (atom, sum z, sum z e)
+    step = chunk_rows(n)
+
+    def settle(cs, ez):
+        return float(cs - (ez @ ez) / (lam * lam * cs)) if cs > 0 else 0.0
+
+    for a0 in range(0, multi.size, step):
+        idx = multi[a0 : a0 + step]
+        atom = rays[idx]
+        D = engine.take(idx) - b
+        w = W[atom].astype(np.float64)
+        norms = np.sqrt(np.einsum("ij,ij->i", w, w))
+        zz = np.maximum(np.einsum("ij,ij->i", D, w) - lam, 0.0)
+        z[idx] = zz
+        D -= zz[:, None] * w
+        ee = np.einsum("ij,ij->i", D, D)
+        rec += float(ee.sum())
+        esum = esum + D.sum(axis=0)
+        emax = max(emax, float(ee.max()))
+        zn = zz * norms
+        pen += float(zn.sum())
+        starts = np.flatnonzero(np.r_[True, atom[1:] != atom[:-1]])
+        cs = np.add.reduceat(zn, starts)
+        ez = np.add.reduceat(zn[:, None] * D, starts, axis=0)
+        if carry is not None and carry[0] == atom[0]:
+            cs[0] += carry[1]
+            ez[0] += carry[2]
+        elif carry is not None:
+            comp += settle(carry[1], carry[2])
+            width += int(carry[1] > 0)
+        done, ezd = cs[:-1], ez[:-1]  # rays complete in this batch
+        live = done > 0
+        comp += float(np.sum(done[live] - np.einsum("ij,ij->i", ezd[live], ezd[live]) / (lam * lam * done[live])))
+        width += int(np.count_nonzero(live))
+        carry = (atom[starts[-1]], cs[-1], ez[-1])
+    if carry is not None:
+        comp += settle(carry[1], carry[2])
+        width += int(carry[1] > 0)
+    cert = make_certificate(N, n, rec, 2.0 * lam * pen, esum, emax, hub, (lam / N) * comp, width, lam, med,
+                            tol, 0.0)
+    return W, z, cert
+
+
+def _signed_certificate(X, W, Zs, b, lam, med, tol):
+    """Certificate for signed codes: ``Z = Z+ - Z-`` on the doubled dictionary ``[W; -W]``."""
+    pos = Zs.maximum(0)
+    neg = (-Zs).maximum(0)
+    W2 = np.vstack([W, -W])
+    Z2 = sp.hstack([pos, neg]).tocsr()
+    return _certificate(X, W2, Z2, b, lam, med, tol, 0.0)

@@ -1,0 +1,157 @@
+r"""The width frontier: best objective found at each width, against the wide-limit bound.
+
+For a width ``k`` the optimum ``L*(k)`` is nonincreasing in ``k`` and bounded below
+by the certified wide-limit bound ``min_b H(b)`` (theory.md §3), which it reaches at
+``k = number of rays`` (theory.md §6, "splitting with width"). :func:`frontier`
+estimates ``L*(k)`` by the best of several gradient runs per width (ray-clustering
+initialisation first), checks every value against the bound, reports the
+*saturation width* (smallest width within ``sat_tol`` of the bound) next to the
+number of rays, and draws loss vs width with the bound line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+from .._validation import check_data, check_lam
+from .crossval import best_fit
+from ..exact.solve import WideLimitSolution, solve
+
+__all__ = ["Frontier", "frontier", "plot_frontier"]
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Loss vs width.
+
+    Attributes
+    ----------
+    widths : list of int
+    values : list of float
+        Best objective found per width (over restarts), float64.
+    restart_values : list of list of float
+    lower_bound : float
+        Certified wide-limit bound (no width does better).
+    exact_value : float
+        Objective of the exact narrowest optimum (width ``n_rays``).
+    n_rays : int
+        Number of rays: the narrowest optimal width.
+    saturation_width : int or None
+        Smallest width in ``widths`` whose best value is within ``sat_tol`` (relative) of the bound.
+    respects_bound : bool
+        Every run's value is ``>= lower_bound`` (up to ``1e-9`` relative).
+    monotone : bool
+        Best values are nonincreasing in width (up to ``sat_tol``); a failure means
+        the restarts missed the optimum at some width.
+    sat_tol : float
+    lam : float
+    plot : str or None
+        PNG written, if any.
+    """
+
+    widths: list
+    values: list
+    restart_values: list
+    lower_bound: float
+    exact_value: float
+    n_rays: int
+    saturation_width: int | None
+    respects_bound: bool
+    monotone: bool
+    sat_tol: float
+    lam: float
+    plot: str | None = None
+    exact: WideLimitSolution | None = field(default=None, repr=False)
+
+    def as_dict(self) -> dict:
+        """Plain-Python summary (JSON-serialisable)."""
+        return {
+            "widths": self.widths, "values": self.values, "restart_values": self.restart_values,
+            "rel_gaps": [(v - self.lower_bound) / max(abs(v), 1e-300) for v in self.values],
+            "lower_bound": self.lower_bound, "exact_value": self.exact_value, "n_rays": self.n_rays,
+            "saturation_width": self.saturation_width, "respects_bound": self.respects_bound,
+            "monotone": self.monotone, "sat_tol": self.sat_tol, "lam": self.lam, "plot": self.plot,
+        }
+
+
+def frontier(X, lam, widths, *, n_restarts: int = 3, seed: int = 0, inits=("rays", "data"),
+             sat_tol: float = 1e-4, out=None, exact: WideLimitSolution | None = None, callback=None,
+             **fit_kwargs) -> Frontier:
+    """Best objective per width (restarts), the wide-limit bound, the saturation width and a plot.
+
+    Parameters
+    ----------
+    X : array (N, n)
+    lam : float
+    widths : sequence of int
+        Widths to fit (each >= 1).
+    n_restarts : int
+        Gradient runs per width, cycling through ``inits`` with seeds ``seed, seed+1, ...``.
+    inits : sequence of str
+        Initialisations (the default starts with the ray clustering).
+    sat_tol : float
+        Relative gap under which a width counts as saturated.
+    out : path, optional
+        Write the loss-vs-width PNG here.
+    exact : WideLimitSolution, optional
+        Precomputed :func:`widelimit.solve` result.
+    callback : callable(width, best_value), optional
+        Called after each width.
+    **fit_kwargs
+        Passed to :func:`widelimit.fit_dictionary`.
+
+    Returns
+    -------
+    Frontier
+    """
+    X = check_data(X)
+    lam = check_lam(lam)
+    ws = [int(w) for w in widths]
+    if not ws:
+        raise ValueError("widths is empty")
+    if min(ws) < 1:
+        raise ValueError(f"every width must be >= 1, got {min(ws)}")
+    ws = sorted(set(ws))
+    ex = solve(X, lam) if exact is None else exact
+    lb = float(ex.lower_bound)
+    values, restarts = [], []
+    for w in ws:
+        best, fits = best_fit(X, lam, w, n_restarts=n_restarts, seed=seed, inits=inits, **fit_kwargs)
+        values.append(best.value)
+        restarts.append([f.value for f in fits])
+        if callback is not None:
+            callback(w, best.value)
+    slack = 1e-9 * max(abs(lb), 1e-300)
+    respects = all(v >= lb - slack for vs in restarts for v in vs)
+    sat = next((w for w, v in zip(ws, values) if v - lb <= sat_tol * abs(v)), None)
+    mono = all(values[i + 1] <= values[i] * (1 + sat_tol) for i in range(len(values) - 1))
+    res = Frontier(widths=ws, values=values, restart_values=restarts, lower_bound=lb, exact_value=ex.value,
+                   n_rays=ex.width, saturation_width=sat, respects_bound=respects, monotone=mono,
+                   sat_tol=sat_tol, lam=lam, exact=ex)
+    if out is not None:
+        path = plot_frontier(res, out)
+        res = Frontier(**{**res.__dict__, "plot": str(path)})
+    return res
+
+
+def plot_frontier(fr: Frontier, path, title: str | None = None) -> Path:
+    """Loss vs width (best and every restart), the wide-limit bound and the number of rays, as a PNG."""
+    from ..plot import _plt, save_figure
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for w, vs in zip(fr.widths, fr.restart_values):
+        ax.plot([w] * len(vs), vs, "o", color="0.7", ms=4, zorder=1)
+    ax.plot(fr.widths, fr.values, "o-", color="C0", label="best gradient solution", zorder=2)
+    ax.axhline(fr.lower_bound, color="C3", ls="--", label=f"wide-limit bound {fr.lower_bound:.6g}")
+    ax.axvline(fr.n_rays, color="k", ls=":", lw=1, label=f"number of rays = {fr.n_rays}")
+    if fr.saturation_width is not None:
+        ax.plot([fr.saturation_width], [fr.values[fr.widths.index(fr.saturation_width)]], "*", ms=14,
+                color="C2", label=f"saturation width = {fr.saturation_width}", zorder=3)
+    ax.set_xlabel("width k (atoms)")
+    ax.set_ylabel("objective L (mean per point)")
+    ax.set_title(title or f"loss vs width, lam = {fr.lam:g}")
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)

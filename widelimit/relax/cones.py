@@ -1,0 +1,701 @@
+r"""The convex Q-problem over approximations of the completely positive cone.
+
+Eliminating the dictionary (theory.md §2) turns dictionary learning of any
+width into the convex problem
+
+.. math::
+
+    \min_{Q \in \mathcal{CP}_N,\ b}\ f(Q, b) = \frac{\lambda}{N}\Big(
+        \operatorname{tr}\big(\tilde X^\top (Q + \lambda I)^{-1} \tilde X\big)
+        + \mathbf 1^\top Q \mathbf 1\Big), \qquad \tilde X = X - \mathbf 1 b^\top ,
+
+whose only hard part is the cone. Replacing ``CP_N`` by a larger cone gives a
+lower bound (an *outer* approximation), by a smaller one an upper bound
+(*inner*):
+
+.. math::
+
+    \text{diagonal} \subset \text{nndd} \subset \text{sdd} \subset \mathcal{CP}_N
+    \subset \text{dnn\_horn} \subset \text{dnn} \subset \text{nonneg}.
+
+* ``nonneg``: symmetric, entrywise ``>= 0`` (``Q + lam I`` positive definite is
+  enforced by the objective's domain).
+* ``dnn``: doubly nonnegative, ``Q >= 0`` entrywise and ``Q`` positive semidefinite.
+* ``dnn_horn``: DNN plus Horn cuts ``<H_pi, Q_S> >= 0`` on 5x5 principal
+  submatrices (``H`` the Horn matrix, copositive but not ``PSD + NN``; ``pi``
+  one of the 12 cyclic orders of a 5-subset ``S``), added by exact separation
+  in rounds (cutting planes); ``N >= 5``.
+* ``sdd``: nonnegative scaled diagonally dominant (factor width 2): sums of
+  entrywise-nonnegative PSD matrices supported on a 2x2 principal block; an
+  SOCP cone, inside CP because nonnegative PSD 2x2 matrices are CP.
+* ``nndd``: nonnegative diagonally dominant, ``Q_ii >= sum_{j != i} Q_ij``,
+  ``Q >= 0``; linear constraints, inside CP (a sum of ``e_i e_i^T`` and
+  ``(e_i + e_j)(e_i + e_j)^T`` terms).
+* ``diagonal``: ``Q = diag(q)``, ``q >= 0`` (one atom per point).
+
+The objective is modelled with cvxpy's ``matrix_frac`` (an LMI of size
+``N + n``) and solved by SCS (first order) or Clarabel (interior point).
+For this problem every one of these bounds equals the closed-form optimum
+``widelimit.solve(X, lam).value`` (theory.md §4: the gradient at the optimal
+diagonal ``Q*`` is entrywise nonnegative, so it certifies optimality over every
+cone between CP and ``nonneg``, and a diagonal ``Q`` is optimal), which makes
+the family a benchmark for conic solvers with a *known* optimum:
+:func:`sandwich` checks ``outer <= exact <= inner`` and reports each error.
+
+A solver that stops with an inaccurate or infeasible status is reported with
+that status and ``value = nan``: it is never returned as a bound.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._validation import check_data, check_lam, check_vector
+
+__all__ = [
+    "CONES",
+    "OUTER_CONES",
+    "INNER_CONES",
+    "SOLVERS",
+    "FAMILIES",
+    "RelaxationResult",
+    "SandwichEntry",
+    "SandwichReport",
+    "Instance",
+    "relax",
+    "sandwich",
+    "make_instance",
+    "horn_matrix",
+    "horn_separation",
+    "estimate_memory",
+]
+
+#: Outer approximations of CP (their optimal values are lower bounds).
+OUTER_CONES = ("nonneg", "dnn", "dnn_horn")
+#: Inner approximations of CP (every feasible Q is CP; values are upper bounds).
+INNER_CONES = ("sdd", "nndd", "diagonal")
+#: Every cone :func:`relax` accepts, from the largest to the smallest.
+CONES = OUTER_CONES + INNER_CONES
+#: Conic solvers accepted by name.
+SOLVERS = ("SCS", "CLARABEL")
+
+#: Default cap on the estimated solver memory (bytes) before :func:`relax` refuses.
+DEFAULT_MAX_MEMORY = 2**30
+
+_OK = "optimal"
+
+
+def horn_matrix() -> np.ndarray:
+    r"""The 5x5 Horn matrix: copositive, but not a sum of a PSD and a nonnegative matrix.
+
+    .. math:: H_{ii} = 1,\quad H_{i,i\pm1} = -1,\quad H_{i,i\pm2} = 1 \pmod 5 .
+
+    ``<H, A> >= 0`` for every completely positive ``A``; a doubly nonnegative
+    ``A`` with ``<H, A> < 0`` is therefore not CP.
+    """
+    H = np.ones((5, 5))
+    for i in range(5):
+        H[i, (i + 1) % 5] = H[(i + 1) % 5, i] = -1.0
+    return H
+
+
+# The 12 distinct 5-cycles on positions 0..4 (cyclic orders up to rotation and reflection).
+def _five_cycles() -> np.ndarray:
+    seen, out = set(), []
+    for p in itertools.permutations(range(1, 5)):
+        cyc = (0,) + p
+        edges = frozenset(frozenset((cyc[i], cyc[(i + 1) % 5])) for i in range(5))
+        if edges not in seen:
+            seen.add(edges)
+            out.append(cyc)
+    return np.array(out)
+
+
+_CYCLES = _five_cycles()
+
+
+def horn_separation(Q, *, max_cuts: int = 50, max_subsets: int = 300_000, tol: float = 0.0,
+                    seed: int = 0) -> list[tuple[tuple[int, ...], float]]:
+    r"""Most violated Horn cuts of a symmetric matrix ``Q``.
+
+    For a 5-subset ``S`` and a cyclic order ``c`` of it,
+
+    .. math:: \langle H_c, Q_S\rangle = \operatorname{tr} Q_S + 2\sum_{\{i,j\}\subset S} Q_{ij}
+              - 4 \sum_{\text{edges } \{i,j\} \text{ of } c} Q_{ij},
+
+    so the most violated order of ``S`` is its heaviest 5-cycle. All
+    ``C(N, 5)`` subsets are searched when there are at most ``max_subsets`` of
+    them, else ``max_subsets`` random ones (seeded).
+
+    Returns
+    -------
+    list of (cycle, value)
+        Up to ``max_cuts`` cycles (point indices in cyclic order) with
+        ``<H_c, Q_S> < -tol``, most violated first.
+    """
+    Q = np.asarray(Q, dtype=np.float64)
+    N = Q.shape[0]
+    if N < 5:
+        return []
+    total = math.comb(N, 5)
+    rng = np.random.default_rng(seed)
+    best: list[tuple[float, tuple[int, ...]]] = []
+
+    def subsets():
+        if total <= max_subsets:
+            it = itertools.combinations(range(N), 5)
+            while True:
+                chunk = np.fromiter(itertools.chain.from_iterable(itertools.islice(it, 50_000)), dtype=np.int64)
+                if chunk.size == 0:
+                    return
+                yield chunk.reshape(-1, 5)
+        else:
+            left = max_subsets
+            while left > 0:
+                m = min(left, 50_000)
+                left -= m
+                yield np.sort(np.argsort(rng.random((m, N)), axis=1)[:, :5], axis=1)
+
+    for S in subsets():
+        sub = Q[S[:, :, None], S[:, None, :]]  # (m, 5, 5)
+        tr = np.einsum("mii->m", sub)
+        off = (sub.sum(axis=(1, 2)) - tr) / 2.0
+        C = S[:, _CYCLES]  # (m, 12, 5) point indices in cyclic order
+        edge = Q[C, np.roll(C, -1, axis=2)].sum(axis=2)  # (m, 12)
+        j = np.argmax(edge, axis=1)
+        val = tr + 2.0 * off - 4.0 * edge[np.arange(len(S)), j]
+        bad = np.flatnonzero(val < -tol)
+        if bad.size:
+            order = bad[np.argsort(val[bad])][:max_cuts]
+            best.extend((float(val[i]), tuple(int(v) for v in C[i, j[i]])) for i in order)
+            best.sort(key=lambda t: t[0])
+            del best[max_cuts:]
+    return [(c, v) for v, c in best]
+
+
+def _horn_constraint(Q, cycle):
+    """``<H_c, Q_S> >= 0`` as a cvxpy constraint."""
+    S = sorted(cycle)
+    pos = {p: i for i, p in enumerate(S)}
+    H = np.ones((5, 5))
+    for a in range(5):
+        i, j = pos[cycle[a]], pos[cycle[(a + 1) % 5]]
+        H[i, j] = H[j, i] = -1.0
+    import cvxpy as cp
+
+    return cp.sum(cp.multiply(H, Q[S][:, S])) >= 0
+
+
+def estimate_memory(N: int, n: int, cone: str, solver: str) -> int:
+    """Rough peak memory (bytes) the solver needs for the problem of size ``N x n``.
+
+    The objective's LMI has side ``d = N + n`` and ``m = d(d+1)/2`` scalar
+    entries. An interior-point method (Clarabel) factors a KKT system whose
+    PSD block is a dense ``m x m`` matrix: about ``16 m^2`` bytes. SCS keeps
+    only vectors and a sparse factorisation: about ``400 m`` bytes.
+    """
+    d = N + n
+    m = d * (d + 1) // 2
+    if cone == "sdd":
+        m += 3 * N * (N - 1) // 2
+    if solver.upper() == "CLARABEL":
+        return 16 * m * m
+    return 400 * m
+
+
+@dataclass(frozen=True)
+class RelaxationResult:
+    """Solution of the Q-problem over one cone.
+
+    Attributes
+    ----------
+    cone : str
+    kind : str
+        ``"outer"`` (value is a lower bound on the CP optimum) or ``"inner"`` (upper bound).
+    solver : str
+    status : str
+        cvxpy's status (``"optimal"``, ``"optimal_inaccurate"``, ``"infeasible"``,
+        ...) or ``"solver_error"``.
+    value : float
+        Optimal value when ``status == "optimal"``, else ``nan`` (never a bound).
+    solver_value : float
+        The solver's objective whatever the status (``nan`` when it has none).
+    Q : ndarray (N, N) or None
+        The solver's ``Q`` (None when the solver returned nothing).
+    b : ndarray (n,) or None
+        The bias (the fixed one when ``b`` was given).
+    time_s : float
+        Wall time of the solve calls (model building included).
+    solve_time_s : float
+        Time the solver itself reported.
+    tol : float
+        Tolerance passed to the solver.
+    n_cuts, n_rounds : int
+        Horn cuts added and solves performed (``dnn_horn``; 0 and 1 otherwise).
+    message : str
+        Why the result is not a bound, when it is not.
+    """
+
+    cone: str
+    kind: str
+    solver: str
+    status: str
+    value: float
+    solver_value: float
+    Q: np.ndarray | None
+    b: np.ndarray | None
+    time_s: float
+    solve_time_s: float
+    tol: float
+    N: int
+    n: int
+    lam: float
+    n_cuts: int = 0
+    n_rounds: int = 1
+    message: str = ""
+    info: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when the solver reported ``optimal`` (the value may be used as a bound)."""
+        return self.status == _OK
+
+    @property
+    def bound(self) -> float:
+        """The value as a bound; raises :class:`RuntimeError` if the solve did not reach ``optimal``."""
+        if not self.ok:
+            raise RuntimeError(
+                f"{self.solver} stopped with status {self.status!r} on cone {self.cone!r}: no bound "
+                f"({self.message or 'solver did not reach its tolerance'})"
+            )
+        return self.value
+
+    def as_dict(self) -> dict:
+        """Plain-Python summary (JSON-serialisable); ``Q`` is left out."""
+        return {
+            "cone": self.cone, "kind": self.kind, "solver": self.solver, "status": self.status,
+            "value": self.value, "solver_value": self.solver_value, "time_s": self.time_s,
+            "solve_time_s": self.solve_time_s, "tol": self.tol, "N": self.N, "n": self.n,
+            "lam": self.lam, "n_cuts": self.n_cuts, "n_rounds": self.n_rounds, "message": self.message,
+            "b": None if self.b is None else [float(v) for v in self.b], **self.info,
+        }
+
+
+def _solver_kwargs(solver: str, tol: float, max_iters: int | None, solver_opts: dict | None) -> dict:
+    if solver == "SCS":
+        kw = {"eps_abs": tol, "eps_rel": tol, "max_iters": 100_000 if max_iters is None else int(max_iters)}
+    else:
+        kw = {"tol_gap_abs": tol, "tol_gap_rel": tol, "tol_feas": tol, "tol_ktratio": min(1e-6, tol)}
+        if max_iters is not None:
+            kw["max_iter"] = int(max_iters)
+    kw.update(solver_opts or {})
+    return kw
+
+
+def _cone_constraints(cone: str, Q, N: int):
+    import cvxpy as cp
+
+    if cone == "nonneg":
+        return [Q >= 0]
+    if cone in ("dnn", "dnn_horn"):
+        return [Q >> 0, Q >= 0]
+    if cone == "nndd":
+        return [Q >= 0, 2 * cp.diag(Q) >= cp.sum(Q, axis=1)]
+    if cone == "sdd":
+        import scipy.sparse as sp
+
+        iu, ju = np.triu_indices(N, 1)
+        P = iu.size
+        if P == 0:
+            return [Q >= 0]
+        a = cp.Variable(P, nonneg=True)
+        d = cp.Variable(P, nonneg=True)
+        c = cp.vec(Q, order="F")[iu + ju * N]  # Q[i, j] for i < j
+        Ai = sp.csr_matrix((np.ones(P), (iu, np.arange(P))), shape=(N, P))
+        Aj = sp.csr_matrix((np.ones(P), (ju, np.arange(P))), shape=(N, P))
+        # each 2x2 block [[a, c], [c, d]] is PSD: a d >= c^2 (rotated second-order cone)
+        return [Q >= 0, cp.diag(Q) == Ai @ a + Aj @ d, cp.SOC(a + d, cp.vstack([2 * c, a - d]), axis=0)]
+    raise ValueError(f"unknown cone {cone!r}")
+
+
+def relax(X, lam, cone: str = "dnn", *, solver: str = "SCS", b=None, tol: float = 1e-6,
+          max_iters: int | None = None, solver_opts: dict | None = None,
+          max_memory: float = DEFAULT_MAX_MEMORY, horn_rounds: int = 5, horn_cuts: int = 50,
+          horn_subsets: int = 300_000, verbose: bool = False) -> RelaxationResult:
+    r"""Minimise the Q-form ``f(Q, b)`` over an approximation of the CP cone.
+
+    .. math:: \min_{Q\in K,\ b}\ \frac{\lambda}{N}\Big(\operatorname{tr}\big(\tilde X^\top(Q+\lambda I)^{-1}\tilde X\big)
+              + \mathbf 1^\top Q\mathbf 1\Big)
+
+    Parameters
+    ----------
+    X : array (N, n)
+        Data (float32 accepted; the model is built in float64).
+    lam : float
+        Sparsity parameter ``lam > 0``.
+    cone : str
+        One of :data:`CONES`: outer ``nonneg``, ``dnn``, ``dnn_horn`` (N >= 5);
+        inner ``sdd``, ``nndd``, ``diagonal``.
+    solver : {"SCS", "CLARABEL"}
+    b : array (n,), optional
+        Fixed bias; by default ``b`` is a free variable.
+    tol : float
+        Solver tolerance (SCS ``eps_abs = eps_rel``; Clarabel gap and feasibility tolerances).
+    max_iters : int, optional
+        Iteration cap passed to the solver.
+    solver_opts : dict, optional
+        Extra keyword arguments for the solver (override the tolerance mapping).
+    max_memory : float
+        Refuse (``MemoryError``) when :func:`estimate_memory` exceeds this many bytes.
+    horn_rounds, horn_cuts, horn_subsets : int
+        ``dnn_horn`` only: cutting-plane rounds, cuts added per round, and
+        5-subsets searched per separation (all of them when ``C(N,5)`` is smaller).
+    verbose : bool
+        Solver output (to the solver's own stdout).
+
+    Returns
+    -------
+    RelaxationResult
+        ``value`` is ``nan`` unless the solver's status is ``optimal``.
+
+    Raises
+    ------
+    ValueError
+        Unknown cone or solver, bad data, ``lam <= 0``, ``dnn_horn`` with ``N < 5``.
+    MemoryError
+        The problem is too large for the solver (Clarabel's dense KKT block grows like ``N^4``).
+    """
+    import cvxpy as cp
+
+    X = np.asarray(check_data(X), dtype=np.float64)
+    lam = check_lam(lam)
+    N, n = X.shape
+    cone = str(cone).lower()
+    if cone not in CONES:
+        raise ValueError(f"unknown cone {cone!r}; choose one of {', '.join(CONES)}")
+    solver = str(solver).upper()
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a positive number, got {tol!r}")
+    if cone == "dnn_horn" and N < 5:
+        raise ValueError(f"cone 'dnn_horn' needs N >= 5 points (Horn cuts are 5x5), got N = {N}")
+    mem = estimate_memory(N, n, cone, solver)
+    if mem > max_memory:
+        raise MemoryError(
+            f"{solver} on cone {cone!r} with N = {N}, n = {n} needs about {mem / 2**30:.1f} GiB "
+            f"(limit {max_memory / 2**30:.1f} GiB); use solver='SCS', widelimit.relax.dnn, or a smaller N"
+        )
+    b_fixed = None if b is None else check_vector(b, n, "b")
+    kind = "outer" if cone in OUTER_CONES else "inner"
+
+    if cone == "diagonal":
+        q = cp.Variable(N, nonneg=True)
+        Q = cp.diag(q)
+        cons = []
+    else:
+        Q = cp.Variable((N, N), symmetric=True)
+        cons = _cone_constraints(cone, Q, N)
+    if b_fixed is None:
+        bv = cp.Variable(n)
+        Xt = X - np.ones((N, 1)) @ cp.reshape(bv, (1, n), order="C")
+    else:
+        bv = None
+        Xt = X - b_fixed[None, :]
+    obj = (lam / N) * (cp.matrix_frac(Xt, Q + lam * np.eye(N)) + cp.sum(Q))
+    solver_opts = dict(solver_opts or {})
+    verbose = bool(solver_opts.pop("verbose", verbose))
+    if "solver" in solver_opts:
+        raise ValueError("choose the solver with solver=..., not inside solver_opts")
+    kw = _solver_kwargs(solver, float(tol), max_iters, solver_opts)
+
+    t0 = time.perf_counter()
+    solve_time = 0.0
+    cuts: list = []
+    rounds = 0
+    status, sval, message = "solver_error", float("nan"), ""
+    while True:
+        rounds += 1
+        prob = cp.Problem(cp.Minimize(obj), cons + [_horn_constraint(Q, c) for c in cuts])
+        try:
+            with warnings.catch_warnings():  # the status is reported instead of cvxpy's warning
+                warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+                prob.solve(solver=solver, verbose=verbose, **kw)
+            status = str(prob.status)
+            sval = float(prob.value) if prob.value is not None and np.isfinite(prob.value) else float("nan")
+            st = getattr(prob.solver_stats, "solve_time", None)
+            solve_time += float(st) if st is not None else 0.0
+            message = "" if status == _OK else f"solver status {status}"
+        except cp.error.SolverError as e:
+            status, sval = "solver_error", float("nan")
+            message = str(e).splitlines()[0] if str(e) else "solver failed"
+        if cone != "dnn_horn" or status != _OK or rounds > horn_rounds:
+            break
+        Qv = np.asarray(Q.value, dtype=np.float64)
+        new = horn_separation(Qv, max_cuts=horn_cuts, max_subsets=horn_subsets,
+                              tol=max(10 * tol, 1e-9) * max(1.0, float(np.abs(np.diag(Qv)).max())))
+        new = [c for c, _ in new if c not in cuts]
+        if not new:
+            break
+        cuts.extend(new)
+    elapsed = time.perf_counter() - t0
+
+    Qval = None
+    if cone == "diagonal":
+        if q.value is not None:
+            Qval = np.diag(np.asarray(q.value, dtype=np.float64))
+    elif Q.value is not None:
+        Qval = np.asarray(Q.value, dtype=np.float64)
+        Qval = 0.5 * (Qval + Qval.T)
+    if b_fixed is not None:
+        bval = b_fixed
+    elif bv.value is not None:
+        bval = np.asarray(bv.value, dtype=np.float64)
+    else:
+        bval = None
+    info = {}
+    if cone == "dnn_horn":
+        info["horn_exhaustive"] = math.comb(N, 5) <= horn_subsets
+    return RelaxationResult(
+        cone=cone, kind=kind, solver=solver, status=status,
+        value=sval if status == _OK else float("nan"), solver_value=sval, Q=Qval, b=bval,
+        time_s=elapsed, solve_time_s=solve_time, tol=float(tol), N=N, n=n, lam=lam,
+        n_cuts=len(cuts), n_rounds=rounds, message=message, info=info,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# sandwich report
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SandwichEntry:
+    """One bound of a :class:`SandwichReport`."""
+
+    cone: str
+    kind: str
+    status: str
+    value: float
+    error: float
+    rel_error: float
+    consistent: bool | None
+    time_s: float
+    result: RelaxationResult | None = None
+
+    def as_dict(self) -> dict:
+        return {"cone": self.cone, "kind": self.kind, "status": self.status, "value": self.value,
+                "error": self.error, "rel_error": self.rel_error, "consistent": self.consistent,
+                "time_s": self.time_s}
+
+
+@dataclass(frozen=True)
+class SandwichReport:
+    r"""Outer and inner bounds of one instance next to the closed-form optimum.
+
+    Attributes
+    ----------
+    exact : float
+        ``widelimit.solve(X, lam).value`` (or ``H(b)`` for a fixed bias).
+    entries : list of SandwichEntry
+        ``error = value - exact``; ``consistent`` is ``value <= exact + slack``
+        for outer cones and ``value >= exact - slack`` for inner ones, ``None``
+        when the solver did not return a bound.
+    slack : float
+        ``rtol * max(1, |exact|)``.
+    ok : bool
+        Every returned bound is consistent (entries without a bound do not count).
+    all_solved : bool
+        Every requested cone returned a bound.
+    """
+
+    exact: float
+    lam: float
+    N: int
+    n: int
+    solver: str
+    tol: float
+    rtol: float
+    slack: float
+    entries: list
+
+    @property
+    def ok(self) -> bool:
+        return all(e.consistent is not False for e in self.entries)
+
+    @property
+    def all_solved(self) -> bool:
+        return all(e.consistent is not None for e in self.entries)
+
+    @property
+    def lower(self) -> float:
+        """Best (largest) outer bound returned, ``nan`` if none."""
+        v = [e.value for e in self.entries if e.kind == "outer" and e.consistent is not None]
+        return max(v) if v else float("nan")
+
+    @property
+    def upper(self) -> float:
+        """Best (smallest) inner bound returned, ``nan`` if none."""
+        v = [e.value for e in self.entries if e.kind == "inner" and e.consistent is not None]
+        return min(v) if v else float("nan")
+
+    def entry(self, cone: str) -> SandwichEntry:
+        for e in self.entries:
+            if e.cone == cone:
+                return e
+        raise KeyError(cone)
+
+    def as_dict(self) -> dict:
+        return {"exact": self.exact, "lam": self.lam, "N": self.N, "n": self.n, "solver": self.solver,
+                "tol": self.tol, "rtol": self.rtol, "slack": self.slack, "ok": self.ok,
+                "all_solved": self.all_solved, "lower": self.lower, "upper": self.upper,
+                "entries": [e.as_dict() for e in self.entries]}
+
+
+def sandwich(X, lam, cones=None, *, solver: str = "SCS", b=None, tol: float = 1e-6, rtol: float | None = None,
+             **relax_kwargs) -> SandwichReport:
+    r"""Every requested outer and inner bound next to the closed-form optimum.
+
+    For each cone ``K`` the Q-problem is solved (:func:`relax`) and compared with
+    the exact optimum ``widelimit.solve(X, lam).value`` (with a fixed ``b``:
+    ``H(b) = mean_i h_lam(||x_i - b||)``, the optimum over all widths at that bias).
+    The check is ``outer <= exact + slack`` and ``inner >= exact - slack`` with
+    ``slack = rtol * max(1, |exact|)``.
+
+    Parameters
+    ----------
+    X, lam : data and sparsity.
+    cones : sequence of str, optional
+        Default: every cone of :data:`CONES` that applies (``dnn_horn`` needs N >= 5).
+    solver : {"SCS", "CLARABEL"}
+    b : array (n,), optional
+        Fixed bias.
+    tol : float
+        Solver tolerance.
+    rtol : float, optional
+        Relative slack of the check; default ``max(1e-5, 100 * tol)``.
+    **relax_kwargs
+        Passed to :func:`relax`.
+
+    Returns
+    -------
+    SandwichReport
+    """
+    from ..exact.solve import solve
+    from ..exact.median import huber_value
+
+    X = check_data(X)
+    lam = check_lam(lam)
+    N, n = X.shape
+    if cones is None:
+        cones = [c for c in CONES if not (c == "dnn_horn" and N < 5)]
+    elif isinstance(cones, str):
+        cones = [cones]
+    exact = float(solve(X, lam).value) if b is None else float(huber_value(X, b, lam))
+    rtol = max(1e-5, 100.0 * tol) if rtol is None else float(rtol)
+    slack = rtol * max(1.0, abs(exact))
+    entries = []
+    for cone in cones:
+        r = relax(X, lam, cone, solver=solver, b=b, tol=tol, **relax_kwargs)
+        if r.ok:
+            err = r.value - exact
+            cons = bool(err <= slack) if r.kind == "outer" else bool(err >= -slack)
+        else:
+            err, cons = float("nan"), None
+        entries.append(SandwichEntry(cone=r.cone, kind=r.kind, status=r.status, value=r.value, error=err,
+                                     rel_error=abs(err) / max(abs(exact), 1e-300), consistent=cons,
+                                     time_s=r.time_s, result=r))
+    return SandwichReport(exact=exact, lam=lam, N=N, n=n, solver=str(solver).upper(), tol=float(tol),
+                          rtol=rtol, slack=slack, entries=entries)
+
+
+# --------------------------------------------------------------------------------------
+# instance families with known optima
+# --------------------------------------------------------------------------------------
+
+#: Instance families of the relaxation benchmark.
+FAMILIES = ("random", "rays", "collinear", "hierarchical")
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A generated benchmark instance: data, ``lam`` and what it was built from.
+
+    The exact optimum is ``widelimit.solve(inst.X, inst.lam).value``.
+    """
+
+    family: str
+    X: np.ndarray
+    lam: float
+    seed: int
+    truth: dict
+
+    @property
+    def N(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-N{self.N}-n{self.X.shape[1]}-s{self.seed}"
+
+
+def make_instance(family: str, N: int, dim: int = 5, *, seed: int = 0, lam: float | None = None) -> Instance:
+    r"""A benchmark instance of ``N`` points from one family, built on :mod:`widelimit.data.datasets`.
+
+    * ``random``: standard normal points (:func:`~widelimit.data.datasets.gaussian`), ``lam = 0.5``:
+      every point is its own ray.
+    * ``rays``: 4 antipodal rays about a known centre (2 when ``N < 8``) plus a
+      symmetric core within ``lam`` (:func:`~widelimit.data.datasets.symmetric_rays`), ``lam = 0.5``;
+      ``N`` must be even. Width of the optimum = number of rays.
+    * ``collinear``: points on a line (:func:`~widelimit.data.datasets.collinear`), ``lam = 1``.
+    * ``hierarchical``: parent plus children (:func:`~widelimit.data.datasets.hierarchical`),
+      with the smallest of 2..5 children dividing ``N`` (else 1), ``lam = 0.5``.
+
+    Parameters
+    ----------
+    family : str
+        One of :data:`FAMILIES`.
+    N : int
+        Number of points (>= 2).
+    dim : int
+        Ambient dimension (``hierarchical`` uses at least ``children + 1``).
+    seed : int
+    lam : float, optional
+        Override the family's default ``lam``.
+    """
+    from ..data import datasets
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown instance family {family!r}; choose one of {', '.join(FAMILIES)}")
+    N = int(N)
+    if N < 2:
+        raise ValueError(f"N must be >= 2, got {N}")
+    if dim < 1:
+        raise ValueError(f"dim must be >= 1, got {dim}")
+    if family == "random":
+        X, truth = datasets.gaussian(N, dim, seed=seed)
+        lam0 = 0.5
+    elif family == "rays":
+        if N % 2:
+            raise ValueError(f"the 'rays' family is symmetric about its centre and needs an even N, got {N}")
+        n_rays = 4 if N >= 8 else 2
+        ppr = N // n_rays
+        core = N - n_rays * ppr  # even, since N and n_rays are
+        X, truth = datasets.symmetric_rays(n_rays, dim, ppr, n_core=core, seed=seed)
+        truth = dict(truth, n_rays=n_rays)
+        lam0 = 0.5
+    elif family == "collinear":
+        X, truth = datasets.collinear(N, dim, seed=seed)
+        lam0 = 1.0
+    else:
+        k = next((c for c in (2, 3, 4, 5) if N % c == 0), 1)
+        X, truth = datasets.hierarchical(k, max(dim, k + 1), N // k, seed=seed)
+        lam0 = 0.5
+    lam = lam0 if lam is None else check_lam(lam)
+    return Instance(family=family, X=np.asarray(X, dtype=np.float64), lam=float(lam), seed=int(seed), truth=truth)
