@@ -1,0 +1,38 @@
+"""``widelimit experiment``: list or run the phenomena-lab experiments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+from ._common import (load_data, _console, print_json, _fmt, certificate_table, _dual_round, _solution_rows, _write_solution, progress_display, open_source)  # noqa: F401
+
+
+# --------------------------------------------------------------------------------------
+# experiment
+# --------------------------------------------------------------------------------------
+
+
+def _add_experiment(sub):
+    p = sub.add_parser("experiment", help="run a named experiment (writes PNG plots and JSON)")
+    p.add_argument("name", nargs="?", default=None, help="experiment name; omit to list them")
+    p.add_argument("--out", type=Path, default=None, help="folder for plots and JSON (default: ./experiments/NAME)")
+    p.add_argument("--quick", action="store_true", help="small sizes (as in the test suite)")
+    p.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
+
+
+def _run_experiment(args) -> int:
+    from ..lab import experiments
+
+    if args.name is None:
+        for name, doc in experiments.names().items():
+            print(f"{name:28s} {doc}")
+        return 0
+    fn = experiments.get(args.name)
+    out = args.out if args.out is not None else Path("experiments") / args.name
+    result = fn(out, quick=args.quick)
+    if args.json:
+        print_json(result)
+    else:
+        _console().print(f"experiment {args.name}: results in {out}")
+    return 0

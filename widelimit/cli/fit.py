@@ -1,0 +1,188 @@
+"""``widelimit fit`` and ``widelimit frontier``: the gradient solver at finite width."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .._json import to_jsonable as _jsonable
+from ._common import (load_data, _console, print_json, _fmt, certificate_table, _dual_round, _solution_rows, _write_solution, progress_display, open_source)  # noqa: F401
+
+
+# --------------------------------------------------------------------------------------
+# fit / frontier (gradient solver)
+# --------------------------------------------------------------------------------------
+
+
+def _add_fit_options(p):
+    p.add_argument("data", help="data file (.npy .npz .csv .safetensors .pt) or a built-in dataset name")
+    p.add_argument("--lam", type=float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
+    p.add_argument("--key", default=None, help="array name inside .npz / .safetensors / .pt")
+    p.add_argument("--encoder", default="none", choices=["none", "relu", "jumprelu", "topk"],
+                   help="free codes (dictionary learning) or an amortised SAE encoder")
+    p.add_argument("--topk", type=int, default=None, help="active features per point for --encoder topk")
+    p.add_argument("--init", default="rays", choices=["rays", "data", "random"], help="initial atoms")
+    p.add_argument("--restarts", type=int, default=1, help="independent runs; the best is kept")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--max-steps", type=int, default=None, help="step budget")
+    p.add_argument("--max-time", type=float, default=None, help="time budget per run, seconds")
+    p.add_argument("--rtol", type=float, default=1e-8, help="stop when the relative improvement per step is below this")
+    p.add_argument("--batch-size", type=int, default=None, help="minibatch size (default: full batch)")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (encoders)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _lam_of(args, lam0):
+    lam = args.lam if args.lam is not None else lam0
+    if lam is None:
+        raise ValueError("--lam is required for data files")
+    return lam
+
+
+def _fit_kwargs(args):
+    kw = {"encoder": args.encoder, "device": args.device, "max_steps": args.max_steps, "max_time": args.max_time,
+          "rtol": args.rtol, "batch_size": args.batch_size, "lr": args.lr}
+    if args.topk is not None:
+        kw["topk"] = args.topk
+    return kw
+
+
+class _Progress:
+    """A rich progress display on stderr (stdout stays clean for --json)."""
+
+    def __init__(self, enabled=True):
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                 console=Console(stderr=True), disable=not enabled, transient=True)
+        self.task = None
+
+    def __enter__(self):
+        self.progress.__enter__()
+        self.task = self.progress.add_task("starting", total=None)
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def say(self, text):
+        self.progress.update(self.task, description=text)
+
+
+def _add_fit(sub):
+    p = sub.add_parser("fit", help="gradient dictionary learning at a given width, compared with the certified bound")
+    _add_fit_options(p)
+    p.add_argument("--width", type=int, required=True, help="number of atoms k >= 1")
+    p.add_argument("--out", type=Path, default=None, help="write fit.npz (dictionary, bias, codes) and fit.json here")
+
+
+def _run_fit(args) -> int:
+    import scipy.sparse as sp
+
+    from ..exact.certificate import verify
+    from ..learn.crossval import best_fit
+
+    X, lam0, label = load_data(args.data, args.key)
+    lam = _lam_of(args, lam0)
+    with _Progress(enabled=True) as prog:
+        run = {"i": 0}
+
+        def cb(h):
+            prog.say(f"run {run['i'] + 1}/{args.restarts}: step {h['step']}  objective {h['value']:.8g}")
+
+        kw = _fit_kwargs(args)
+        kw["callback"] = cb
+        fits = []
+        for i in range(max(1, args.restarts)):
+            run["i"] = i
+            best, _ = best_fit(X, lam, args.width, n_restarts=1, seed=args.seed + i, inits=(args.init,), **kw)
+            fits.append(best)
+        prog.say("certifying")
+        fit = min(fits, key=lambda f: f.value)
+        cert = verify(X, lam, fit.dictionary, fit.codes, fit.bias, tol=1e-4)
+    d = fit.as_dict()
+    d.update({"data": label, "value": cert.value, "lower_bound": cert.lower_bound, "gap": cert.gap,
+              "rel_gap": cert.rel_gap, "certified": cert.certified, "width": fit.width,
+              "restart_values": [f.value for f in fits], "bias": fit.bias, "certificate": cert.as_dict()})
+    files = []
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        npz = args.out / "fit.npz"
+        np.savez(npz, dictionary=fit.dictionary, bias=fit.bias, lam=lam,
+                 **{f"enc_{k}": v for k, v in fit.encoder_params.items()})
+        cz = args.out / "fit_codes.npz"
+        sp.save_npz(cz, sp.csr_matrix(fit.codes))
+        js = args.out / "fit.json"
+        js.write_text(json.dumps(_jsonable({**d, "history": fit.history}), indent=2))
+        files = [npz, cz, js]
+    d["files"] = [str(f) for f in files]
+    if args.json:
+        print_json(d)
+        return 0
+    rows = [
+        ("points N x dims n", f"{cert.n_points} x {cert.dim}", "data size"),
+        ("lam", lam, "sparsity (SAELens l1_coefficient = 2 lam)"),
+        ("width", fit.width, f"atoms ({fit.live_atoms} used)"),
+        ("encoder", fit.encoder, "none = free codes (dictionary learning)"),
+        ("value", cert.value, "objective of the learned (W, Z, b), float64"),
+        ("lower bound", cert.lower_bound, "certified wide-limit bound: no width does better"),
+        ("gap", cert.gap, "value - lower bound"),
+        ("relative gap", cert.rel_gap, "0 once the width reaches the number of rays"),
+        ("coding gap", fit.coding_gap, "certified gap of the codes for this dictionary"),
+    ]
+    if fit.encoder_value is not None:
+        rows.append(("encoder value", fit.encoder_value, "objective of the encoder's own codes"))
+    rows += [("steps", fit.n_steps, f"stopped by {fit.stop_reason}"), ("time (s)", round(fit.time_s, 3), fit.device),
+             ("certified", cert.certified, "relative gap <= 1e-4")]
+    con = _console()
+    con.print(certificate_table(f"widelimit fit: {label}", rows))
+    for f in files:
+        con.print(f"wrote {f}")
+    return 0
+
+
+def _add_frontier(sub):
+    p = sub.add_parser("frontier", help="best gradient objective per width vs the wide-limit bound (PNG + JSON)")
+    _add_fit_options(p)
+    p.add_argument("--widths", required=True, help="comma-separated widths, e.g. 1,2,4,8")
+    p.add_argument("--out", type=Path, default=Path("widelimit-frontier"), help="folder for frontier.png/json")
+
+
+def _run_frontier(args) -> int:
+    from ..learn.frontier import frontier
+
+    X, lam0, label = load_data(args.data, args.key)
+    lam = _lam_of(args, lam0)
+    try:
+        widths = [int(w) for w in args.widths.split(",") if w.strip()]
+    except ValueError:
+        raise ValueError(f"--widths must be comma-separated integers, got {args.widths!r}") from None
+    inits = (args.init,) if args.init != "rays" else ("rays", "data")
+    with _Progress() as prog:
+        fr = frontier(X, lam, widths, n_restarts=max(1, args.restarts), seed=args.seed, inits=inits,
+                      out=args.out / "frontier.png", callback=lambda w, v: prog.say(f"width {w}: {v:.8g}"),
+                      **_fit_kwargs(args))
+    d = fr.as_dict()
+    d["data"] = label
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "frontier.json").write_text(json.dumps(_jsonable(d), indent=2))
+    if args.json:
+        print_json(d)
+        return 0
+    from rich.table import Table
+
+    t = Table(title=f"widelimit frontier: {label}, lam = {lam:g}")
+    for c in ("width", "best value", "relative gap to bound"):
+        t.add_column(c, justify="right")
+    for w, v, g in zip(fr.widths, fr.values, d["rel_gaps"]):
+        t.add_row(str(w), f"{v:.10g}", f"{g:.3e}")
+    con = _console()
+    con.print(t)
+    con.print(f"bound {fr.lower_bound:.10g}; rays {fr.n_rays}; saturation width {fr.saturation_width}; "
+              f"all runs above the bound: {_fmt(fr.respects_bound)}")
+    con.print(f"wrote {args.out / 'frontier.png'} and {args.out / 'frontier.json'}")
+    return 0
