@@ -58,10 +58,10 @@ def main(argv=None):
     refine_rows = []
     for family, N in [("rays", 20), ("rays", 40), ("rays", 80), ("random", 20), ("collinear", 20)]:
         inst = make_instance(family, N, 3, seed=0)
-        sol = wl.solve(inst.X, inst.lam)
-        rel = relax(inst.X, inst.lam, "dnn", solver="SCS", tol=1e-8)
+        sol = wl.solve(inst.X, lam=inst.lam)
+        rel = relax(inst.X, lam=inst.lam, cone="dnn", solver="SCS", tol=1e-8)
         t0 = time.perf_counter()
-        ref = refine(inst.X, inst.lam, rel.Q, rel.b)
+        ref = refine(inst.X, rel.Q, rel.b, lam=inst.lam)
         row = {"family": family, "N": N, "exact_value": sol.value, "exact_width": sol.width,
                "relax_status": rel.status, "refined_value": ref.value,
                "refined_rel_error": abs(ref.value - sol.value) / sol.value, "refined_width": ref.width,

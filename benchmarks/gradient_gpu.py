@@ -50,12 +50,12 @@ def main():
     res = {}
     for dev in ("cuda", "cpu"):
         t = time.perf_counter()
-        fit = wl.fit_dictionary(X, args.lam, args.width, init=W0, device=dev, max_steps=args.steps, rtol=0)
+        fit = wl.fit_dictionary(X, lam=args.lam, width=args.width, init=W0, device=dev, max_steps=args.steps, rtol=0)
         if dev == "cuda":
             torch.cuda.synchronize()
         res[dev] = {"fit_time_s": time.perf_counter() - t, "value": fit.value, "steps": fit.n_steps}
         t = time.perf_counter()
-        oc = wl.optimal_codes(X, fit.dictionary, fit.bias, args.lam, device=dev, return_codes=False)
+        oc = wl.optimal_codes(X, fit.dictionary, fit.bias, lam=args.lam, device=dev, return_codes=False)
         res[dev].update({"coding_time_s": time.perf_counter() - t, "coding_value": oc.value, "coding_gap": oc.gap})
         print(dev, res[dev], flush=True)
     out = {"config": vars(args) | {"out": str(args.out)}, "device": torch.cuda.get_device_name(0), "results": res,

@@ -63,7 +63,7 @@ def run_sklearn(X, lam, width, max_iter, seed):
     U = dl.fit_transform(X)
     el = time.perf_counter() - t
     V = dl.components_
-    val = sae_objective(X, V, U, np.zeros(X.shape[1]), lam).value
+    val = sae_objective(X, V, U, np.zeros(X.shape[1]), lam=lam).value
     return {"time_s": el, "value": val, "n_iter": int(dl.n_iter_), "max_iter": max_iter}
 
 
@@ -72,7 +72,7 @@ def run_widelimit(X, lam, width, seed, learn_bias, max_time):
 
     n = X.shape[1]
     kw = {} if learn_bias else {"bias": np.zeros(n), "learn_bias": False}
-    fit = wl.fit_dictionary(X, lam, width, device="cpu", seed=seed, max_time=max_time, **kw)
+    fit = wl.fit_dictionary(X, lam=lam, width=width, device="cpu", seed=seed, max_time=max_time, **kw)
     return fit
 
 

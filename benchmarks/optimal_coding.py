@@ -97,7 +97,7 @@ def main():
     for rep in range(R):
         Xw = X[rep * nw : (rep + 1) * nw]
         t = time.perf_counter()
-        ws = optimal_codes_working_set(Xw, U, b, lam, tol=tol, device="cpu")
+        ws = optimal_codes_working_set(Xw, U, b, lam=lam, tol=tol, device="cpu")
         dt = time.perf_counter() - t
         rates_ws.append(nw / dt)
         rel_ws_all.append(ws.point_gaps / np.maximum(ws.point_values, lam * lam))
@@ -127,7 +127,7 @@ def main():
     m = args.sk_tokens
     mf = args.full_tokens
     t = time.perf_counter()
-    full = optimal_codes(X[:mf], U, b, lam, tol=tol, device="cpu")
+    full = optimal_codes(X[:mf], U, b, lam=lam, tol=tol, device="cpu")
     t_full = time.perf_counter() - t
     print(f"widelimit full FISTA: {mf} tokens in {t_full:.1f}s = {mf / t_full:.2f} tok/s", flush=True)
 
@@ -137,7 +137,7 @@ def main():
     sae = SAE(W_dec=U.astype(np.float32), b_dec=b.astype(np.float32), W_enc=U.T.astype(np.float32),
               b_enc=np.full(U.shape[0], -lam, np.float32))
     t = time.perf_counter()
-    cert = certify_sae(sae, X[:mc], lam=lam, device="cpu", coding_tol=tol)
+    cert = certify_sae(X[:mc], sae, lam=lam, device="cpu", coding_tol=tol)
     t_cert = time.perf_counter() - t
     print(f"certify_sae: {mc} tokens in {t_cert:.1f}s = {mc / t_cert:.1f} tok/s; encoder gap {cert.encoder_gap:.4g}, "
           f"global gap {cert.global_gap:.4g}", flush=True)

@@ -66,14 +66,14 @@ def plan(family: str, N: int, main_family: bool):
 
 def run_one(inst, exact, solver, cone, tol):
     if solver == "TORCH":
-        r = solve_dnn(inst.X, inst.lam, tol=tol, time_limit=300)
+        r = solve_dnn(inst.X, lam=inst.lam, tol=tol, time_limit=300)
         status = "optimal" if r.converged else "not_converged"
         # the certified lower bound is the outer (DNN) bound; the feasible value is reported too
         value = r.lower_bound if r.converged else float("nan")
         extra = {"upper_value": r.value, "upper_rel_error": abs(r.value - exact) / exact, "rel_gap": r.rel_gap,
                  "n_iter": r.n_iter}
         return status, value, "outer", r.time_s, extra
-    r = relax(inst.X, inst.lam, cone, solver=solver, tol=tol)
+    r = relax(inst.X, lam=inst.lam, cone=cone, solver=solver, tol=tol)
     return r.status, r.value, r.kind, r.time_s, {"n_cuts": r.n_cuts}
 
 
@@ -111,7 +111,7 @@ def main(argv=None):
     for family, N, main_family in jobs:
         inst = make_instance(family, N, args.dim, seed=0)
         t0 = time.perf_counter()
-        sol = wl.solve(inst.X, inst.lam)
+        sol = wl.solve(inst.X, lam=inst.lam)
         t_exact = time.perf_counter() - t0
         exact = sol.value
         base = {"family": family, "N": N, "n": inst.X.shape[1], "lam": inst.lam, "exact_value": exact,
@@ -137,9 +137,8 @@ def main(argv=None):
     large = None
     if args.large:
         inst = make_instance("random", args.large, args.dim, seed=args.large_seed)
-        exact = wl.solve(inst.X, inst.lam).value
-        r = solve_dnn(inst.X, inst.lam, tol=args.tol, time_limit=args.large_time, device="cpu", num_threads=1,
-                      callback=lambda h: print(f"  large N={args.large}: iter {h['iter']} t={h['time_s']:.0f}s "
+        exact = wl.solve(inst.X, lam=inst.lam).value
+        r = solve_dnn(inst.X, lam=inst.lam, tol=args.tol, time_limit=args.large_time, device="cpu", num_threads=1, callback=lambda h: print(f"  large N={args.large}: iter {h['iter']} t={h['time_s']:.0f}s "
                                                f"rel_gap={h['rel_gap']:.2e}", flush=True) and False)
         large = {"N": args.large, "n": args.dim, "seed": args.large_seed, "exact_value": exact, "value": r.value, "lower_bound": r.lower_bound,
                  "load_average_after": os.getloadavg(), "threads": 1,
@@ -176,16 +175,16 @@ def vs_scs(sizes, dim, target, out: Path, argv):
     ``<= target``, which bounds its error without knowing the optimum. One torch thread.
     """
     small = make_instance("random", 10, dim, seed=1)  # warm-up: imports and first-call costs of both
-    relax(small.X, small.lam, "dnn", solver="SCS", tol=1e-4)
-    solve_dnn(small.X, small.lam, tol=1e-4, device="cpu", num_threads=1)
+    relax(small.X, lam=small.lam, cone="dnn", solver="SCS", tol=1e-4)
+    solve_dnn(small.X, lam=small.lam, tol=1e-4, device="cpu", num_threads=1)
     rows = []
     for N in sizes:
         inst = make_instance("random", N, dim, seed=0)
-        exact = wl.solve(inst.X, inst.lam).value
+        exact = wl.solve(inst.X, lam=inst.lam).value
         load0 = os.getloadavg()
         scs_runs = []
         for eps in (1e-6, 1e-7, 1e-8, 1e-9):
-            r = relax(inst.X, inst.lam, "dnn", solver="SCS", tol=eps)
+            r = relax(inst.X, lam=inst.lam, cone="dnn", solver="SCS", tol=eps)
             err = abs(r.value - exact) / exact if r.ok else float("nan")
             scs_runs.append({"eps": eps, "status": r.status, "time_s": r.time_s, "solve_time_s": r.solve_time_s,
                              "rel_error": err})
@@ -193,7 +192,7 @@ def vs_scs(sizes, dim, target, out: Path, argv):
             if r.ok and err <= target:
                 break
         hit = scs_runs[-1] if scs_runs[-1]["rel_error"] <= target else None
-        o = solve_dnn(inst.X, inst.lam, tol=target, device="cpu", num_threads=1)
+        o = solve_dnn(inst.X, lam=inst.lam, tol=target, device="cpu", num_threads=1)
         own = {"time_s": o.time_s, "converged": o.converged, "n_iter": o.n_iter, "rel_gap": o.rel_gap,
                "rel_error_upper": abs(o.value - exact) / exact, "rel_error_lower": abs(exact - o.lower_bound) / exact,
                "n_eigh": o.history[-1]["n_eigh"] if o.history else None}

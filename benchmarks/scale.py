@@ -51,18 +51,18 @@ def main():
         passes.append(time.perf_counter() - t0)
     t_pass = min(passes)
     tracemalloc.start()
-    sol = wl.solve(X, a.lam)
+    sol = wl.solve(X, lam=a.lam)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     times = []
     for _ in range(a.repeat):  # timed without tracemalloc (which slows every allocation)
         del sol
         t0 = time.perf_counter()
-        sol = wl.solve(X, a.lam)
+        sol = wl.solve(X, lam=a.lam)
         times.append(time.perf_counter() - t0)
     t_solve = min(times)
     t0 = time.perf_counter()
-    med = wl.huber_median(X, a.lam)
+    med = wl.huber_median(X, lam=a.lam)
     t_med = time.perf_counter() - t0
     res = dict(N=a.N, n=a.dim, lam=a.lam, threads=default_threads(), x_bytes=X.nbytes, numpy_pass_s=t_pass,
                solve_s=t_solve, solve_all_s=times, solve_data_passes=sol.n_passes,

@@ -124,7 +124,7 @@ def _timed_median(X, lam):
             marks.append((ev.pass_index, ev.stage, time.perf_counter() - t0))
 
     c0 = time.process_time()
-    res = wl.huber_median(X, lam, progress=cb)
+    res = wl.huber_median(X, lam=lam, progress=cb)
     total = time.perf_counter() - t0
     return res, total, marks, time.process_time() - c0
 

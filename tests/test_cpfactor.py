@@ -82,14 +82,14 @@ def test_zero_and_torch_input():
 
 def test_refine_rays_gives_one_atom_per_ray():
     inst = make_instance("rays", 16, 3, seed=0)
-    sol = wl.solve(inst.X, inst.lam)
-    r = relax(inst.X, inst.lam, "dnn", solver="SCS", tol=1e-8)
-    ref = refine(inst.X, inst.lam, r.Q, r.b)
+    sol = wl.solve(inst.X, lam=inst.lam)
+    r = relax(inst.X, lam=inst.lam, cone="dnn", solver="SCS", tol=1e-8)
+    ref = refine(inst.X, r.Q, r.b, lam=inst.lam)
     assert ref.width == sol.width == inst.truth["n_rays"]
     assert ref.value >= sol.certificate.lower_bound - 1e-12  # an upper bound ...
     assert ref.value == pytest.approx(sol.value, rel=1e-5)  # ... that matches the optimum
     # the triple is evaluated independently
-    obj = wl.sae_objective(inst.X, ref.W, ref.Z, ref.b, inst.lam).value
+    obj = wl.sae_objective(inst.X, ref.W, ref.Z, ref.b, lam=inst.lam).value
     assert obj == pytest.approx(ref.value, rel=1e-12)
     assert np.allclose(np.linalg.norm(ref.W, axis=1), 1.0)
     assert ref.certificate.rel_gap < 1e-5
@@ -99,9 +99,9 @@ def test_refine_rays_n40_drops_unused_atoms():
     # SCS's Q is CP only to ~1e-4 here: the factor keeps two atoms on one ray, and after the
     # lasso re-fit one of them carries no code at all; it must not count towards the width
     inst = make_instance("rays", 40, 3, seed=0)
-    sol = wl.solve(inst.X, inst.lam)
-    r = relax(inst.X, inst.lam, "dnn", solver="SCS", tol=1e-8)
-    ref = refine(inst.X, inst.lam, r.Q, r.b)
+    sol = wl.solve(inst.X, lam=inst.lam)
+    r = relax(inst.X, lam=inst.lam, cone="dnn", solver="SCS", tol=1e-8)
+    ref = refine(inst.X, r.Q, r.b, lam=inst.lam)
     assert ref.width == sol.width == inst.truth["n_rays"] == 4
     assert (ref.Z.max(axis=0) > 0).all()
     # one atom per ray: each refined atom is parallel to one exact atom
@@ -109,17 +109,17 @@ def test_refine_rays_n40_drops_unused_atoms():
     assert np.allclose(np.sort(cos.max(axis=1)), 1.0, atol=1e-6)
     assert ref.value >= sol.certificate.lower_bound - 1e-12
     assert ref.value == pytest.approx(sol.value, rel=1e-6)
-    assert wl.sae_objective(inst.X, ref.W, ref.Z, ref.b, inst.lam).value == pytest.approx(ref.value, rel=1e-12)
+    assert wl.sae_objective(inst.X, ref.W, ref.Z, ref.b, lam=inst.lam).value == pytest.approx(ref.value, rel=1e-12)
 
 
 def test_refine_random_instance_and_errors():
     inst = make_instance("random", 10, 3, seed=5)
-    sol = wl.solve(inst.X, inst.lam)
-    r = relax(inst.X, inst.lam, "sdd", solver="SCS", tol=1e-8)
-    ref = refine(inst.X, inst.lam, r.Q, r.b)
+    sol = wl.solve(inst.X, lam=inst.lam)
+    r = relax(inst.X, lam=inst.lam, cone="sdd", solver="SCS", tol=1e-8)
+    ref = refine(inst.X, r.Q, r.b, lam=inst.lam)
     assert ref.value == pytest.approx(sol.value, rel=1e-5)
     with pytest.raises(ValueError, match="N = 10"):
-        refine(inst.X, inst.lam, np.eye(4), r.b)
+        refine(inst.X, np.eye(4), r.b, lam=inst.lam)
 
 
 def test_refine_of_a_q_that_is_not_cp_is_still_an_honest_upper_bound():
@@ -128,11 +128,11 @@ def test_refine_of_a_q_that_is_not_cp_is_still_an_honest_upper_bound():
     Cyc = np.roll(np.eye(5), 1, axis=1)
     A = np.eye(5) + 0.6 * (Cyc + Cyc.T)
     X = np.random.default_rng(0).standard_normal((5, 2)) * 3
-    sol = wl.solve(X, 0.5)
-    ref = refine(X, 0.5, A, sol.bias, max_iter=300, restarts=1)
+    sol = wl.solve(X, lam=0.5)
+    ref = refine(X, A, sol.bias, lam=0.5, max_iter=300, restarts=1)
     assert not ref.factorization.success and ref.factorization.residual > 1e-2
-    assert ref.value == pytest.approx(wl.sae_objective(X, ref.W, ref.Z, ref.b, 0.5).value, rel=1e-12)
+    assert ref.value == pytest.approx(wl.sae_objective(X, ref.W, ref.Z, ref.b, lam=0.5).value, rel=1e-12)
     assert ref.value >= sol.value * (1 - 1e-12)
     assert ref.certificate.rel_gap >= -1e-12
     with pytest.raises(ValueError, match="best relative residual"):
-        refine(X, 0.5, A, sol.bias, accept=1e-3, max_iter=300, restarts=1)
+        refine(X, A, sol.bias, lam=0.5, accept=1e-3, max_iter=300, restarts=1)

@@ -31,11 +31,11 @@ def test_sparse_variable_truth_and_exact_count():
 
 def test_dense_symmetric_and_exclusive_known_optimum():
     X, t = datasets.dense_symmetric(60, 4, seed=0)
-    assert np.allclose(X.sum(axis=0), 0) and np.allclose(wl.solve(X, 0.1).bias, 0, atol=1e-9)
+    assert np.allclose(X.sum(axis=0), 0) and np.allclose(wl.solve(X, lam=0.1).bias, 0, atol=1e-9)
     X, t = datasets.exclusive_categories(5, 7, 10, n_inactive=4, seed=2)
     U = t["directions"]
     assert np.allclose(U @ U.T, np.where(np.eye(5) > 0, 1.0, -0.25))
-    sol = wl.solve(X, 0.5)
+    sol = wl.solve(X, lam=0.5)
     assert sol.width == 5 and np.allclose(sol.bias, t["centre"], atol=1e-9)
     assert np.allclose((sol.dictionary @ U.T).max(axis=1), 1.0, atol=1e-12)
 
@@ -43,7 +43,7 @@ def test_dense_symmetric_and_exclusive_known_optimum():
 def test_balanced_rays2d_has_known_bias_and_width():
     for lam in (0.5, 1.0, 2.0):
         X, t = datasets.balanced_rays2d(lam, seed=1)
-        sol = wl.solve(X, lam)
+        sol = wl.solve(X, lam=lam)
         assert np.allclose(sol.bias, t["centre"], atol=1e-9) and sol.width == 6
         assert np.linalg.norm(wl.geometric_median(X).point - t["centre"]) > 0.1
 

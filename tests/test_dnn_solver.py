@@ -14,31 +14,31 @@ from widelimit.relax.cones import make_instance, relax
 @pytest.mark.parametrize("family", ["random", "rays", "collinear"])
 def test_converges_to_the_closed_form(family):
     inst = make_instance(family, 16, 3, seed=0)
-    exact = wl.solve(inst.X, inst.lam).value
-    r = solve_dnn(inst.X, inst.lam, tol=1e-7, device="cpu")
+    exact = wl.solve(inst.X, lam=inst.lam).value
+    r = solve_dnn(inst.X, lam=inst.lam, tol=1e-7, device="cpu")
     assert r.converged and r.rel_gap <= 1e-7
     # bracket: certified lower bound <= exact <= feasible value
     assert r.lower_bound <= exact * (1 + 1e-12) and r.value >= exact * (1 - 1e-12)
     assert abs(r.value - exact) / exact <= 1e-7
     # the returned Q is feasible (PSD and nonnegative) and reproduces the value
     assert r.Q.min() >= 0 and np.linalg.eigvalsh(r.Q).min() >= -1e-10
-    assert wl.q_objective(inst.X, r.Q, r.b, inst.lam) == pytest.approx(r.value, rel=1e-10)
+    assert wl.q_objective(inst.X, r.Q, r.b, lam=inst.lam) == pytest.approx(r.value, rel=1e-10)
 
 
 def test_agrees_with_scs():
     inst = make_instance("random", 14, 3, seed=3)
-    ours = solve_dnn(inst.X, inst.lam, tol=1e-8)
-    scs = relax(inst.X, inst.lam, "dnn", solver="SCS", tol=1e-9)
+    ours = solve_dnn(inst.X, lam=inst.lam, tol=1e-8)
+    scs = relax(inst.X, lam=inst.lam, cone="dnn", solver="SCS", tol=1e-9)
     assert scs.ok and ours.value == pytest.approx(scs.value, rel=1e-6)
 
 
 def test_fixed_bias_and_warm_start():
     inst = make_instance("random", 12, 3, seed=1)
-    b = wl.solve(inst.X, inst.lam).bias - 0.2
-    r = solve_dnn(inst.X, inst.lam, b=b, tol=1e-8)
-    assert r.converged and r.value == pytest.approx(huber_value(inst.X, b, inst.lam), rel=1e-7)
+    b = wl.solve(inst.X, lam=inst.lam).bias - 0.2
+    r = solve_dnn(inst.X, lam=inst.lam, b=b, tol=1e-8)
+    assert r.converged and r.value == pytest.approx(huber_value(inst.X, b, lam=inst.lam), rel=1e-7)
     np.testing.assert_array_equal(r.b, b)
-    again = solve_dnn(inst.X, inst.lam, b=b, tol=1e-8, Q0=r.Q, u0=r.u, step0=r.step, check_every=1)
+    again = solve_dnn(inst.X, lam=inst.lam, b=b, tol=1e-8, Q0=r.Q, u0=r.u, step0=r.step, check_every=1)
     assert again.converged and again.n_iter <= 3
 
 
@@ -47,7 +47,7 @@ def test_fixed_bias_and_warm_start():
 def test_dual_bound_is_a_lower_bound_and_tight_at_the_optimum(seed, N, n, lam):
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((N, n)) * 2
-    sol = wl.solve(X, lam)
+    sol = wl.solve(X, lam=lam)
     # at the closed-form optimum the dual bound of the Q-problem equals the optimum (an independent formula)
     assert dnn_dual_bound(X, lam, sol.Q) == pytest.approx(sol.value, rel=1e-9, abs=1e-12)
     # anywhere else it stays below, with or without the alternating-projection rounds on the residuals
@@ -56,7 +56,7 @@ def test_dual_bound_is_a_lower_bound_and_tight_at_the_optimum(seed, N, n, lam):
     for sweeps in (0, 1, 3, 20):
         assert dnn_dual_bound(X, lam, Q, sweeps=sweeps) <= sol.value * (1 + 1e-12) + 1e-12
     fixed = sol.bias + rng.standard_normal(n)
-    assert dnn_dual_bound(X, lam, Q, b=fixed) <= huber_value(X, fixed, lam) * (1 + 1e-12) + 1e-12
+    assert dnn_dual_bound(X, lam, Q, b=fixed) <= huber_value(X, fixed, lam=lam) * (1 + 1e-12) + 1e-12
 
 
 def test_psd_projection_skips_eigh_only_for_positive_definite_input():
@@ -89,9 +89,9 @@ def test_psd_projection_skips_eigh_only_for_positive_definite_input():
 def test_bad_input():
     X = np.random.default_rng(0).standard_normal((5, 2))
     with pytest.raises(ValueError, match="lam"):
-        solve_dnn(X, -1.0)
+        solve_dnn(X, lam=-1.0)
     with pytest.raises(ValueError, match="Q0"):
-        solve_dnn(X, 0.5, Q0=np.eye(4))
+        solve_dnn(X, lam=0.5, Q0=np.eye(4))
     with pytest.raises(ValueError, match="positive definite"):
         dnn_dual_bound(X, 0.5, -np.eye(5))
 
@@ -102,7 +102,7 @@ def test_cuda_request_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
     with pytest.raises(ValueError, match="CUDA is not available"):
-        solve_dnn(np.ones((3, 2)), 0.5, device="cuda")
+        solve_dnn(np.ones((3, 2)), lam=0.5, device="cuda")
 
 
 @pytest.mark.gpu
@@ -112,7 +112,7 @@ def test_gpu_matches_cpu():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     inst = make_instance("random", 30, 4, seed=2)
-    a = solve_dnn(inst.X, inst.lam, tol=1e-7, device="cpu")
-    g = solve_dnn(inst.X, inst.lam, tol=1e-7, device="cuda")
+    a = solve_dnn(inst.X, lam=inst.lam, tol=1e-7, device="cpu")
+    g = solve_dnn(inst.X, lam=inst.lam, tol=1e-7, device="cuda")
     assert g.converged and g.device.startswith("cuda")
     assert g.value == pytest.approx(a.value, rel=1e-7)

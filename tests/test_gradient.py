@@ -34,8 +34,7 @@ def test_solver_gradients_match_autograd(rng):
     b = torch.tensor(rng.standard_normal(n), dtype=torch.float64, requires_grad=True)
     L = _torch_objective(X, W, Z, b, lam)
     # the value agrees with the numpy objective
-    assert float(L.detach()) == pytest.approx(wl.sae_objective(X.numpy(), W.detach().numpy(), Z.detach().numpy(),
-                                                      b.detach().numpy(), lam).value, rel=1e-13)
+    assert float(L.detach()) == pytest.approx(wl.sae_objective(X.numpy(), W.detach().numpy(), Z.detach().numpy(), b.detach().numpy(), lam=lam).value, rel=1e-13)
     L.backward()
     with torch.no_grad():
         Xt = X - b
@@ -60,7 +59,7 @@ def test_code_step_fixed_point_is_the_lasso_optimum(rng):
     W = rng.standard_normal((5, 4))
     W /= np.linalg.norm(W, axis=1, keepdims=True)
     lam = 0.3
-    opt = wl.optimal_codes(X, W, np.zeros(4), lam, tol=1e-13, dtype="float64", device="cpu")
+    opt = wl.optimal_codes(X, W, np.zeros(4), lam=lam, tol=1e-13, dtype="float64", device="cpu")
     Zs = torch.tensor(opt.codes.toarray())
     invL = 1.0 / np.linalg.eigvalsh(W @ W.T)[-1]
     Z1 = code_steps(torch.tensor(X), torch.tensor(W), lam, invL, Zs, 5)
@@ -102,7 +101,7 @@ def test_working_set_coordinate_descent_reaches_the_lasso_optimum(rng, cap, budg
     monotone per point and its fixed point is the exact nonnegative lasso solution (vs optimal_codes)."""
     X, W = _sparse_problem(rng)
     lam = 0.3
-    ref = wl.optimal_codes(X, W, np.zeros(X.shape[1]), lam, tol=1e-13, dtype="float64", device="cpu")
+    ref = wl.optimal_codes(X, W, np.zeros(X.shape[1]), lam=lam, tol=1e-13, dtype="float64", device="cpu")
     Xt, Wt = torch.tensor(X), torch.tensor(W)
     Z = torch.zeros((X.shape[0], W.shape[0]), dtype=torch.float64)
     G = Wt @ Wt.T
@@ -145,7 +144,7 @@ def test_dict_sweeps_are_monotone_block_minimisers(rng):
 def test_full_batch_small_working_sets(rng):
     """Tiny working sets (many truncated per step) still give monotone steps and near-optimal running codes."""
     X, _ = _sparse_problem(rng, N=80, k=16, n=8)
-    fit = wl.fit_dictionary(X, 0.3, 12, device="cpu", seed=0, ws_size=1, max_steps=80)
+    fit = wl.fit_dictionary(X, lam=0.3, width=12, device="cpu", seed=0, ws_size=1, max_steps=80)
     vals = [h["value"] for h in fit.history]
     assert all(v1 <= v0 * (1 + 1e-6) for v0, v1 in zip(vals, vals[1:]))
     # the running objective uses the solver's own codes: close to the certified optimal re-coding
@@ -157,9 +156,9 @@ def test_extrapolation_is_taken_and_keeps_the_history_monotone(rng, monkeypatch)
 
     X, _ = _sparse_problem(rng, N=200, k=16, n=8)
     kw = dict(device="cpu", seed=0, max_steps=40, rtol=0.0)
-    on = wl.fit_dictionary(X, 0.3, 12, **kw)
+    on = wl.fit_dictionary(X, lam=0.3, width=12, **kw)
     monkeypatch.setattr(gradient, "_EXTRAPOLATE", (0.0,) + gradient._EXTRAPOLATE[1:])
-    off = wl.fit_dictionary(X, 0.3, 12, **kw)
+    off = wl.fit_dictionary(X, lam=0.3, width=12, **kw)
     v_on, v_off = [h["value"] for h in on.history], [h["value"] for h in off.history]
     assert v_on[:2] == v_off[:2]  # the first extrapolation needs a previous step
     assert v_on != v_off  # some extrapolated steps were kept
@@ -180,7 +179,7 @@ def test_jumprelu_straight_through(rng):
 
 def test_crossvalidate_reaches_exact_optimum_on_rays(rays):
     X, truth, lam = rays
-    cv = wl.crossvalidate(X, lam, n_restarts=2, device="cpu")
+    cv = wl.crossvalidate(X, lam=lam, n_restarts=2, device="cpu")
     assert cv.width == cv.n_rays == 4
     assert cv.rel_gap <= 1e-4 and cv.certified and cv.respects_bound
     assert cv.match["min_ray_cosine"] > 1 - 1e-6
@@ -193,8 +192,8 @@ def test_crossvalidate_reaches_exact_optimum_on_rays(rays):
 
 def test_below_the_number_of_rays_stays_above_the_bound(rays):
     X, _, lam = rays
-    lb = wl.solve(X, lam).lower_bound
-    cv = wl.crossvalidate(X, lam, width=2, n_restarts=3, device="cpu", inits=("rays", "data", "random"))
+    lb = wl.solve(X, lam=lam).lower_bound
+    cv = wl.crossvalidate(X, lam=lam, width=2, n_restarts=3, device="cpu", inits=("rays", "data", "random"))
     assert cv.respects_bound
     assert min(cv.restart_values) >= lb
     assert cv.rel_gap > 0.05  # two atoms cannot serve four rays
@@ -209,13 +208,13 @@ def test_below_the_number_of_rays_stays_above_the_bound(rays):
 def test_invariants_at_every_returned_solution(rays, kw):
     X, _, lam = rays
     X = X.astype(np.float32)  # float32 input is accepted; every evaluation is float64
-    fit = wl.fit_dictionary(X, lam, 5, device="cpu", seed=1, **kw)
+    fit = wl.fit_dictionary(X, lam=lam, width=5, device="cpu", seed=1, **kw)
     np.testing.assert_allclose(np.linalg.norm(fit.dictionary, axis=1), 1.0, atol=1e-12)
     assert fit.codes.shape == (X.shape[0], 5) and (fit.codes.data >= 0).all()
-    assert fit.value == pytest.approx(wl.sae_objective(X, fit.dictionary, fit.codes, fit.bias, lam).value, rel=1e-9)
+    assert fit.value == pytest.approx(wl.sae_objective(X, fit.dictionary, fit.codes, fit.bias, lam=lam).value, rel=1e-9)
     assert fit.coding_gap <= 1e-6 * fit.value
     assert all(np.isfinite(h["value"]) for h in fit.history) and fit.n_steps == fit.history[-1]["step"]
-    assert fit.value >= wl.solve(X, lam).lower_bound - 1e-12
+    assert fit.value >= wl.solve(X, lam=lam).lower_bound - 1e-12
     if fit.encoder != "none":
         # optimal re-coding of the decoder can only improve on the encoder's own codes
         assert fit.value <= fit.encoder_value + fit.coding_gap + 1e-12
@@ -232,8 +231,8 @@ def test_invariants_at_every_returned_solution(rays, kw):
 
 def test_amortised_relu_reaches_the_bound_on_rays(rays):
     X, _, lam = rays
-    lb = wl.solve(X, lam).lower_bound
-    fit = wl.fit_dictionary(X, lam, 4, encoder="relu", device="cpu", max_steps=1500, lr=3e-3)
+    lb = wl.solve(X, lam=lam).lower_bound
+    fit = wl.fit_dictionary(X, lam=lam, width=4, encoder="relu", device="cpu", max_steps=1500, lr=3e-3)
     # 1-sparse optimal codes (<w, x - b> - lam)_+ are exactly a ReLU encoder: both objectives near the bound
     assert (fit.value - lb) / fit.value < 1e-4
     assert (fit.encoder_value - lb) / fit.encoder_value < 1e-3
@@ -241,18 +240,18 @@ def test_amortised_relu_reaches_the_bound_on_rays(rays):
 
 def test_deterministic_on_cpu(rays):
     X, _, lam = rays
-    a = wl.fit_dictionary(X, lam, 3, init="data", device="cpu", seed=7, max_steps=30)
-    b = wl.fit_dictionary(X, lam, 3, init="data", device="cpu", seed=7, max_steps=30)
+    a = wl.fit_dictionary(X, lam=lam, width=3, init="data", device="cpu", seed=7, max_steps=30)
+    b = wl.fit_dictionary(X, lam=lam, width=3, init="data", device="cpu", seed=7, max_steps=30)
     np.testing.assert_array_equal(a.dictionary, b.dictionary)
     assert [h["value"] for h in a.history] == [h["value"] for h in b.history]
-    init = wl.fit_dictionary(X, lam, 3, init=a.dictionary, bias=a.bias, device="cpu", max_steps=5)
+    init = wl.fit_dictionary(X, lam=lam, width=3, init=a.dictionary, bias=a.bias, device="cpu", max_steps=5)
     assert init.init == "array" and init.value <= a.value * (1 + 1e-6)
 
 
 def test_history_is_monotone_full_batch(rays):
     X, _, lam = rays
     seen = []
-    fit = wl.fit_dictionary(X, lam, 3, init="random", device="cpu", seed=2, max_steps=50, callback=seen.append)
+    fit = wl.fit_dictionary(X, lam=lam, width=3, init="random", device="cpu", seed=2, max_steps=50, callback=seen.append)
     vals = [h["value"] for h in fit.history]
     assert all(v1 <= v0 * (1 + 1e-6) for v0, v1 in zip(vals, vals[1:]))
     assert seen == fit.history
@@ -260,7 +259,7 @@ def test_history_is_monotone_full_batch(rays):
 
 def test_frontier_saturates_at_the_number_of_rays(rays, tmp_path):
     X, _, lam = rays
-    fr = wl.frontier(X, lam, [1, 2, 3, 4, 5], n_restarts=2, device="cpu", out=tmp_path / "f.png")
+    fr = wl.frontier(X, lam=lam, widths=[1, 2, 3, 4, 5], n_restarts=2, device="cpu", out=tmp_path / "f.png")
     assert fr.n_rays == 4 and fr.saturation_width == 4
     assert fr.respects_bound and fr.monotone
     assert all(v >= fr.lower_bound for v in fr.values)
@@ -271,30 +270,30 @@ def test_frontier_saturates_at_the_number_of_rays(rays, tmp_path):
 def test_bad_input(rays):
     X, _, lam = rays
     with pytest.raises(ValueError, match="width"):
-        wl.fit_dictionary(X, lam, 0)
+        wl.fit_dictionary(X, lam=lam, width=0)
     with pytest.raises(ValueError, match="width"):
-        wl.fit_dictionary(X, lam, 2.5)
+        wl.fit_dictionary(X, lam=lam, width=2.5)
     with pytest.raises(ValueError, match="lam"):
-        wl.fit_dictionary(X, -1.0, 3)
+        wl.fit_dictionary(X, lam=-1.0, width=3)
     Xn = X.copy()
     Xn[3, 0] = np.nan
     with pytest.raises(ValueError, match="row 3"):
-        wl.fit_dictionary(Xn, lam, 3)
+        wl.fit_dictionary(Xn, lam=lam, width=3)
     with pytest.raises(ValueError, match="encoder"):
-        wl.fit_dictionary(X, lam, 3, encoder="sigmoid")
+        wl.fit_dictionary(X, lam=lam, width=3, encoder="sigmoid")
     with pytest.raises(ValueError, match="init"):
-        wl.fit_dictionary(X, lam, 3, init="kmeans")
+        wl.fit_dictionary(X, lam=lam, width=3, init="kmeans")
     with pytest.raises(ValueError, match="init has"):
-        wl.fit_dictionary(X, lam, 3, init=np.ones((2, X.shape[1])))
+        wl.fit_dictionary(X, lam=lam, width=3, init=np.ones((2, X.shape[1])))
     with pytest.raises(ValueError, match="topk"):
-        wl.fit_dictionary(X, lam, 3, encoder="topk", topk=4)
+        wl.fit_dictionary(X, lam=lam, width=3, encoder="topk", topk=4)
     with pytest.raises(ValueError, match="width"):
-        wl.frontier(X, lam, [0, 2])
+        wl.frontier(X, lam=lam, widths=[0, 2])
     with pytest.raises(ValueError, match="n_restarts"):
-        wl.crossvalidate(X, lam, n_restarts=0)
+        wl.crossvalidate(X, lam=lam, n_restarts=0)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
-            wl.fit_dictionary(X, lam, 3, device="cuda")
+            wl.fit_dictionary(X, lam=lam, width=3, device="cuda")
 
 
 def test_cli_fit(capsys, tmp_path):
@@ -318,9 +317,9 @@ def test_cli_fit(capsys, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_same_answer(rays):
     X, _, lam = rays
-    cpu = wl.fit_dictionary(X, lam, 4, device="cpu")
-    gpu = wl.fit_dictionary(X, lam, 4, device="cuda")
+    cpu = wl.fit_dictionary(X, lam=lam, width=4, device="cpu")
+    gpu = wl.fit_dictionary(X, lam=lam, width=4, device="cuda")
     assert gpu.device.startswith("cuda")
     assert gpu.value == pytest.approx(cpu.value, rel=1e-6)
-    cv = wl.crossvalidate(X, lam, device="cuda", n_restarts=1)
+    cv = wl.crossvalidate(X, lam=lam, device="cuda", n_restarts=1)
     assert cv.certified

@@ -11,7 +11,7 @@ from widelimit.exact.median import _solve_1d
 
 
 def test_huber_median_closed_form_four_points():
-    r = wl.huber_median(np.array([[0.0], [0.0], [0.0], [10.0]]), 1.0)
+    r = wl.huber_median(np.array([[0.0], [0.0], [0.0], [10.0]]), lam=1.0)
     assert r.point[0] == pytest.approx(1 / 3, abs=1e-14)
     assert r.value == pytest.approx(14 / 3, rel=1e-14)
     assert r.gap <= 1e-12 and r.lower_bound <= r.value
@@ -21,16 +21,16 @@ def test_huber_median_closed_form_four_points():
 def test_geometric_median_differs_from_huber_median_when_points_within_lam():
     X = np.array([[0.0], [0.0], [0.0], [10.0]])
     assert wl.geometric_median(X).point[0] == pytest.approx(0.0, abs=1e-14)
-    assert wl.huber_median(X, 1.0).point[0] == pytest.approx(1 / 3)
+    assert wl.huber_median(X, lam=1.0).point[0] == pytest.approx(1 / 3)
     # with no point within lam of the geometric median, they agree
     Y = 10 * np.c_[np.cos([0.1, 1.3, 2.0, 3.1, 4.0, 5.2]), np.sin([0.1, 1.3, 2.0, 3.1, 4.0, 5.2])]
-    g, h = wl.geometric_median(Y), wl.huber_median(Y, 0.1)
+    g, h = wl.geometric_median(Y), wl.huber_median(Y, lam=0.1)
     assert np.min(np.linalg.norm(Y - g.point, axis=1)) > 0.1
     np.testing.assert_allclose(h.point, g.point, atol=1e-9)
 
 
 def test_segment_two_points():
-    r = wl.huber_median(np.array([[-5.0], [5.0]]), 1.0)
+    r = wl.huber_median(np.array([[-5.0], [5.0]]), lam=1.0)
     np.testing.assert_allclose(r.segment.ravel(), [-4.0, 4.0])
     assert -4 <= r.point[0] <= 4 and not r.unique
     assert r.value == pytest.approx(9.0) and r.gap <= 1e-12
@@ -42,7 +42,7 @@ def test_segment_in_higher_dimensions(rng):
     o, u = rng.standard_normal(6), rng.standard_normal(6)
     u /= np.linalg.norm(u)
     X = o + np.array([-5.0, -5.0, 5.0, 5.0])[:, None] * u
-    r = wl.huber_median(X, 1.0)
+    r = wl.huber_median(X, lam=1.0)
     assert r.method == "collinear-exact"
     ends = sorted(((r.segment - o) @ u).tolist())
     np.testing.assert_allclose(ends, [-4.0, 4.0], atol=1e-12)
@@ -50,10 +50,10 @@ def test_segment_in_higher_dimensions(rng):
 
 def test_identical_points_and_single_point():
     X = np.tile([1.0, 2.0, 3.0], (7, 1))
-    for r in (wl.huber_median(X, 0.5), wl.geometric_median(X)):
+    for r in (wl.huber_median(X, lam=0.5), wl.geometric_median(X)):
         np.testing.assert_allclose(r.point, [1, 2, 3])
         assert r.value == 0.0 and r.gap == 0.0 and r.converged
-    r = wl.huber_median(np.array([[4.0, -1.0]]), 2.0)
+    r = wl.huber_median(np.array([[4.0, -1.0]]), lam=2.0)
     np.testing.assert_allclose(r.point, [4.0, -1.0])
 
 
@@ -61,14 +61,14 @@ def test_weights_equal_duplication(rng):
     X = rng.standard_normal((30, 4))
     w = rng.integers(1, 4, size=30)
     Xd = np.repeat(X, w, axis=0)
-    for f in (lambda A, ww: wl.huber_median(A, 0.8, ww), lambda A, ww: wl.geometric_median(A, ww)):
+    for f in (lambda A, ww: wl.huber_median(A, lam=0.8, weights=ww), lambda A, ww: wl.geometric_median(A, weights=ww)):
         a, b = f(X, w.astype(float)), f(Xd, None)
         np.testing.assert_allclose(a.point, b.point, atol=1e-9)
         assert a.value == pytest.approx(b.value, rel=1e-12)
     # zero weights remove points
     w0 = np.ones(30)
     w0[:10] = 0
-    np.testing.assert_allclose(wl.huber_median(X, 0.8, w0).point, wl.huber_median(X[10:], 0.8).point, atol=1e-9)
+    np.testing.assert_allclose(wl.huber_median(X, lam=0.8, weights=w0).point, wl.huber_median(X[10:], lam=0.8).point, atol=1e-9)
 
 
 def test_geometric_median_at_a_data_point_with_duplicates(rng):
@@ -80,8 +80,8 @@ def test_geometric_median_at_a_data_point_with_duplicates(rng):
 
 def test_float32_input_accumulates_in_float64(rng):
     X = rng.standard_normal((2000, 8)).astype(np.float32)
-    a = wl.huber_median(X, 0.5)
-    b = wl.huber_median(X.astype(np.float64), 0.5)
+    a = wl.huber_median(X, lam=0.5)
+    b = wl.huber_median(X.astype(np.float64), lam=0.5)
     np.testing.assert_allclose(a.point, b.point, atol=1e-12)
     assert a.rel_gap <= 1e-10
 
@@ -93,7 +93,7 @@ def test_huber_median_matches_cvxpy_clarabel(rng, lam):
     b = cp.Variable(5)
     prob = cp.Problem(cp.Minimize(cp.sum(cp.huber(cp.norm(X - np.ones((60, 1)) @ cp.reshape(b, (1, 5), order="C"), axis=1), lam)) / 60))
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
-    r = wl.huber_median(X, lam)
+    r = wl.huber_median(X, lam=lam)
     assert r.value == pytest.approx(prob.value, rel=1e-7)
     assert r.value <= prob.value + 1e-9  # ours is at least as good
     # the value agrees to 1e-7; the interior-point b is less accurate than ours (flat directions)
@@ -116,13 +116,13 @@ def test_geometric_median_matches_cvxpy(rng):
 def test_certificate_is_a_valid_lower_bound(seed, lam, N, n):
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((N, n)) * rng.uniform(0.1, 5)
-    r = wl.huber_median(X, lam)
+    r = wl.huber_median(X, lam=lam)
     assert r.lower_bound <= r.value + 1e-12 * max(1, r.value)
     assert r.gap <= 1e-9 * max(r.value, 1e-12) + 1e-14
     # no bias does better than the lower bound
     for _ in range(5):
         b = r.point + rng.standard_normal(n) * rng.uniform(1e-3, 3)
-        assert wl.huber_value(X, b, lam) >= r.lower_bound - 1e-12 * max(1, r.value)
+        assert wl.huber_value(X, b, lam=lam) >= r.lower_bound - 1e-12 * max(1, r.value)
 
 
 def test_solve_1d_flat_region():
@@ -148,7 +148,7 @@ def test_solve_1d_flat_region():
 )
 def test_bad_input(X, lam, w, msg):
     with pytest.raises(ValueError, match=msg):
-        wl.huber_median(X, lam, w)
+        wl.huber_median(X, lam=lam, weights=w)
 
 
 def test_no_stall_when_points_sit_near_the_lam_sphere():
@@ -162,10 +162,10 @@ def test_no_stall_when_points_sit_near_the_lam_sphere():
     o = rng.standard_normal(2)
     X = o + rng.uniform(-3, 3, (6, 1)) * U[rng.integers(0, 3, 6)]
     lam = 0.25
-    H = lambda b: float(wl.huber_h(np.linalg.norm(X - b, axis=1), lam).mean())  # noqa: E731
+    H = lambda b: float(wl.huber_h(np.linalg.norm(X - b, axis=1), lam=lam).mean())  # noqa: E731
     ref = min((optimize.minimize(H, x0, method="Nelder-Mead", options={"xatol": 1e-12, "fatol": 1e-14, "maxiter": 20000})
                for x0 in X), key=lambda r: r.fun)
-    med = wl.huber_median(X, lam)
+    med = wl.huber_median(X, lam=lam)
     assert med.value <= ref.fun + 1e-12
     assert med.converged and med.rel_gap <= 1e-10 and med.n_iter < 30
 
@@ -178,7 +178,7 @@ def test_huber_median_converges_on_points_on_few_lines(seed, lam, n_lines, N):
     U = rng.standard_normal((n_lines, 2))
     U /= np.linalg.norm(U, axis=1, keepdims=True)
     X = rng.standard_normal(2) + rng.uniform(-3, 3, (N, 1)) * U[rng.integers(0, n_lines, N)]
-    med = wl.huber_median(X, lam)
+    med = wl.huber_median(X, lam=lam)
     assert med.converged and med.rel_gap <= 1e-9
 
 

@@ -19,7 +19,7 @@ from widelimit.exact.objective import huber_h
 def test_antipodal_width_at_p(p, width):
     lam = 0.1  # well below the active values (>= 1)
     X, t = datasets.sparse_variable(400, 8, n_active=int(p * 400), low=1.0, high=3.0, seed=0)
-    sol = wl.solve(X, lam)
+    sol = wl.solve(X, lam=lam)
     assert sol.width == width and sol.certified
     u = t["direction"]
     if width == 2:
@@ -28,13 +28,13 @@ def test_antipodal_width_at_p(p, width):
         assert sol.dictionary[0] @ u == pytest.approx(1.0, abs=1e-12)
     # independent 1-D computation of b*: minimise (1/N) sum h(|s - beta|) with scipy
     s = t["values"]
-    res = optimize.minimize_scalar(lambda bt: huber_h(np.abs(s - bt), lam).mean(), bounds=(-1, 3),
+    res = optimize.minimize_scalar(lambda bt: huber_h(np.abs(s - bt), lam=lam).mean(), bounds=(-1, 3),
                                    method="bounded", options={"xatol": 1e-12})
     assert sol.bias @ u == pytest.approx(res.x, abs=1e-6)
     assert np.linalg.norm(sol.bias - (sol.bias @ u) * u) < 1e-9
     if p < 0.5:
         assert sol.bias @ u == pytest.approx(antipodal.bias_below_threshold(p, lam), rel=1e-10)
-    assert wl.solve(X, lam, signed=True).width == 1
+    assert wl.solve(X, lam=lam, signed=True).width == 1
 
 
 def test_uniform_threshold_closed_form_matches_quadrature():
@@ -58,7 +58,7 @@ def test_antipodal_threshold_is_exact_on_a_sample():
     u = np.array([0.6, 0.8])
     for z in range(20, 60):
         X = np.vstack([values[:, None] * u, np.zeros((z, 2))])
-        sol = wl.solve(X, lam)
+        sol = wl.solve(X, lam=lam)
         p = 40 / (40 + z)
         assert bool(np.any(sol.dictionary @ u < 0)) == (p > pstar), z
 
@@ -214,7 +214,7 @@ def test_splitting_frontier_quick(tmp_path):
     # independent: the bound is the Huber value at the certified median; the exact solution attains it
     X, t = datasets.hierarchical(3, 7, 6, parent_scale=2.0, child_scale=(1.5, 1.5), n_parent_only=6,
                                  n_inactive=48, seed=1)
-    sol = wl.solve(X, 0.5)
+    sol = wl.solve(X, lam=0.5)
     assert sol.width == fr["n_rays"] and sol.value == pytest.approx(lb, rel=1e-10)
     d = res["digits"]["frontier"]
     assert all(x >= d["lower_bound"] * (1 - 1e-9) for x in d["values"]) and d["values"][-1] < d["values"][0]

@@ -31,8 +31,8 @@ def _cycle_matrix(t=0.6):
 @pytest.mark.parametrize("family", ["random", "rays", "collinear"])
 def test_sandwich_outer_le_exact_le_inner_scs(family):
     inst = make_instance(family, 12, 3, seed=1)
-    rep = sandwich(inst.X, inst.lam, solver="SCS", tol=1e-7)
-    assert rep.exact == pytest.approx(wl.solve(inst.X, inst.lam).value, rel=1e-12)
+    rep = sandwich(inst.X, lam=inst.lam, solver="SCS", tol=1e-7)
+    assert rep.exact == pytest.approx(wl.solve(inst.X, lam=inst.lam).value, rel=1e-12)
     assert {e.cone for e in rep.entries} == set(CONES)
     assert rep.all_solved and rep.ok, rep.as_dict()
     for e in rep.entries:
@@ -48,14 +48,14 @@ def test_sandwich_outer_le_exact_le_inner_scs(family):
 @pytest.mark.parametrize("family", ["random", "rays"])
 def test_dnn_equals_exact_clarabel(family):
     inst = make_instance(family, 10, 3, seed=2)
-    exact = wl.solve(inst.X, inst.lam).value
+    exact = wl.solve(inst.X, lam=inst.lam).value
     for cone in ("dnn", "sdd"):
-        r = relax(inst.X, inst.lam, cone, solver="CLARABEL", tol=1e-8)
+        r = relax(inst.X, lam=inst.lam, cone=cone, solver="CLARABEL", tol=1e-8)
         assert r.ok and r.status == "optimal"
         assert r.value == pytest.approx(exact, rel=1e-5)
         # the returned Q lies in the cone (to solver precision) and reproduces the value
         assert r.Q.min() >= -1e-6
-        assert wl.q_objective(inst.X, np.maximum(r.Q, 0) + 1e-9 * np.eye(10), r.b, inst.lam) == pytest.approx(
+        assert wl.q_objective(inst.X, np.maximum(r.Q, 0) + 1e-9 * np.eye(10), r.b, lam=inst.lam) == pytest.approx(
             exact, rel=1e-4)
 
 
@@ -65,18 +65,18 @@ def test_dnn_equals_exact_clarabel(family):
 def test_dnn_value_agrees_with_closed_form(seed, N, n, lam):
     """Foundation cross-check: an independent conic solve of the DNN relaxation reproduces solve().value."""
     X = np.random.default_rng(seed).standard_normal((N, n)) * 2
-    exact = wl.solve(X, lam).value
-    r = relax(X, lam, "dnn", solver="SCS", tol=1e-9)
+    exact = wl.solve(X, lam=lam).value
+    r = relax(X, lam=lam, cone="dnn", solver="SCS", tol=1e-9)
     assert r.ok
     assert r.value == pytest.approx(exact, rel=1e-5, abs=1e-7)
 
 
 def test_fixed_bias_matches_huber_value():
     inst = make_instance("random", 10, 3, seed=3)
-    b = wl.solve(inst.X, inst.lam).bias + 0.3
-    rep = sandwich(inst.X, inst.lam, cones=["nonneg", "dnn", "diagonal"], b=b, tol=1e-8)
-    assert rep.exact == pytest.approx(huber_value(inst.X, b, inst.lam))
-    assert rep.exact > wl.solve(inst.X, inst.lam).value
+    b = wl.solve(inst.X, lam=inst.lam).bias + 0.3
+    rep = sandwich(inst.X, lam=inst.lam, cones=["nonneg", "dnn", "diagonal"], b=b, tol=1e-8)
+    assert rep.exact == pytest.approx(huber_value(inst.X, b, lam=inst.lam))
+    assert rep.exact > wl.solve(inst.X, lam=inst.lam).value
     assert rep.ok and rep.all_solved
     assert rep.entry("dnn").rel_error < 1e-5
     np.testing.assert_array_equal(rep.entry("dnn").result.b, b)
@@ -84,14 +84,14 @@ def test_fixed_bias_matches_huber_value():
 
 def test_failing_status_is_surfaced_never_a_bound():
     inst = make_instance("random", 10, 3)
-    r = relax(inst.X, inst.lam, "dnn", solver="SCS", max_iters=5)
+    r = relax(inst.X, lam=inst.lam, cone="dnn", solver="SCS", max_iters=5)
     assert r.status != "optimal" and not r.ok
     assert np.isnan(r.value) and np.isfinite(r.solver_value)
     with pytest.raises(RuntimeError, match="no bound"):
         r.bound
-    r2 = relax(inst.X, inst.lam, "dnn", solver="CLARABEL", max_iters=2)
+    r2 = relax(inst.X, lam=inst.lam, cone="dnn", solver="CLARABEL", max_iters=2)
     assert r2.status == "user_limit" and np.isnan(r2.value)
-    rep = sandwich(inst.X, inst.lam, cones=["dnn", "diagonal"], max_iters=5)
+    rep = sandwich(inst.X, lam=inst.lam, cones=["dnn", "diagonal"], max_iters=5)
     assert rep.entry("dnn").consistent is None and not rep.all_solved
     assert np.isnan(rep.entry("dnn").error)
 
@@ -99,24 +99,24 @@ def test_failing_status_is_surfaced_never_a_bound():
 def test_bad_input_errors():
     X = np.random.default_rng(0).standard_normal((6, 2))
     with pytest.raises(ValueError, match="unknown cone"):
-        relax(X, 0.5, "psd")
+        relax(X, lam=0.5, cone="psd")
     with pytest.raises(ValueError, match="unknown solver"):
-        relax(X, 0.5, "dnn", solver="MOSEK")
+        relax(X, lam=0.5, cone="dnn", solver="MOSEK")
     with pytest.raises(ValueError, match="lam"):
-        relax(X, 0.0, "dnn")
+        relax(X, lam=0.0, cone="dnn")
     Xn = X.copy()
     Xn[4, 1] = np.nan
     with pytest.raises(ValueError, match="row 4"):
-        relax(Xn, 0.5, "dnn")
+        relax(Xn, lam=0.5, cone="dnn")
     with pytest.raises(ValueError, match="N >= 5"):
-        relax(X[:4], 0.5, "dnn_horn")
+        relax(X[:4], lam=0.5, cone="dnn_horn")
     with pytest.raises(ValueError, match="b has length"):
-        relax(X, 0.5, "dnn", b=np.zeros(3))
+        relax(X, lam=0.5, cone="dnn", b=np.zeros(3))
     with pytest.raises(ValueError, match="solver_opts"):
-        relax(X, 0.5, "dnn", solver_opts={"solver": "SCS"})
+        relax(X, lam=0.5, cone="dnn", solver_opts={"solver": "SCS"})
     big = np.random.default_rng(0).standard_normal((300, 5))
     with pytest.raises(MemoryError, match="GiB"):
-        relax(big, 0.5, "dnn", solver="CLARABEL")
+        relax(big, lam=0.5, cone="dnn", solver="CLARABEL")
 
 
 def test_horn_separation():
@@ -147,7 +147,7 @@ def test_instances():
         assert inst.X.shape == (20, inst.X.shape[1]) and inst.X.shape[1] >= 4
         assert inst.lam > 0 and inst.family == fam
     rays = make_instance("rays", 20, 4)
-    assert wl.solve(rays.X, rays.lam).width == rays.truth["n_rays"] == 4
+    assert wl.solve(rays.X, lam=rays.lam).width == rays.truth["n_rays"] == 4
     with pytest.raises(ValueError, match="even N"):
         make_instance("rays", 11)
     with pytest.raises(ValueError, match="unknown instance family"):

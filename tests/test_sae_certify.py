@@ -42,7 +42,7 @@ def test_constructed_optimum_certifies_in_every_format(tmp_path, fmt, arch):
     X, sae = orthogonal_rays_sae(LAM, architecture=arch, n_core=4, seed=1)
     SAVERS[fmt](sae, tmp_path)
     loaded = load_sae(tmp_path if fmt != "plain" else tmp_path / "sae.safetensors")
-    cert = certify_sae(loaded, X, lam=LAM, device="cpu")
+    cert = certify_sae(X, loaded, lam=LAM, device="cpu")
     assert cert.global_gap <= 1e-6
     assert abs(cert.encoder_gap) <= 1e-6 and cert.coding_gap <= 1e-6
     assert cert.certified_optimal
@@ -61,7 +61,7 @@ def test_perturbed_decoder_is_not_certified_and_the_feature_is_named():
     W = sae.W_dec.copy()
     W[2] = W[2] + 0.1 * W[0]
     bad = SAE(W_dec=W, b_dec=sae.b_dec, W_enc=sae.W_enc, b_enc=sae.b_enc)
-    cert = certify_sae(bad, X, lam=LAM, device="cpu")
+    cert = certify_sae(X, bad, lam=LAM, device="cpu")
     assert not cert.certified_optimal and cert.global_gap > 1e-4
     assert cert.violating_features("atom stationarity: tangent gradient = 0") == [2]
     assert 2 in cert.violating_features("feature-residual on firing tokens: <u_d, r_i> = lam")
@@ -74,7 +74,7 @@ def test_perturbed_encoder_shows_encoder_gap_and_silent_violation():
     b_enc = sae.b_enc.copy()
     b_enc[5] = -4.0  # feature 5 now stays silent on points it should code
     bad = SAE(W_dec=sae.W_dec, b_dec=sae.b_dec, W_enc=sae.W_enc, b_enc=b_enc)
-    cert = certify_sae(bad, X, lam=LAM, device="cpu")
+    cert = certify_sae(X, bad, lam=LAM, device="cpu")
     assert cert.encoder_gap > 1e-3 and not cert.certified_optimal
     # the decoder and bias are still optimal: optimal codes reach the global bound
     assert cert.optimal_code_objective - cert.lower_bound <= 1e-6
@@ -89,7 +89,7 @@ def test_objective_matches_library_loss_formulas():
     sae = SAE(W_dec=W_dec, b_dec=rng.standard_normal(5), W_enc=rng.standard_normal((5, 8)),
               b_enc=rng.standard_normal(8) * 0.3, dtype="float64")
     c = 0.8  # l1_coefficient
-    cert = certify_sae(sae, X, l1_coefficient=c, device="cpu", batch_size=13)
+    cert = certify_sae(X, sae, l1_coefficient=c, device="cpu", batch_size=13)
     f = torch.as_tensor(sae.encode(X))
     x = torch.as_tensor(X)
     x_hat = f @ torch.as_tensor(W_dec) + torch.as_tensor(sae.b_dec)
@@ -97,7 +97,7 @@ def test_objective_matches_library_loss_formulas():
     # SAELens v6 StandardTrainingSAE: mse.sum(-1).mean() + l1_coefficient * (f * ||W_dec rows||).sum(-1).mean()
     saelens = mse.sum(-1).mean() + c * (f * torch.as_tensor(W_dec).norm(dim=1)).sum(-1).mean()
     assert cert.sae_objective == pytest.approx(float(saelens), rel=1e-12)
-    assert cert.sae_objective == pytest.approx(sae_objective(X, W_dec, f.numpy(), sae.b_dec, c / 2).value, rel=1e-12)
+    assert cert.sae_objective == pytest.approx(sae_objective(X, W_dec, f.numpy(), sae.b_dec, lam=c / 2).value, rel=1e-12)
     assert cert.lam == c / 2
     # metrics against their stated definitions
     m = cert.metrics
@@ -109,7 +109,7 @@ def test_objective_matches_library_loss_formulas():
     # dictionary_learning StandardTrainer on a unit-norm decoder: recon.sum(-1).mean() + l1_penalty * ||f||_1.mean()
     U = W_dec / np.linalg.norm(W_dec, axis=1, keepdims=True)
     unit = SAE(W_dec=U, b_dec=sae.b_dec, W_enc=sae.W_enc, b_enc=sae.b_enc, dtype="float64")
-    cu = certify_sae(unit, X, l1_coefficient=c, device="cpu")
+    cu = certify_sae(X, unit, l1_coefficient=c, device="cpu")
     fu = torch.as_tensor(unit.encode(X))
     dl = ((fu @ torch.as_tensor(U) + torch.as_tensor(sae.b_dec) - x) ** 2).sum(-1).mean() + c * fu.norm(p=1, dim=-1).mean()
     assert cu.sae_objective == pytest.approx(float(dl), rel=1e-12)
@@ -121,7 +121,7 @@ def test_optimal_code_objective_against_cvxpy():
     X = rng.standard_normal((12, 4)) * 2
     sae = SAE(W_dec=rng.standard_normal((6, 4)), b_dec=rng.standard_normal(4) * 0.1,
               W_enc=rng.standard_normal((4, 6)), b_enc=np.zeros(6), dtype="float64")
-    cert = certify_sae(sae, X, lam=LAM, device="cpu", coding_tol=1e-9)
+    cert = certify_sae(X, sae, lam=LAM, device="cpu", coding_tol=1e-9)
     nrm = np.linalg.norm(sae.W_dec, axis=1)
     total = 0.0
     for x in X:
@@ -135,14 +135,14 @@ def test_optimal_code_objective_against_cvxpy():
 def test_batching_and_16bit_inputs_agree():
     X, sae = orthogonal_rays_sae(LAM, seed=4, n_core=2)
     X = X + 0.05 * np.random.default_rng(0).standard_normal(X.shape)
-    a = certify_sae(sae, X, lam=LAM, device="cpu", batch_size=4096)
-    b = certify_sae(sae, X, lam=LAM, device="cpu", batch_size=7)
+    a = certify_sae(X, sae, lam=LAM, device="cpu", batch_size=4096)
+    b = certify_sae(X, sae, lam=LAM, device="cpu", batch_size=7)
     for key in ("sae_objective", "optimal_code_objective", "lower_bound", "global_gap"):
         assert getattr(b, key) == pytest.approx(getattr(a, key), rel=1e-9, abs=1e-12), key
     np.testing.assert_allclose(b.features["tangent_grad_norm"], a.features["tangent_grad_norm"], rtol=1e-8, atol=1e-12)
-    h = certify_sae(sae, X.astype(np.float16), lam=LAM, device="cpu")
+    h = certify_sae(X.astype(np.float16), sae, lam=LAM, device="cpu")
     assert h.sae_objective == pytest.approx(a.sae_objective, rel=1e-2)
-    t = certify_sae(sae, torch.as_tensor(X).bfloat16(), lam=LAM, device="cpu")
+    t = certify_sae(torch.as_tensor(X).bfloat16(), sae, lam=LAM, device="cpu")
     assert t.sae_objective == pytest.approx(a.sae_objective, rel=3e-2)
 
 
@@ -156,7 +156,7 @@ def test_feature_flags_dead_dense_antipodal_absorbed():
     We = np.hstack([Wenc, U[3][:, None], U[0][:, None]])
     be = np.concatenate([benc, [-1e6], [-3.0]])
     s = SAE(W_dec=W, b_dec=sae.b_dec, W_enc=We, b_enc=be)
-    cert = certify_sae(s, X, lam=LAM, device="cpu", dense_threshold=0.16)
+    cert = certify_sae(X, s, lam=LAM, device="cpu", dense_threshold=0.16)
     F = cert.features
     assert F["dead"][6] and F["dead"].sum() == 1
     assert F["frequency"][:6] == pytest.approx(np.full(6, 1 / 6)) and F["frequency"][7] < 1 / 6
@@ -171,10 +171,10 @@ def test_normalised_sae_is_certified_in_normalised_space():
     X, sae = orthogonal_rays_sae(LAM, seed=6)
     scales = np.random.default_rng(1).uniform(0.5, 3, (X.shape[0], 1))
     Xn = X / np.linalg.norm(X, axis=1, keepdims=True) * np.sqrt(X.shape[1])
-    base = certify_sae(sae, Xn, lam=LAM, device="cpu")
+    base = certify_sae(Xn, sae, lam=LAM, device="cpu")
     sae_n = SAE(**{k: getattr(sae, k) for k in ("W_dec", "b_dec", "W_enc", "b_enc")},
                 normalize_activations="constant_norm_rescale")
-    cert = certify_sae(sae_n, X * scales, lam=LAM, device="cpu")
+    cert = certify_sae(X * scales, sae_n, lam=LAM, device="cpu")
     for key in ("sae_objective", "optimal_code_objective", "lower_bound"):
         assert getattr(cert, key) == pytest.approx(getattr(base, key), rel=1e-10), key
     assert cert.notes and "normalised" in cert.notes[0]
@@ -183,22 +183,22 @@ def test_normalised_sae_is_certified_in_normalised_space():
 def test_decoder_only_file(tmp_path):
     X, sae = orthogonal_rays_sae(LAM, seed=8)
     np.savez(tmp_path / "dec.npz", W_dec=sae.W_dec * 3.0, b_dec=sae.b_dec)
-    cert = certify_sae(load_sae(tmp_path / "dec.npz"), X, lam=LAM, device="cpu")
+    cert = certify_sae(X, load_sae(tmp_path / "dec.npz"), lam=LAM, device="cpu")
     assert cert.encoder_gap is None and cert.global_gap <= 1e-6 and cert.certified_optimal
 
 
 def test_bad_inputs():
     X, sae = orthogonal_rays_sae(LAM)
     with pytest.raises(ValueError, match="d_in=5 but the SAE expects d_in=12"):
-        certify_sae(sae, X[:, :5], lam=LAM)
+        certify_sae(X[:, :5], sae, lam=LAM)
     Xn = X.copy()
     Xn[17, 3] = np.nan
     with pytest.raises(ValueError, match=r"non-finite value \(NaN\) in row 17"):
-        certify_sae(sae, Xn, lam=LAM, batch_size=8)
+        certify_sae(Xn, sae, lam=LAM, batch_size=8)
     with pytest.raises(ValueError, match="exactly one of lam or l1_coefficient"):
-        certify_sae(sae, X, lam=LAM, l1_coefficient=1.0)
+        certify_sae(X, sae, lam=LAM, l1_coefficient=1.0)
     with pytest.raises(ValueError, match="lam must be a positive"):
-        certify_sae(sae, X, lam=-1.0)
+        certify_sae(X, sae, lam=-1.0)
     assert resolve_lam(l1_coefficient=3.0) == 1.5
 
 
@@ -276,7 +276,7 @@ def test_cli_subprocess_exit_code(tmp_path):
 
 def test_write_certificate_files(tmp_path):
     X, sae = orthogonal_rays_sae(LAM, seed=13)
-    cert = certify_sae(sae, X, lam=LAM, device="cpu")
+    cert = certify_sae(X, sae, lam=LAM, device="cpu")
     files = write_sae_certificate(cert, tmp_path)
     d = json.loads((tmp_path / "certificate.json").read_text())
     assert d["certified_optimal"] is True and len(d["optimal_bias"]) == 12
@@ -289,8 +289,8 @@ def test_cuda_matches_cpu():
         pytest.skip("needs CUDA")
     X, sae = orthogonal_rays_sae(LAM, seed=14, n_core=2)
     X = X + 0.05 * np.random.default_rng(3).standard_normal(X.shape)
-    cpu = certify_sae(sae, X, lam=LAM, device="cpu")
-    gpu = certify_sae(sae, X, lam=LAM, device="cuda")
+    cpu = certify_sae(X, sae, lam=LAM, device="cpu")
+    gpu = certify_sae(X, sae, lam=LAM, device="cuda")
     assert gpu.device.startswith("cuda")
     for key in ("sae_objective", "optimal_code_objective", "lower_bound", "global_gap"):
         assert getattr(gpu, key) == pytest.approx(getattr(cpu, key), rel=1e-9, abs=1e-12), key
@@ -303,9 +303,9 @@ def test_diagnostics_agree_with_first_order_conditions():
     X = rng.standard_normal((80, 6)) * 2
     sae = SAE(W_dec=rng.standard_normal((9, 6)), b_dec=rng.standard_normal(6) * 0.2,
               W_enc=rng.standard_normal((6, 9)), b_enc=rng.standard_normal(9) * 0.3, dtype="float64")
-    cert = certify_sae(sae, X, lam=LAM, device="cpu", batch_size=17)
+    cert = certify_sae(X, sae, lam=LAM, device="cpu", batch_size=17)
     f = sae.encode(X)
-    foc = first_order_conditions(X, sae.W_dec, f, sae.b_dec, LAM)
+    foc = first_order_conditions(X, sae.W_dec, f, sae.b_dec, lam=LAM)
     F = cert.features
     assert np.nanmax(F["max_violation_firing"]) == pytest.approx(foc.code_active_error, rel=1e-9)
     assert np.max(F["max_violation_silent"]) == pytest.approx(max(0.0, -foc.code_margin), rel=1e-9, abs=1e-12)

@@ -36,8 +36,8 @@ def _count_lines(X, b, lam, tol=1e-8):
 def test_signed_width_is_number_of_lines(n_lines):
     X, c, U = _lines_data(n_lines, 6, 7, seed=n_lines)
     lam = 0.3
-    uns = wl.solve(X, lam)
-    sgn = wl.solve(X, lam, signed=True)
+    uns = wl.solve(X, lam=lam)
+    sgn = wl.solve(X, lam=lam, signed=True)
     # symmetric data: b* = c, each line is two rays
     assert np.allclose(sgn.bias, c, atol=1e-9)
     assert uns.width == 2 * n_lines
@@ -45,17 +45,17 @@ def test_signed_width_is_number_of_lines(n_lines):
     assert sgn.certified and uns.certified
     assert sgn.value == pytest.approx(uns.value, rel=1e-12)
     # the signed triple's objective, evaluated independently with signed codes
-    ov = sae_objective(X, sgn.dictionary, sgn.codes, sgn.bias, lam, signed=True)
+    ov = sae_objective(X, sgn.dictionary, sgn.codes, sgn.bias, lam=lam, signed=True)
     assert ov.value == pytest.approx(sgn.value, rel=1e-12)
-    assert ov.value == pytest.approx(wl.huber_value(X, sgn.bias, lam), rel=1e-12)
+    assert ov.value == pytest.approx(wl.huber_value(X, sgn.bias, lam=lam), rel=1e-12)
     # atoms are the lines (up to sign)
     assert np.allclose(np.abs(sgn.dictionary @ U.T).max(axis=0), 1.0, atol=1e-10)
 
 
 def test_signed_dense_antipodal_pair_collapses():
     X, t = datasets.dense_symmetric(100, 5, seed=3)
-    uns = wl.solve(X, 0.1)
-    sgn = wl.solve(X, 0.1, signed=True)
+    uns = wl.solve(X, lam=0.1)
+    sgn = wl.solve(X, lam=0.1, signed=True)
     assert uns.width == 2 and sgn.width == 1
     assert uns.dictionary[0] @ uns.dictionary[1] == pytest.approx(-1.0, abs=1e-12)
     assert abs(sgn.dictionary[0] @ t["direction"]) == pytest.approx(1.0, abs=1e-12)
@@ -69,8 +69,8 @@ def test_signed_line_with_rounding_noise_in_a_zero_coordinate():
     X = np.zeros((100, 4))
     X[:, 1] = s
     X[:, 0] = 1e-10 * rng.standard_normal(100)
-    assert wl.solve(X, 0.1, signed=True).width == 1
-    assert wl.solve(X, 0.1).width == 2
+    assert wl.solve(X, lam=0.1, signed=True).width == 1
+    assert wl.solve(X, lam=0.1).width == 2
 
 
 @settings(max_examples=25, deadline=None)
@@ -82,8 +82,8 @@ def test_signed_matches_unsigned_value_and_counts_lines(seed, n, N, lam):
     U /= np.linalg.norm(U, axis=1, keepdims=True)
     o = rng.standard_normal(n)
     X = o + rng.uniform(-3, 3, (N, 1)) * U[rng.integers(0, 3, N)]
-    uns = wl.solve(X, lam)
-    sgn = wl.solve(X, lam, signed=True)
+    uns = wl.solve(X, lam=lam)
+    sgn = wl.solve(X, lam=lam, signed=True)
     assert sgn.value == pytest.approx(uns.value, rel=1e-9, abs=1e-12)
     # same bound, same bias: certified exactly when the nonnegative solution is (the Huber median's
     # convergence is checked in tests/test_median.py::test_no_stall_when_points_sit_near_the_lam_sphere)

@@ -155,7 +155,7 @@ def test_nonfinite_row_is_reported_with_its_shard(tmp_path, rng):
     with pytest.raises(ValueError, match=r"row 2345 \(shard .*part_2\.npy, row 345\)"):
         _validation.check_data(S, finite=True)
     with pytest.raises(ValueError, match=r"NaN\) in row 2345 \(shard .*part_2\.npy"):
-        wl.huber_median(S, 1.0)
+        wl.huber_median(S, lam=1.0)
     with pytest.raises(ValueError, match="row 2345"):
         wl.geometric_median(S)
 
@@ -169,23 +169,23 @@ def test_streaming_equals_in_memory(tmp_path, rng):
     X = _clustered(rng)
     lam = 1.5
     S = ActivationSource.open(_write_npy_shards(tmp_path, X, [1234, 1235, 4000]))
-    for f in (lambda A: wl.huber_median(A, lam), lambda A: wl.geometric_median(A)):
+    for f in (lambda A: wl.huber_median(A, lam=lam), lambda A: wl.geometric_median(A)):
         a, b = f(X), f(S)
         assert _rel(b.point, a.point) <= 1e-10 and _rel(b.value, a.value) <= 1e-10
         assert _rel(b.lower_bound, a.lower_bound) <= 1e-10 and b.n_passes == a.n_passes
     w = np.random.default_rng(5).uniform(0.0, 2.0, X.shape[0])
-    a, b = wl.huber_median(X, lam, weights=w), wl.huber_median(S, lam, weights=w)
+    a, b = wl.huber_median(X, lam=lam, weights=w), wl.huber_median(S, lam=lam, weights=w)
     assert _rel(b.point, a.point) <= 1e-10 and _rel(b.lower_bound, a.lower_bound) <= 1e-10
-    sa, sb = wl.solve(X, lam), wl.solve(S, lam)
+    sa, sb = wl.solve(X, lam=lam), wl.solve(S, lam=lam)
     assert sb.width == sa.width and np.array_equal(sb.rays, sa.rays)
     assert _rel(sb.value, sa.value) <= 1e-10 and _rel(sb.dictionary, sa.dictionary) <= 1e-10
-    ca, cb = wl.verify(X, lam, sa.dictionary, sa.sparse_codes, sa.bias), wl.verify(S, lam, sa.dictionary, sa.sparse_codes, sa.bias)
+    ca, cb = wl.verify(X, sa.dictionary, sa.sparse_codes, sa.bias, lam=lam), wl.verify(S, sa.dictionary, sa.sparse_codes, sa.bias, lam=lam)
     for k in ("value", "lower_bound", "lower_bound_at_bias", "gap", "bias_stationarity", "dual_min", "max_residual_norm"):
         assert abs(getattr(cb, k) - getattr(ca, k)) <= 1e-10 * max(abs(getattr(ca, k)), abs(ca.value)), k
     assert cb.certified == ca.certified
     # an independent check of the streamed Huber value: closed form on the whole array
     r = np.linalg.norm(X.astype(np.float64) - sb.bias, axis=1)
-    assert _rel(sb.median.value, np.mean(wl.huber_h(r, lam))) <= 1e-12
+    assert _rel(sb.median.value, np.mean(wl.huber_h(r, lam=lam))) <= 1e-12
 
 
 def test_bf16_source_equals_in_memory_rounded(tmp_path, rng):
@@ -196,7 +196,7 @@ def test_bf16_source_equals_in_memory_rounded(tmp_path, rng):
     t = torch.tensor(X).to(torch.bfloat16)
     save_file({"acts": t}, tmp_path / "a.safetensors")
     S = ActivationSource.open(tmp_path / "a.safetensors")
-    a, b = wl.huber_median(t.float().numpy(), 1.0), wl.huber_median(S, 1.0)
+    a, b = wl.huber_median(t.float().numpy(), lam=1.0), wl.huber_median(S, lam=1.0)
     assert _rel(b.point, a.point) <= 1e-10 and _rel(b.value, a.value) <= 1e-10
 
 
@@ -209,7 +209,7 @@ def test_memory_is_bounded_independently_of_N(tmp_path, rng):
         S = ActivationSource.open(_write_npy_shards(tmp_path, X, [N // 3], name=f"m{N}"))
         del X
         tracemalloc.start()
-        res = wl.huber_median(S, 1.5, hess_rows=512)
+        res = wl.huber_median(S, lam=1.5, hess_rows=512)
         peaks[N] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert res.converged
@@ -232,7 +232,7 @@ def test_progress_events_and_resume_after_interruption(tmp_path, rng):
     S = ActivationSource.open(_write_npy_shards(tmp_path, X, [3000]))
     lam = 1.0
     events = []
-    ref = wl.huber_median(S, lam, progress=events.append)
+    ref = wl.huber_median(S, lam=lam, progress=events.append)
     assert all(isinstance(e, Progress) for e in events)
     ends = [e for e in events if e.done and e.value is not None]
     assert ends and all(e.lower_bound <= e.value for e in ends)
@@ -248,17 +248,17 @@ def test_progress_events_and_resume_after_interruption(tmp_path, rng):
         return cb
 
     with pytest.raises(_Stop):
-        wl.huber_median(S, lam, checkpoint=ck, progress=interrupt_at(ref.n_passes - 1))
+        wl.huber_median(S, lam=lam, checkpoint=ck, progress=interrupt_at(ref.n_passes - 1))
     assert ck.exists()
     seen = []
-    res = wl.huber_median(S, lam, checkpoint=ck, progress=seen.append)
+    res = wl.huber_median(S, lam=lam, checkpoint=ck, progress=seen.append)
     assert np.array_equal(res.point, ref.point) and res.value == ref.value and res.lower_bound == ref.lower_bound
     assert res.n_passes == ref.n_passes  # total, counting the passes made before the interruption
     assert max(e.pass_index for e in seen) < ref.n_passes  # only the lost pass(es) were redone
-    again = wl.huber_median(S, lam, checkpoint=ck)  # a finished run resumes to its result at once
+    again = wl.huber_median(S, lam=lam, checkpoint=ck)  # a finished run resumes to its result at once
     assert np.array_equal(again.point, ref.point) and again.n_passes == ref.n_passes
     with pytest.raises(ValueError, match="different problem"):
-        wl.huber_median(S, 2 * lam, checkpoint=ck)
+        wl.huber_median(S, lam=2 * lam, checkpoint=ck)
     meta = json.loads(bytes(np.load(ck)["__meta__"]).decode())
     assert meta["problem"]["kind"] == "huber" and len(np.load(ck)["b"]) == 10  # O(n) state
 
@@ -267,9 +267,9 @@ def test_solve_and_verify_forward_checkpoint_and_progress(tmp_path, rng):
     X = _clustered(rng, N=3000, n=5)
     S = ActivationSource.from_array(X)
     ev = []
-    sol = wl.solve(S, 1.0, checkpoint=tmp_path / "c.npz", progress=ev.append)
+    sol = wl.solve(S, lam=1.0, checkpoint=tmp_path / "c.npz", progress=ev.append)
     assert (tmp_path / "c.npz").exists() and {e.stage for e in ev} >= {"mean", "newton", "certificate"}
-    cert = wl.verify(S, 1.0, sol.dictionary, sol.sparse_codes, sol.bias, median=sol.median)
+    cert = wl.verify(S, sol.dictionary, sol.sparse_codes, sol.bias, lam=1.0, median=sol.median)
     assert cert.certified and _rel(cert.value, sol.value) <= 1e-12
 
 
@@ -281,7 +281,7 @@ def test_cli_bound_streams_a_folder_and_resumes(tmp_path, rng, capsys):
     ck = tmp_path / "ck.npz"
     assert main(["bound", str(d), "--lam", "1.5", "--json", "--no-progress", "--checkpoint", str(ck)]) == 0
     out = json.loads(capsys.readouterr().out)
-    ref = wl.huber_median(X, 1.5)
+    ref = wl.huber_median(X, lam=1.5)
     assert _rel(out["lower_bound"], ref.lower_bound) <= 1e-10 and _rel(out["bias"], ref.point) <= 1e-10
     assert out["n_passes"] == ref.n_passes and out["converged"] and ck.exists()
     assert main(["bound", str(d), "--lam", "1.5"]) == 0  # table with a progress bar on stderr
@@ -296,8 +296,8 @@ def test_certify_sae_streams_a_source(tmp_path):
     X, sae = orthogonal_rays_sae(0.5, n_pairs=3, dim=8, points_per_ray=60, n_core=20, seed=2)
     X = X.astype(np.float32)
     S = ActivationSource.open(_write_npy_shards(tmp_path, X, [150, 151]))
-    a = wl.certify_sae(sae, X, lam=0.5, batch_size=128)
-    b = wl.certify_sae(sae, S, lam=0.5, batch_size=128)
+    a = wl.certify_sae(X, sae, lam=0.5, batch_size=128)
+    b = wl.certify_sae(S, sae, lam=0.5, batch_size=128)
     for k in ("sae_objective", "lower_bound", "lower_bound_at_bias", "global_gap", "bias_stationarity",
               "max_residual_norm"):
         assert abs(getattr(b, k) - getattr(a, k)) <= 1e-10 * max(1.0, abs(a.sae_objective)), k
@@ -332,7 +332,7 @@ def test_threaded_passes_do_not_depend_on_the_thread_count(rng, tmp_path):
         assert np.array_equal(r[1], res[0][1]) and np.array_equal(r[3], res[0][3])
         assert np.array_equal(m, maps[0])
     D = X.astype(np.float64) - b
-    assert res[0][0] == pytest.approx(wl.huber_value(X, b, 1.5) * 5000, rel=1e-12)
+    assert res[0][0] == pytest.approx(wl.huber_value(X, b, lam=1.5) * 5000, rel=1e-12)
     np.testing.assert_allclose(maps[0][:, 0], np.linalg.norm(D, axis=1), rtol=1e-13)
     np.testing.assert_allclose(maps[0][:, 1:], (D @ V) / np.linalg.norm(D, axis=1)[:, None], rtol=1e-10, atol=1e-13)
     # shards read by several threads at once give the very same sums as the array
@@ -348,4 +348,4 @@ def test_threaded_passes_do_not_depend_on_the_thread_count(rng, tmp_path):
         LocalEngine(Y, rows=97, threads=2).reduce(_pass_chunk, _merge_pass, b, 1.5, "huber", 0.0, False, None,
                                                   extras=(None,))
     with pytest.raises(ValueError, match=r"row 4321"):
-        wl.solve(Y, 1.5)
+        wl.solve(Y, lam=1.5)

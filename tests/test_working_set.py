@@ -24,24 +24,24 @@ def _problem(N=30, k=80, n=24, active=4, seed=0, noise=0.05):
 @pytest.mark.parametrize("lam,ws", [(0.2, 32), (0.02, 8), (1.0, 16)])
 def test_matches_full_solver_and_is_certified(lam, ws):
     X, W, b = _problem()
-    ref = optimal_codes(X, W, b, lam, tol=1e-8, device="cpu")
-    got = optimal_codes_working_set(X, W, b, lam, tol=1e-8, device="cpu", ws_size=ws)
+    ref = optimal_codes(X, W, b, lam=lam, tol=1e-8, device="cpu")
+    got = optimal_codes_working_set(X, W, b, lam=lam, tol=1e-8, device="cpu", ws_size=ws)
     assert got.converged and got.gap <= 1e-7 * max(got.value, lam * lam)
     np.testing.assert_allclose(got.point_values, ref.point_values, rtol=1e-7, atol=1e-10)
     # the reported value is the objective of the returned codes (independent evaluation)
-    assert got.value == pytest.approx(sae_objective(X, W, got.codes, b, lam).value, rel=1e-10)
-    assert got.reconstruction == pytest.approx(sae_objective(X, W, got.codes, b, lam).reconstruction, rel=1e-8)
+    assert got.value == pytest.approx(sae_objective(X, W, got.codes, b, lam=lam).value, rel=1e-10)
+    assert got.reconstruction == pytest.approx(sae_objective(X, W, got.codes, b, lam=lam).reconstruction, rel=1e-8)
 
 
 def test_fallback_and_warm_start_paths():
     X, W, b = _problem(seed=1)
     lam = 0.05
-    ref = optimal_codes(X, W, b, lam, tol=1e-8, device="cpu")
+    ref = optimal_codes(X, W, b, lam=lam, tol=1e-8, device="cpu")
     # one round and tiny working sets: most tokens finish in the full solver
-    fb = optimal_codes_working_set(X, W, b, lam, tol=1e-8, device="cpu", ws_size=2, max_rounds=1, inner_iter=5)
+    fb = optimal_codes_working_set(X, W, b, lam=lam, tol=1e-8, device="cpu", ws_size=2, max_rounds=1, inner_iter=5)
     assert fb.converged
     np.testing.assert_allclose(fb.point_values, ref.point_values, rtol=1e-6, atol=1e-10)
-    warm = optimal_codes_working_set(X, W, b, lam, tol=1e-8, device="cpu", Z0=ref.codes, batch_size=7)
+    warm = optimal_codes_working_set(X, W, b, lam=lam, tol=1e-8, device="cpu", Z0=ref.codes, batch_size=7)
     assert warm.converged and warm.n_iter == 1
     np.testing.assert_allclose(warm.point_values, ref.point_values, rtol=1e-7, atol=1e-10)
 
@@ -50,7 +50,7 @@ def test_against_cvxpy():
     cp = pytest.importorskip("cvxpy")
     X, W, b = _problem(N=6, k=40, n=8, seed=2)
     lam = 0.1
-    got = optimal_codes_working_set(X, W, b, lam, tol=1e-10, device="cpu", ws_size=8)
+    got = optimal_codes_working_set(X, W, b, lam=lam, tol=1e-10, device="cpu", ws_size=8)
     nrm = np.linalg.norm(W, axis=1)
     for i, x in enumerate(X):
         z = cp.Variable(W.shape[0], nonneg=True)
@@ -60,6 +60,6 @@ def test_against_cvxpy():
 
 def test_narrow_dictionary_goes_to_full_solver():
     X, W, b = _problem(k=10)
-    got = optimal_codes_working_set(X, W, b, 0.2, device="cpu", ws_size=32)
-    ref = optimal_codes(X, W, b, 0.2, device="cpu")
+    got = optimal_codes_working_set(X, W, b, lam=0.2, device="cpu", ws_size=32)
+    ref = optimal_codes(X, W, b, lam=0.2, device="cpu")
     assert got.value == pytest.approx(ref.value, rel=1e-9)

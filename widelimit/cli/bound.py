@@ -80,7 +80,7 @@ def _run_bound(args) -> int:
             if args.geometric:
                 res = geometric_median(X, progress=cb, checkpoint=args.checkpoint)
             else:
-                res = huber_median(X, lam, progress=cb, checkpoint=args.checkpoint)
+                res = huber_median(X, lam=lam, progress=cb, checkpoint=args.checkpoint)
         secs = time.perf_counter() - t0
     finally:
         if client is not None:

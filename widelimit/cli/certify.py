@@ -72,8 +72,7 @@ def _run_certify(args) -> int:
 
     sae = load_sae(args.sae, norm_scaling_factor=args.norm_scaling_factor)
     acts = load_activations(args.acts, key=args.key)
-    cert = certify_sae(sae, acts, lam=args.lam, l1_coefficient=args.l1_coefficient, tol=args.tol,
-                       coding_tol=args.coding_tol, batch_size=args.batch_size, device=args.device)
+    cert = certify_sae(acts, sae, lam=args.lam, l1_coefficient=args.l1_coefficient, tol=args.tol, coding_tol=args.coding_tol, batch_size=args.batch_size, device=args.device)
     files = write_sae_certificate(cert, args.out) if args.out else []
     if args.json:
         d = cert.as_dict()

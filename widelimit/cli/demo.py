@@ -27,7 +27,7 @@ def _run_demo(args) -> int:
 
     X, truth = rays2d()
     lam = BUILTIN["rays2d"][1]
-    sol = solve(X, lam)
+    sol = solve(X, lam=lam)
     geo = geometric_median(X)
     files = _write_solution(args.out, X, sol, geo, stem="demo")
     if args.json:

@@ -99,11 +99,11 @@ def _run_fit(args) -> int:
         fits = []
         for i in range(max(1, args.restarts)):
             run["i"] = i
-            best, _ = best_fit(X, lam, args.width, n_restarts=1, seed=args.seed + i, inits=(args.init,), **kw)
+            best, _ = best_fit(X, lam=lam, width=args.width, n_restarts=1, seed=args.seed + i, inits=(args.init,), **kw)
             fits.append(best)
         prog.say("certifying")
         fit = min(fits, key=lambda f: f.value)
-        cert = verify(X, lam, fit.dictionary, fit.codes, fit.bias, tol=1e-4)
+        cert = verify(X, fit.dictionary, fit.codes, fit.bias, lam=lam, tol=1e-4)
     d = fit.as_dict()
     d.update({"data": label, "value": cert.value, "lower_bound": cert.lower_bound, "gap": cert.gap,
               "rel_gap": cert.rel_gap, "certified": cert.certified, "width": fit.width,
@@ -163,9 +163,7 @@ def _run_frontier(args) -> int:
         raise ValueError(f"--widths must be comma-separated integers, got {args.widths!r}") from None
     inits = (args.init,) if args.init != "rays" else ("rays", "data")
     with _Progress() as prog:
-        fr = frontier(X, lam, widths, n_restarts=max(1, args.restarts), seed=args.seed, inits=inits,
-                      out=args.out / "frontier.png", callback=lambda w, v: prog.say(f"width {w}: {v:.8g}"),
-                      **_fit_kwargs(args))
+        fr = frontier(X, lam=lam, widths=widths, n_restarts=max(1, args.restarts), seed=args.seed, inits=inits, out=args.out / "frontier.png", callback=lambda w, v: prog.say(f"width {w}: {v:.8g}"), **_fit_kwargs(args))
     d = fr.as_dict()
     d["data"] = label
     args.out.mkdir(parents=True, exist_ok=True)

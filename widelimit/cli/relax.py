@@ -38,14 +38,13 @@ def _run_relax(args) -> int:
     lam = args.lam if args.lam is not None else lam0
     if lam is None:
         raise ValueError("--lam is required for data files")
-    exact = solve(X, lam).value
+    exact = solve(X, lam=lam).value
     if args.solver == "TORCH":
         from ..relax.dnn import solve_dnn
 
         if args.cone != "dnn":
             raise ValueError(f"--solver TORCH solves the dnn cone only, got --cone {args.cone}")
-        r = solve_dnn(X, lam, tol=args.tol, device=args.device,
-                      **({} if args.max_iters is None else {"max_iter": args.max_iters}))
+        r = solve_dnn(X, lam=lam, tol=args.tol, device=args.device, **{} if args.max_iters is None else {"max_iter": args.max_iters})
         status = "optimal" if r.converged else "not_converged"
         value = r.lower_bound if r.converged else float("nan")
         d = {"value": value, "status": status, "cone": "dnn", "kind": "outer", "solver": "TORCH",
@@ -55,7 +54,7 @@ def _run_relax(args) -> int:
     else:
         from ..relax.cones import relax
 
-        r = relax(X, lam, args.cone, solver=args.solver, tol=args.tol, max_iters=args.max_iters)
+        r = relax(X, lam=lam, cone=args.cone, solver=args.solver, tol=args.tol, max_iters=args.max_iters)
         d = r.as_dict()
         d["value"] = r.value
         Q, b = r.Q, r.b
@@ -68,11 +67,11 @@ def _run_relax(args) -> int:
 
         if Q is None or b is None:
             raise ValueError(f"cannot refine: the solver returned no Q (status {d['status']})")
-        ref = refine(X, lam, Q, b)
+        ref = refine(X, Q, b, lam=lam)
         d["refined"] = {"value": ref.value, "width": ref.width, "factor_width": ref.factor_width,
                         "factor_residual": ref.factorization.residual,
                         "factor_success": ref.factorization.success, "rel_gap": ref.certificate.rel_gap,
-                        "exact_width": solve(X, lam).width}
+                        "exact_width": solve(X, lam=lam).width}
     if args.json:
         print_json(d)
         return 0

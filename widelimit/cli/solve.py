@@ -31,7 +31,7 @@ def _run_solve(args) -> int:
     lam = args.lam if args.lam is not None else lam0
     if lam is None:
         raise ValueError("--lam is required for data files")
-    sol = solve(X, lam, ray_tol=args.ray_tol, signed=args.signed)
+    sol = solve(X, lam=lam, ray_tol=args.ray_tol, signed=args.signed)
     files = _write_solution(args.out, X, sol) if args.out else []
     if args.json:
         d = sol.as_dict()

@@ -262,7 +262,7 @@ def _check_problem(X, W, b, lam, tol):
     return X, W, b, lam, tol
 
 
-def optimal_codes(X, W, b, lam, *, tol: float = 1e-6, max_iter: int = 3000, batch_size: int | None = None,
+def optimal_codes(X, W, b, *, lam, tol: float = 1e-6, max_iter: int = 3000, batch_size: int | None = None,
                   device="auto", Z0=None, return_codes: bool = True, dtype="float32",
                   check_every: int = 10, callback: Callable[[int, int], None] | None = None) -> CodingResult:
     r"""Optimal nonnegative codes for a fixed dictionary and bias (one nonnegative lasso per point).

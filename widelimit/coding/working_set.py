@@ -131,7 +131,7 @@ def _inner(xx, q, G, y, lam, tol, floor, max_iter, check_every=10, newton_steps=
     return out
 
 
-def optimal_codes_working_set(X, W, b, lam, *, tol: float = 1e-6, device="auto", Z0=None, return_codes: bool = True,
+def optimal_codes_working_set(X, W, b, *, lam, tol: float = 1e-6, device="auto", Z0=None, return_codes: bool = True,
                               batch_size: int | None = None, ws_size: int = 32, max_rounds: int = 12,
                               inner_iter: int = 2000, gram_limit: int = 8192) -> CodingResult:
     r"""Certified optimal nonnegative codes, computed on per-token working sets (module docstring).
@@ -154,8 +154,7 @@ def optimal_codes_working_set(X, W, b, lam, *, tol: float = 1e-6, device="auto",
     N, n = X.shape
     k = W.shape[0]
     if k > gram_limit or k <= ws_size:
-        return optimal_codes(X, W, b, lam, tol=tol, device=device, Z0=Z0, return_codes=return_codes,
-                             batch_size=batch_size)
+        return optimal_codes(X, W, b, lam=lam, tol=tol, device=device, Z0=Z0, return_codes=return_codes, batch_size=batch_size)
     dev = resolve_device(device)
     if Z0 is not None:
         Z0 = check_codes(Z0, N, k, name="Z0")
@@ -246,7 +245,7 @@ def optimal_codes_working_set(X, W, b, lam, *, tol: float = 1e-6, device="auto",
     n_iter = rounds_max
     if leftovers:  # the full solver finishes these tokens, warm-started
         rows = np.concatenate(leftovers)
-        res = optimal_codes(X[rows], W, b, lam, tol=tol, device=dev, Z0=codes[rows], return_codes=True)
+        res = optimal_codes(X[rows], W, b, lam=lam, tol=tol, device=dev, Z0=codes[rows], return_codes=True)
         P_all[rows], gap_all[rows] = res.point_values, res.point_gaps
         codes = codes.tolil()
         codes[rows] = res.codes

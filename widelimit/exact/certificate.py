@@ -108,7 +108,7 @@ def _cert_chunk(c, s, W, b, lam, norms, count, slot, n_multi, Zc):
     """
     k, n = W.shape
     D = centered(c, b, "a")
-    hub = float(huber_h(np.sqrt(np.einsum("ij,ij->i", D, D)), lam).sum())
+    hub = float(huber_h(np.sqrt(np.einsum("ij,ij->i", D, D)), lam=lam).sum())
     E = np.subtract(D, _matmul_rows(Zc, 0, c.shape[0], W), out=scratch(c.shape, "b")) if k else D
     ee = np.einsum("ij,ij->i", E, E)
     rec = float(ee.sum())
@@ -210,7 +210,7 @@ def make_certificate(N, n, rec, pen, esum, emax, hub, comp, width, lam, median: 
     )
 
 
-def verify(X, lam, W, Z, b, *, tol: float = 1e-9, atol: float = 0.0, median: MedianResult | None = None,
+def verify(X, W, Z, b, *, lam, tol: float = 1e-9, atol: float = 0.0, median: MedianResult | None = None,
            progress=None, checkpoint=None) -> Certificate:
     r"""Certify any candidate dictionary, codes and bias against the global optimum.
 
@@ -251,7 +251,7 @@ def verify(X, lam, W, Z, b, *, tol: float = 1e-9, atol: float = 0.0, median: Med
     """
     X, W, Z, b, lam = _check_triple(X, W, Z, b, lam)
     if median is None:
-        median = huber_median(X, lam, progress=progress, checkpoint=checkpoint)
+        median = huber_median(X, lam=lam, progress=progress, checkpoint=checkpoint)
     elif median.kind != "huber" or median.lam != check_lam(lam):
         raise ValueError("median must be a Huber median computed with the same lam")
     return _certificate(X, W, Z, b, lam, median, float(tol), float(atol), progress)

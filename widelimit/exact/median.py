@@ -631,7 +631,7 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
     )
 
 
-def huber_median(X, lam, weights=None, *, tol=1e-12, xtol=1e-10, max_iter=100, hess_rows=4096, seed=0,
+def huber_median(X, *, lam, weights=None, tol=1e-12, xtol=1e-10, max_iter=100, hess_rows=4096, seed=0,
                  progress=None, checkpoint=None) -> MedianResult:
     r"""Certified minimiser of the Huber location objective: the optimal SAE bias.
 
@@ -685,7 +685,7 @@ def huber_median(X, lam, weights=None, *, tol=1e-12, xtol=1e-10, max_iter=100, h
                   seed, progress, checkpoint)
 
 
-def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-10, max_iter=100, hess_rows=4096, seed=0,
+def geometric_median(X, *, weights=None, tol=1e-12, xtol=1e-10, max_iter=100, hess_rows=4096, seed=0,
                      progress=None, checkpoint=None) -> MedianResult:
     r"""Certified geometric median :math:`\arg\min_b \frac{1}{\sum w}\sum_i w_i\|x_i - b\|`.
 
@@ -699,7 +699,7 @@ def geometric_median(X, weights=None, *, tol=1e-12, xtol=1e-10, max_iter=100, he
                   progress, checkpoint)
 
 
-def huber_value(X, b, lam, weights=None) -> float:
+def huber_value(X, b, *, lam, weights=None) -> float:
     """``H(b)``: the weighted mean of ``h_lam(||x_i - b||)`` (one pass, float64)."""
     X = check_data(X)
     lam = check_lam(lam)

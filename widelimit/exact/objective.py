@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 
-def huber_h(r, lam: float):
+def huber_h(r, *, lam: float):
     r"""Twice the Huber loss with threshold ``lam``, applied to distances ``r >= 0``.
 
     .. math:: h_\lambda(r) = r^2 \ (r \le \lambda), \qquad 2\lambda r - \lambda^2 \ (r > \lambda).
@@ -126,7 +126,7 @@ def residual_chunks(X, W, Z, b):
         yield s, e, residual_block(X[s:e], b, Z[s:e], W)
 
 
-def sae_objective(X, W, Z, b, lam, *, signed: bool = False) -> ObjectiveValue:
+def sae_objective(X, W, Z, b, *, lam, signed: bool = False) -> ObjectiveValue:
     r"""Evaluate the sparse dictionary-learning objective (theory.md §1).
 
     .. math:: L = \frac1N\sum_i \|z_i W + b - x_i\|^2 + \frac{2\lambda}{N}\sum_{i,d} |z_{id}|\,\|w_d\| .
@@ -168,7 +168,7 @@ def sae_objective(X, W, Z, b, lam, *, signed: bool = False) -> ObjectiveValue:
     return ObjectiveValue(value=(rec + pen) / N, reconstruction=rec / N, penalty=pen / N)
 
 
-def unconstrained_objective(X, W, Z, b, lam) -> float:
+def unconstrained_objective(X, W, Z, b, *, lam) -> float:
     r"""The scale-free form of the objective (theory.md §2), divided by N.
 
     .. math:: \frac1N\Big(\|Z W + \mathbf 1 b^\top - X\|_F^2 + \lambda\big(\|W\|_F^2 + \sum_d \|Z_d\|_1^2\big)\Big)
@@ -227,7 +227,7 @@ def _check_Q(Q, N: int) -> np.ndarray:
     return 0.5 * (Q + Q.T)
 
 
-def q_objective(X, Q, b, lam) -> float:
+def q_objective(X, Q, b, *, lam) -> float:
     r"""The Q-form of the objective with the dictionary eliminated (theory.md §2).
 
     .. math:: f(Q, b) = \frac{\lambda}{N}\Big(\operatorname{tr}\big(\tilde X^\top (Q+\lambda I)^{-1}\tilde X\big) + \mathbf 1^\top Q \mathbf 1\Big)
@@ -263,7 +263,7 @@ def q_objective(X, Q, b, lam) -> float:
     return lam / N * (tr + float(Q.sum()))
 
 
-def optimal_dictionary(X, Z, b, lam) -> np.ndarray:
+def optimal_dictionary(X, Z, b, *, lam) -> np.ndarray:
     r"""The dictionary that minimises :func:`unconstrained_objective` for fixed codes and bias.
 
     Ridge regression (theory.md §2):

@@ -128,7 +128,7 @@ def _line_sign(proj: np.ndarray) -> np.ndarray:
     return np.where(proj >= 0, 1.0, -1.0)
 
 
-def group_rays(X, b, lam, tol=None, *, signed: bool = False, seed: int = 0) -> RayGroups:
+def group_rays(X, b, *, lam, tol=None, signed: bool = False, seed: int = 0) -> RayGroups:
     r"""Group the points beyond ``lam`` from ``b`` by direction.
 
     Parameters

@@ -180,7 +180,7 @@ def _narrowest_bias(X, med: MedianResult, lam, tol, signed, tap=None) -> tuple[n
     return best[0], best[1], passes
 
 
-def solve(X, lam, *, ray_tol: float | None = None, tol: float = 1e-9, signed: bool = False,
+def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bool = False,
           progress=None, checkpoint=None) -> WideLimitSolution:
     r"""Solve the wide-limit sparse dictionary-learning problem exactly, with a certificate.
 

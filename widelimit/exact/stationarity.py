@@ -60,7 +60,7 @@ class Stationarity:
         return asdict(self)
 
 
-def first_order_conditions(X, W, Z, b, lam) -> Stationarity:
+def first_order_conditions(X, W, Z, b, *, lam) -> Stationarity:
     r"""Evaluate the first-order conditions of ``L(W, Z, b)`` (theory.md §5).
 
     Parameters

@@ -45,14 +45,14 @@ def atom_match(learned: np.ndarray, optimal: np.ndarray, used=None) -> dict:
             "min_ray_cosine": float(per_ray.min()), "min_atom_cosine": float(per_atom.min())}
 
 
-def best_fit(X, lam, width, *, n_restarts: int = 3, seed: int = 0, inits=("rays",), **fit_kwargs):
+def best_fit(X, *, lam, width, n_restarts: int = 3, seed: int = 0, inits=("rays",), **fit_kwargs):
     """Run :func:`fit_dictionary` ``n_restarts`` times (seeds ``seed, seed+1, ...``, cycling through
     ``inits``) and return ``(best, all_fits)`` with ``best`` the lowest objective."""
     if int(n_restarts) < 1:
         raise ValueError(f"n_restarts must be >= 1, got {n_restarts!r}")
     if isinstance(inits, str):
         inits = (inits,)
-    fits = [fit_dictionary(X, lam, width, init=inits[i % len(inits)], seed=seed + i, **fit_kwargs)
+    fits = [fit_dictionary(X, lam=lam, width=width, init=inits[i % len(inits)], seed=seed + i, **fit_kwargs)
             for i in range(int(n_restarts))]
     return min(fits, key=lambda f: f.value), fits
 
@@ -112,7 +112,7 @@ class CrossValidation:
         }
 
 
-def crossvalidate(X, lam, width=None, *, n_restarts: int = 3, seed: int = 0, inits=("rays", "data"),
+def crossvalidate(X, *, lam, width=None, n_restarts: int = 3, seed: int = 0, inits=("rays", "data"),
                   tol: float = 1e-4, exact: WideLimitSolution | None = None, **fit_kwargs) -> CrossValidation:
     """Run the gradient solver and the exact solver on the same data and compare them.
 
@@ -140,11 +140,11 @@ def crossvalidate(X, lam, width=None, *, n_restarts: int = 3, seed: int = 0, ini
     """
     X = check_data(X)
     lam = check_lam(lam)
-    ex = solve(X, lam) if exact is None else exact
+    ex = solve(X, lam=lam) if exact is None else exact
     if width is None:
         width = max(1, ex.width)
-    best, fits = best_fit(X, lam, width, n_restarts=n_restarts, seed=seed, inits=inits, **fit_kwargs)
-    cert = verify(X, lam, best.dictionary, best.codes, best.bias, tol=tol, median=ex.median)
+    best, fits = best_fit(X, lam=lam, width=width, n_restarts=n_restarts, seed=seed, inits=inits, **fit_kwargs)
+    cert = verify(X, best.dictionary, best.codes, best.bias, lam=lam, tol=tol, median=ex.median)
     lb = float(ex.lower_bound)
     slack = 1e-9 * max(abs(lb), 1e-300)
     used = np.asarray(best.codes.sum(axis=0)).ravel() > 0

@@ -76,7 +76,7 @@ class Frontier:
         }
 
 
-def frontier(X, lam, widths, *, n_restarts: int = 3, seed: int = 0, inits=("rays", "data"),
+def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays", "data"),
              sat_tol: float = 1e-4, out=None, exact: WideLimitSolution | None = None, callback=None,
              **fit_kwargs) -> Frontier:
     """Best objective per width (restarts), the wide-limit bound, the saturation width and a plot.
@@ -114,11 +114,11 @@ def frontier(X, lam, widths, *, n_restarts: int = 3, seed: int = 0, inits=("rays
     if min(ws) < 1:
         raise ValueError(f"every width must be >= 1, got {min(ws)}")
     ws = sorted(set(ws))
-    ex = solve(X, lam) if exact is None else exact
+    ex = solve(X, lam=lam) if exact is None else exact
     lb = float(ex.lower_bound)
     values, restarts = [], []
     for w in ws:
-        best, fits = best_fit(X, lam, w, n_restarts=n_restarts, seed=seed, inits=inits, **fit_kwargs)
+        best, fits = best_fit(X, lam=lam, width=w, n_restarts=n_restarts, seed=seed, inits=inits, **fit_kwargs)
         values.append(best.value)
         restarts.append([f.value for f in fits])
         if callback is not None:

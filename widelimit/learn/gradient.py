@@ -686,7 +686,7 @@ class _Reporter:
         return False
 
 
-def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device="auto", seed: int = 0,
+def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device="auto", seed: int = 0,
                    max_steps: int | None = None, rtol: float = 1e-8, window: int = 10,
                    max_time: float | None = None, batch_size: int | None = None, code_steps: int | None = None,
                    dict_steps: int = 2, ws_size: int = 16, resample_every: int = 25, bias=None,
@@ -806,7 +806,7 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
     from ..exact.median import huber_median
 
     if bias is None:
-        b0 = huber_median(X, lam).point
+        b0 = huber_median(X, lam=lam).point
     else:
         b0 = check_vector(bias, n, "bias")
     # the data on the device (float32), unless a minibatch / encoder run on data too large for
@@ -859,11 +859,11 @@ def fit_dictionary(X, lam, width, *, encoder: str = "none", init="rays", device=
         from ..exact.objective import sae_objective
 
         enc_codes = encoder_codes(X, encoder, enc_params, bf)
-        enc_value = sae_objective(X, Wf, enc_codes, bf, lam).value
+        enc_value = sae_objective(X, Wf, enc_codes, bf, lam=lam).value
         Z_warm = enc_codes
     # near-duplicate atoms make some lassos degenerate (sublinear convergence): a generous budget,
     # spent only on the points that need it
-    coded = optimal_codes(X, Wf, bf, lam, tol=coding_tol, device=dev, Z0=Z_warm, max_iter=20000)
+    coded = optimal_codes(X, Wf, bf, lam=lam, tol=coding_tol, device=dev, Z0=Z_warm, max_iter=20000)
     return FitResult(
         dictionary=Wf, codes=coded.codes, bias=bf, value=coded.value, reconstruction=coded.reconstruction,
         penalty=coded.penalty, coding_gap=coded.gap, history=report.history, n_steps=int(steps),

@@ -324,7 +324,7 @@ def _cone_constraints(cone: str, Q, N: int):
     raise ValueError(f"unknown cone {cone!r}")
 
 
-def relax(X, lam, cone: str = "dnn", *, solver: str = "SCS", b=None, tol: float = 1e-6,
+def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float = 1e-6,
           max_iters: int | None = None, solver_opts: dict | None = None,
           max_memory: float = DEFAULT_MAX_MEMORY, horn_rounds: int = 5, horn_cuts: int = 50,
           horn_subsets: int = 300_000, verbose: bool = False) -> RelaxationResult:
@@ -558,7 +558,7 @@ class SandwichReport:
                 "entries": [e.as_dict() for e in self.entries]}
 
 
-def sandwich(X, lam, cones=None, *, solver: str = "SCS", b=None, tol: float = 1e-6, rtol: float | None = None,
+def sandwich(X, *, lam, cones=None, solver: str = "SCS", b=None, tol: float = 1e-6, rtol: float | None = None,
              **relax_kwargs) -> SandwichReport:
     r"""Every requested outer and inner bound next to the closed-form optimum.
 
@@ -597,12 +597,12 @@ def sandwich(X, lam, cones=None, *, solver: str = "SCS", b=None, tol: float = 1e
         cones = [c for c in CONES if not (c == "dnn_horn" and N < 5)]
     elif isinstance(cones, str):
         cones = [cones]
-    exact = float(solve(X, lam).value) if b is None else float(huber_value(X, b, lam))
+    exact = float(solve(X, lam=lam).value) if b is None else float(huber_value(X, b, lam=lam))
     rtol = max(1e-5, 100.0 * tol) if rtol is None else float(rtol)
     slack = rtol * max(1.0, abs(exact))
     entries = []
     for cone in cones:
-        r = relax(X, lam, cone, solver=solver, b=b, tol=tol, **relax_kwargs)
+        r = relax(X, lam=lam, cone=cone, solver=solver, b=b, tol=tol, **relax_kwargs)
         if r.ok:
             err = r.value - exact
             cons = bool(err <= slack) if r.kind == "outer" else bool(err >= -slack)

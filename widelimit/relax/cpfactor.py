@@ -180,7 +180,7 @@ def _ap_width(B: np.ndarray, A: np.ndarray, normA: float, r: int, tol: float, ma
     return best_Z, best_res, iters
 
 
-def factorize_cp(Q, width: int | None = None, *, tol: float = 1e-8, max_iter: int = 5000, restarts: int = 5,
+def factorize_cp(Q, *, width: int | None = None, tol: float = 1e-8, max_iter: int = 5000, restarts: int = 5,
                  max_width: int | None = None, neg_tol: float = 1e-9, rank_tol: float = 1e-10,
                  seed: int = 0) -> CPFactorization:
     r"""Nonnegative factor ``Z >= 0`` with ``||Z Z^T - Q||_F <= tol ||Q||_F``, narrowest found.
@@ -391,7 +391,7 @@ def _lasso_codes(X, W, b, lam, Z0, iters: int = 500):
     return Z
 
 
-def refine(X, lam, Q, b, *, tol: float = 1e-6, accept: float | None = None, merge_tol: float = 1e-6, clean: float = 0.0,
+def refine(X, Q, b, *, lam, tol: float = 1e-6, accept: float | None = None, merge_tol: float = 1e-6, clean: float = 0.0,
            **factor_kwargs) -> RefinedSolution:
     r"""Build ``(W, Z, b)`` from a Q-form solution and evaluate the original objective.
 
@@ -468,7 +468,7 @@ def refine(X, lam, Q, b, *, tol: float = 1e-6, accept: float | None = None, merg
     if not fac.success and accept is not None and not fac.residual <= accept:
         raise ValueError(f"refine: {fac.message}")
     Zb = fac.Z
-    W = optimal_dictionary(X, Zb, b, lam)
+    W = optimal_dictionary(X, Zb, b, lam=lam)
     W, Zc = balance(W, Zb)
     Xf = np.asarray(X, dtype=np.float64)
 
@@ -478,7 +478,7 @@ def refine(X, lam, Q, b, *, tol: float = 1e-6, accept: float | None = None, merg
         used = Zu.max(axis=0) > 0 if Zu.shape[1] else np.zeros(0, dtype=bool)
         Wu, Zu = Wu[used], Zu[:, used]
         bb = (Xf - Zu @ Wu).mean(axis=0) if Wu.shape[0] else Xf.mean(axis=0)
-        return Wu, Zu, bb, sae_objective(X, Wu, Zu, bb, lam).value
+        return Wu, Zu, bb, sae_objective(X, Wu, Zu, bb, lam=lam).value
 
     U0, C0 = _merge_parallel(W, Zc, 0.0)
     best = finish(U0, C0)
@@ -490,6 +490,6 @@ def refine(X, lam, Q, b, *, tol: float = 1e-6, accept: float | None = None, merg
             if cand[3] < best[3] * (1 - 1e-13) or (cand[3] <= best[3] * (1 + 1e-12) and cand[0].shape[0] < best[0].shape[0]):
                 best = cand
     Wf, Zf, bf, val = best
-    cert = verify(X, lam, Wf, Zf, bf)
+    cert = verify(X, Wf, Zf, bf, lam=lam)
     return RefinedSolution(W=Wf, Z=Zf, b=bf, value=float(val), width=int(Wf.shape[0]), factor_width=fac.width,
-                           q_value=float(q_objective(X, Qp, b, lam)), factorization=fac, certificate=cert)
+                           q_value=float(q_objective(X, Qp, b, lam=lam)), factorization=fac, certificate=cert)

@@ -263,7 +263,7 @@ def dnn_dual_bound(X, lam, Q, b=None, sweeps: int = 3) -> float:
     return prob.dual_bound(R, bb, sweeps)
 
 
-def solve_dnn(X, lam, *, b=None, tol: float = 1e-6, max_iter: int = 20_000, time_limit: float | None = None,
+def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time_limit: float | None = None,
               Q0=None, u0=None, step0: float | None = None, check_every: int = 5, device: str = "auto",
               num_threads: int | None = None, callback=None) -> DNNResult:
     r"""Solve the DNN relaxation of the Q-problem to a certified relative gap.

@@ -240,7 +240,7 @@ def _pair_candidates(U, lo: float, hi: float, max_pairs: int, device):
     return a, b, c
 
 
-def certify_sae(sae: SAE, acts, lam=None, l1_coefficient=None, *, tol: float = 1e-6, coding_tol: float = 1e-6,
+def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1e-6, coding_tol: float = 1e-6,
                 batch_size: int = 4096, device="auto", optimal_codes_diagnostics: bool = True,
                 dead_threshold: float = 0.0, dense_threshold: float = 0.5, antipodal_cosine: float = -0.99,
                 absorb_cosine: float = 0.5, containment: float = 0.9, kkt_tol: float = 1e-6,
@@ -378,8 +378,7 @@ def certify_sae(sae: SAE, acts, lam=None, l1_coefficient=None, *, tol: float = 1
             Z0 = Z.cpu().numpy()
         else:
             Z0 = None
-        res = optimal_codes_working_set(Xb, U, b, lam, tol=coding_tol, device=dev, Z0=Z0,
-                                        return_codes=optimal_codes_diagnostics or not sae.has_encoder)
+        res = optimal_codes_working_set(Xb, U, b, lam=lam, tol=coding_tol, device=dev, Z0=Z0, return_codes=optimal_codes_diagnostics or not sae.has_encoder)
         nb = e - s
         opt_val += res.value * nb
         opt_gap += res.gap * nb
@@ -405,9 +404,9 @@ def certify_sae(sae: SAE, acts, lam=None, l1_coefficient=None, *, tol: float = 1
 
     # ---- the wide-limit bound -------------------------------------------------------------
     Xb_all = acts if sae.normalize_activations == "none" else _Rows(acts, sae)
-    med = huber_median(Xb_all, lam)
+    med = huber_median(Xb_all, lam=lam)
     lb = float(med.lower_bound)
-    h_bias = float(huber_value(Xb_all, b, lam))
+    h_bias = float(huber_value(Xb_all, b, lam=lam))
 
     opt_obj = opt_val / N
     coding_gap = opt_gap / N

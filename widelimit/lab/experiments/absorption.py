@@ -61,7 +61,7 @@ def absorption_gain(a, c, lam):
     r"""Per child point, ``h(a) + h(c) - h(sqrt(a^2 + c^2))`` (bias 0, fixed magnitudes): ``>= 0``, ``> 0`` iff
     ``a, c > 0`` and ``sqrt(a^2 + c^2) > lam``."""
     a, c = np.asarray(a, dtype=np.float64), np.asarray(c, dtype=np.float64)
-    return huber_h(a, lam) + huber_h(c, lam) - huber_h(np.hypot(a, c), lam)
+    return huber_h(a, lam=lam) + huber_h(c, lam=lam) - huber_h(np.hypot(a, c), lam=lam)
 
 
 def fixed_dictionary_objective(X, W, lam, b=None, *, tol: float = 1e-9, max_rounds: int = 20,
@@ -92,7 +92,7 @@ def fixed_dictionary_objective(X, W, lam, b=None, *, tol: float = 1e-9, max_roun
     W = np.asarray(W, dtype=np.float64)
     N, n = X.shape
     if b is not None:
-        res = optimal_codes(X, W, np.asarray(b, dtype=np.float64), lam, tol=tol, device=device, dtype="float64")
+        res = optimal_codes(X, W, np.asarray(b, dtype=np.float64), lam=lam, tol=tol, device=device, dtype="float64")
         return {"value": res.value, "gap": res.gap, "bias": np.asarray(b, dtype=np.float64), "codes": res.codes,
                 "rounds": 0}
     import cvxpy as cp
@@ -108,7 +108,7 @@ def fixed_dictionary_objective(X, W, lam, b=None, *, tol: float = 1e-9, max_roun
     best = None
     unit = W / np.where(norms > 0, norms, 1.0)[:, None]
     for rounds in range(1, max_rounds + 1):
-        res = optimal_codes(X, W, b, lam, tol=tol * 1e-2, device=device, dtype="float64", Z0=Z)
+        res = optimal_codes(X, W, b, lam=lam, tol=tol * 1e-2, device=device, dtype="float64", Z0=Z)
         Z = res.codes
         b = (X - Z @ W).mean(axis=0)
         polished = _polish_support(X, W, norms, Z, lam)
@@ -283,9 +283,9 @@ def run(out_dir=None, quick: bool = False) -> dict:
             X, t = _instance(f, K=K, ppc=ppc, a=a, c=c, inactive_ratio=inactive_ratio)
             cmp = compare(X, t, lam, optimise_bias=True)
             frac = float(np.mean(t["labels"] >= 0))
-            best, fits = best_fit(X, lam, K + 1, n_restarts=n_restarts, seed=0, inits=("data", "random", "rays"))
+            best, fits = best_fit(X, lam=lam, width=K + 1, n_restarts=n_restarts, seed=0, inits=("data", "random", "rays"))
             cl = classify(best.dictionary, best.codes, best.bias, t)
-            ex = solve(X, lam)
+            ex = solve(X, lam=lam)
             ce = classify(ex.dictionary, ex.sparse_codes, ex.bias, t)
             cells.append({
                 "inactive_ratio": inactive_ratio, "lam": float(lam), "f_child": float(f), "n_points": X.shape[0],

@@ -93,7 +93,7 @@ def _numeric_threshold(values, dim, lam, seed, zmax_factor=50):
 
     def anti(z):
         X = np.vstack([values[:, None] * u, np.zeros((z, dim))])
-        return _has_antipodal(solve(X, lam), u)
+        return _has_antipodal(solve(X, lam=lam), u)
 
     lo, hi = 1, zmax_factor * m  # anti(lo) expected True, anti(hi) expected False
     n = 2
@@ -132,8 +132,8 @@ def run(out_dir=None, quick: bool = False) -> dict:
         for j, p in enumerate(ps):
             X, t = datasets.sparse_variable(N, dim, n_active=int(round(p * N)), low=low, high=high, seed=1)
             u = t["direction"]
-            sol = solve(X, lam)
-            sgn = solve(X, lam, signed=True)
+            sol = solve(X, lam=lam)
+            sgn = solve(X, lam=lam, signed=True)
             width[a, j] = sol.width
             anti[a, j] = _has_antipodal(sol, u)
             width_signed[a, j] = sgn.width
@@ -169,15 +169,15 @@ def run(out_dir=None, quick: bool = False) -> dict:
     beta, beta_pred = [], []
     for p in ps:
         X, t = datasets.sparse_variable(N, dim, n_active=int(round(p * N)), low=low, high=high, seed=1)
-        beta.append(float(solve(X, lam_b).bias @ t["direction"]))
+        beta.append(float(solve(X, lam=lam_b).bias @ t["direction"]))
         beta_pred.append(float(bias_below_threshold(t["p"], lam_b)))
     beta, beta_pred = np.array(beta), np.array(beta_pred)
     below = beta_pred <= lam_b  # and every active s >= 1 >= beta* + lam_b: the formula's conditions
 
     # 4. a dense symmetric variable: antipodal pair with nonnegative codes, one line with signed codes
     Xd, td = datasets.dense_symmetric(200 if quick else 1000, dim, seed=2)
-    sd = solve(Xd, 0.1)
-    ss = solve(Xd, 0.1, signed=True)
+    sd = solve(Xd, lam=0.1)
+    ss = solve(Xd, lam=0.1, signed=True)
     dense = {"lam": 0.1, "width": sd.width, "signed_width": ss.width,
              "pair_cosine": float(sd.dictionary[0] @ sd.dictionary[1]) if sd.width == 2 else None,
              "value": sd.value, "signed_value": ss.value, "lower_bound": sd.lower_bound,

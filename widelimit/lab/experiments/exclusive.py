@@ -36,9 +36,9 @@ def category_report(K: int, lam: float, *, dim: int = 8, points_per_category: in
     """Solve one exclusive-categories instance exactly and measure its optimality margins."""
     X, t = datasets.exclusive_categories(K, dim, points_per_category, magnitude=magnitude, n_inactive=n_inactive,
                                          seed=seed)
-    sol = solve(X, lam)
+    sol = solve(X, lam=lam)
     best, _ = _match(sol.dictionary, t["directions"])
-    foc = first_order_conditions(X, sol.dictionary, sol.sparse_codes, sol.bias, lam)
+    foc = first_order_conditions(X, sol.dictionary, sol.sparse_codes, sol.bias, lam=lam)
     N = X.shape[0]
     R = X - sol.bias - sol.sparse_codes @ sol.dictionary
     G = (lam / N) * (1.0 - (R @ R.T) / lam**2)
@@ -74,7 +74,7 @@ def run(out_dir=None, quick: bool = False) -> dict:
     # breaking the symmetry: unequal category counts move b* off every category line
     Xa, ta = datasets.exclusive_categories(4, 12, ppc, seed=4)
     keep = ~((ta["labels"] == 0) & (np.arange(Xa.shape[0]) % 2 == 0))  # drop half of category 0
-    sa = solve(Xa[keep], lam)
+    sa = solve(Xa[keep], lam=lam)
     asym = {"K": 4, "n_points": int(keep.sum()), "n_category0": int(np.count_nonzero(ta["labels"][keep] == 0)),
             "width": sa.width, "bias_offset": float(np.linalg.norm(sa.bias)),
             "certified": bool(sa.certified),

@@ -32,8 +32,7 @@ def train_sae(X, lam, width, *, seed=0, device="cpu", max_time=None, max_steps=N
     from ...learn.gradient import fit_dictionary
     from ...sae.model import SAE
 
-    fit = fit_dictionary(X, lam, width, encoder="relu", seed=seed, device=device, max_time=max_time,
-                         max_steps=max_steps)
+    fit = fit_dictionary(X, lam=lam, width=width, encoder="relu", seed=seed, device=device, max_time=max_time, max_steps=max_steps)
     p = fit.encoder_params
     sae = SAE(W_dec=np.asarray(fit.dictionary, np.float32), b_dec=np.asarray(fit.bias, np.float32),
               W_enc=np.asarray(p["W_enc"], np.float32), b_enc=np.asarray(p["b_enc"], np.float32),
@@ -72,7 +71,7 @@ def run(out_dir=None, quick: bool = False, *, layer: int = 3, lam: float = 2.0, 
     if sae_dir is not None:
         save_saelens(sae, sae_dir)
         sae = load_sae(sae_dir)
-    cert = certify_sae(sae, acts, lam=lam, device=device)
+    cert = certify_sae(acts, sae, lam=lam, device=device)
     files = write_sae_certificate(cert, out) if out is not None else []
     result = {
         "layer": layer, "lam": lam, "width": width, "n_texts": len(texts), "fit": info,

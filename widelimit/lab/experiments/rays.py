@@ -28,7 +28,7 @@ def run(out_dir=None, quick: bool = False) -> dict:
     """The 2-D talk figure: data, b*, the geometric median, the lam-ball and the optimal atoms; the b*(lam) path."""
     lam = 1.0
     X, t = datasets.balanced_rays2d(lam, seed=0)
-    sol = solve(X, lam)
+    sol = solve(X, lam=lam)
     gm = geometric_median(X)
     mean = X.mean(axis=0)
     r_mean = float(np.max(np.linalg.norm(X - mean, axis=1)))
@@ -36,7 +36,7 @@ def run(out_dir=None, quick: bool = False) -> dict:
     lams = np.unique(np.concatenate([lams, [lam]]))
     path = []
     for lm in lams:
-        s = solve(X, lm)
+        s = solve(X, lam=lm)
         path.append({"lam": float(lm), "bias": s.bias, "width": s.width, "value": s.value,
                      "rel_gap": s.certificate.rel_gap, "n_within_lam": int(np.count_nonzero(s.rays < 0))})
     best = sol.dictionary @ t["directions"].T

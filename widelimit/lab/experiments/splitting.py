@@ -50,14 +50,14 @@ def _hierarchical_part(quick):
     lam = 0.5
     X, t = datasets.hierarchical(K, K + 4, ppc, parent_scale=2.0, child_scale=(1.5, 1.5), n_parent_only=ppc,
                                  n_inactive=2 * (K + 1) * ppc, seed=1)
-    ex = solve(X, lam)
+    ex = solve(X, lam=lam)
     widths = list(range(1, ex.width + 3))
     n_restarts = 2 if quick else 3
-    fr = frontier(X, lam, widths, n_restarts=n_restarts, seed=0, exact=ex)
+    fr = frontier(X, lam=lam, widths=widths, n_restarts=n_restarts, seed=0, exact=ex)
     atoms = {}
     same = True
     for w in widths:
-        best, _ = best_fit(X, lam, w, n_restarts=n_restarts, seed=0, inits=("rays", "data"))
+        best, _ = best_fit(X, lam=lam, width=w, n_restarts=n_restarts, seed=0, inits=("rays", "data"))
         same &= abs(best.value - fr.values[fr.widths.index(w)]) <= 1e-9 * abs(best.value)
         atoms[w] = atom_composition(best.dictionary, best.codes, t)
     d = fr.as_dict()
@@ -72,15 +72,15 @@ def _digits_part(quick):
     rng = np.random.default_rng(0)
     idx = rng.choice(X.shape[0], 40 if quick else 200, replace=False)
     X = X[idx]
-    ex = solve(X, lam)
+    ex = solve(X, lam=lam)
     widths = [1, 3] if quick else [1, 2, 4, 8, 16, 32]
     inits = ("data",) if quick else ("rays", "data")
     fit_kw = {"max_steps": 100 if quick else 400}
-    fr = frontier(X, lam, widths, n_restarts=1, seed=0, exact=ex, inits=inits, **fit_kw)
+    fr = frontier(X, lam=lam, widths=widths, n_restarts=1, seed=0, exact=ex, inits=inits, **fit_kw)
     shown = [3] if quick else [1, 4, 16]
     atoms = {}
     for w in shown:
-        best, _ = best_fit(X, lam, w, n_restarts=1, seed=0, inits=inits, **fit_kw)
+        best, _ = best_fit(X, lam=lam, width=w, n_restarts=1, seed=0, inits=inits, **fit_kw)
         Zd = best.codes.toarray()
         order = np.argsort(-(Zd > 0).mean(axis=0))
         atoms[w] = {"atoms": best.dictionary[order], "usage": (Zd > 0).mean(axis=0)[order]}
