@@ -209,7 +209,7 @@ def main() -> None:
         print(json.dumps(r))
         return
 
-    from widelimit._validation import chunk_rows
+    from widelimit.engine.local import chunk_rows
 
     args.rows = args.rows or chunk_rows(args.n) * 2  # float32 rows in the same bytes as a float64 chunk
     gen = generate(args.dir, args.N, args.n, args.shards, args.seed)

@@ -5,6 +5,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import widelimit as wl
+import widelimit.engine.local as wl_local
 from widelimit.data.datasets import digits, symmetric_rays
 
 
@@ -236,12 +237,12 @@ def test_one_pass_solution_matches_the_generic_pieces(dtype, layout, rng):
     # the rays' keys came from the median's last pass: one pass after the median builds and certifies
     assert sol.n_passes == sol.median.n_passes + 1
     # small batches: a shared ray is carried over batch boundaries
-    old = _validation.CHUNK_BYTES
+    old = wl_local.CHUNK_BYTES
     try:
-        _validation.CHUNK_BYTES = 8 * n * 37
+        wl_local.CHUNK_BYTES = 8 * n * 37
         W2, z2, cert2 = _build_and_certify(LocalEngine(X, threads=2), groups, lam, sol.median, 1e-9, dtype)
     finally:
-        _validation.CHUNK_BYTES = old
+        wl_local.CHUNK_BYTES = old
     np.testing.assert_array_equal(W2, sol.dictionary)
     np.testing.assert_allclose(z2, sol.code_values, rtol=1e-13, atol=1e-13)
     assert cert2.value == pytest.approx(generic.value, rel=1e-11)

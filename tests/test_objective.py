@@ -47,11 +47,11 @@ def test_q_form_equals_ridge_eliminated_objective(rng):
     lam = 0.4
     W = wl.optimal_dictionary(X, Z, b, lam=lam)
     q = wl.q_objective(X, Z @ Z.T, b, lam=lam)
-    assert q == pytest.approx(wl.unconstrained_objective(X, W, Z, b, lam=lam), rel=1e-10)
+    assert q == pytest.approx(wl.exact.objective.unconstrained_objective(X, W, Z, b, lam=lam), rel=1e-10)
     # W* is the ridge minimiser: perturbing it increases the unconstrained objective
     for _ in range(5):
         Wp = W + 1e-3 * rng.standard_normal(W.shape)
-        assert wl.unconstrained_objective(X, Wp, Z, b, lam=lam) > q
+        assert wl.exact.objective.unconstrained_objective(X, Wp, Z, b, lam=lam) > q
     # both systems (k <= N and k > N) give the same W*
     Zw = np.abs(rng.standard_normal((X.shape[0], 3 * X.shape[0])))
     W1 = wl.optimal_dictionary(X, Zw, b, lam=lam)
@@ -62,24 +62,24 @@ def test_q_form_equals_ridge_eliminated_objective(rng):
 def test_balanced_point_unconstrained_equals_sae_objective(rng):
     X, W, Z, b = _problem(rng)
     lam = 0.9
-    Wb, Zb = wl.balance(W, Z)
+    Wb, Zb = wl.exact.objective.balance(W, Z)
     np.testing.assert_allclose(Zb @ Wb, Z @ W, rtol=1e-12, atol=1e-12)
-    assert wl.unconstrained_objective(X, Wb, Zb, b, lam=lam) == pytest.approx(wl.sae_objective(X, W, Z, b, lam=lam).value, rel=1e-12)
+    assert wl.exact.objective.unconstrained_objective(X, Wb, Zb, b, lam=lam) == pytest.approx(wl.sae_objective(X, W, Z, b, lam=lam).value, rel=1e-12)
     # AM-GM: any other scaling is worse
-    assert wl.unconstrained_objective(X, W, Z, b, lam=lam) >= wl.sae_objective(X, W, Z, b, lam=lam).value
+    assert wl.exact.objective.unconstrained_objective(X, W, Z, b, lam=lam) >= wl.sae_objective(X, W, Z, b, lam=lam).value
 
 
 def test_q_objective_at_closed_form_optimum_equals_value(rng):
     X, truth = wl.datasets.symmetric_rays(4, 3, 3, seed=1)
     sol = wl.solve(X, lam=0.5)
     assert wl.q_objective(X, sol.Q, sol.bias, lam=0.5) == pytest.approx(sol.value, rel=1e-10)
-    Wb, Zb = wl.balance(sol.dictionary, sol.codes)
+    Wb, Zb = wl.exact.objective.balance(sol.dictionary, sol.codes)
     np.testing.assert_allclose(Zb @ Zb.T, sol.Q, atol=1e-12)
     assert wl.sae_objective(X, sol.dictionary, sol.codes, sol.bias, lam=0.5).value == pytest.approx(sol.value, rel=1e-13)
 
 
 def test_huber_h_values():
-    np.testing.assert_allclose(wl.huber_h([0.0, 0.5, 1.0, 3.0], lam=1.0), [0.0, 0.25, 1.0, 5.0])
+    np.testing.assert_allclose(wl.exact.objective.huber_h([0.0, 0.5, 1.0, 3.0], lam=1.0), [0.0, 0.25, 1.0, 5.0])
 
 
 @pytest.mark.parametrize(

@@ -1,90 +1,60 @@
 """widelimit: exact, certified solutions of the wide limit of sparse dictionary learning.
 
-The main entry points:
+The front door is :class:`Problem` (data + ``lam``, opened once, with a cached median);
+the functions below are the same computations one at a time. Data flows one way:
+data (:func:`open_activations`) -> problem -> solver -> solution -> certificate / report.
 
-- :func:`solve` -- the narrowest globally optimal (W, Z, b), with a certificate;
-- :func:`verify` -- certify any candidate (W, Z, b) against the global optimum;
+- :func:`solve`, :func:`verify` -- the exact optimum with a certificate; the certificate of any (W, Z, b);
+- :func:`huber_median`, :func:`geometric_median`, :func:`huber_value` -- the certified optimal bias;
 - :func:`optimal_codes` -- certified optimal nonnegative codes for a fixed dictionary and bias;
-- :func:`fit_dictionary` -- torch gradient solver of the nonconvex objective at a finite width;
-- :func:`crossvalidate`, :func:`frontier` -- the gradient solver against the exact optimum, loss vs width;
-- :func:`huber_median`, :func:`geometric_median` -- certified optimal biases;
-- :func:`first_order_conditions` -- the finite-width stationarity conditions and their margins;
-- :class:`ActivationSource` -- activations on disk (``.npy`` / ``.safetensors`` shards, a
-  ``datasets`` Arrow cache), streamed by every solver; ``dask.array`` input runs on a cluster;
-- :func:`load_sae`, :func:`certify_sae` -- load a trained SAE (SAELens, dictionary_learning, sparsify)
-  and measure how far it is from the global optimum of its own objective.
+- :func:`first_order_conditions` -- finite-width stationarity margins;
 - :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form;
-- :func:`sandwich` (module :mod:`widelimit.relax.cones`), :func:`solve_dnn`, :func:`factorize_cp`, :func:`refine` --
-  the convex Q-problem over CP-cone approximations, checked against the closed form.
+- :func:`fit_dictionary`, :func:`crossvalidate`, :func:`frontier` -- the gradient solver at finite width;
+- :func:`relax`, :func:`sandwich`, :func:`solve_dnn`, :func:`factorize_cp`, :func:`refine` -- the convex
+  Q-problem over CP-cone approximations, checked against the closed form;
+- :func:`load_sae`, :func:`certify_sae` -- trained SAEs against the optimum of their own objective;
+- :func:`open_activations` -- activations on disk or in memory, streamed by every solver.
+
+Internals live in the subpackages: ``data``, ``engine``, ``exact``, ``coding``, ``learn``,
+``relax``, ``sae``, ``lab``, ``cli`` (docs/architecture.md).
 """
 
+from .data import datasets  # noqa: F401  (wl.datasets: the built-in datasets)
+from .coding import CodingResult, optimal_codes
+from .data import ActivationSource, open_activations
+from .engine import Progress
 from .exact.certificate import Certificate, verify
-from .coding.pdas import CodingResult, optimal_codes
-from .relax.cpfactor import CPFactorization, factorize_cp, refine
-from .learn.crossval import CrossValidation, crossvalidate
-from .relax.dnn import DNNResult, solve_dnn
+from .exact.median import MedianResult, geometric_median, huber_median, huber_value
+from .exact.objective import ObjectiveValue, optimal_dictionary, q_objective, sae_objective
 from .exact.solve import WideLimitSolution, solve
+from .exact.stationarity import Stationarity, first_order_conditions
+from .learn.crossval import CrossValidation, crossvalidate
 from .learn.frontier import Frontier, frontier
 from .learn.gradient import FitResult, fit_dictionary
-from .exact.median import MedianResult, geometric_median, huber_median, huber_value
-from .exact.objective import (
-    ObjectiveValue,
-    balance,
-    huber_h,
-    optimal_dictionary,
-    q_objective,
-    sae_objective,
-    unconstrained_objective,
-)
-from .exact.rays import RayGroups, group_rays
-from .data.source import ActivationSource
-from .sae.model import SAE, load_sae
+from .problem import Problem
+from .relax.cones import RelaxationResult, SandwichReport, relax, sandwich
+from .relax.cpfactor import CPFactorization, RefinedSolution, factorize_cp, refine
+from .relax.dnn import DNNResult, solve_dnn
 from .sae.certify import SAECertificate, certify_sae
-from .relax.cones import RelaxationResult, SandwichReport, sandwich
-from .exact.stationarity import Stationarity, first_order_conditions
-from .data import datasets  # noqa: F401  (wl.datasets without an explicit import)
+from .sae.model import SAE, load_sae
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
-    "ActivationSource",
-    "CPFactorization",
-    "Certificate",
-    "CodingResult",
-    "CrossValidation",
-    "DNNResult",
-    "FitResult",
-    "Frontier",
-    "MedianResult",
-    "ObjectiveValue",
-    "RayGroups",
-    "RelaxationResult",
-    "SAE",
-    "SAECertificate",
-    "SandwichReport",
-    "Stationarity",
-    "WideLimitSolution",
-    "balance",
-    "certify_sae",
-    "crossvalidate",
-    "factorize_cp",
-    "first_order_conditions",
-    "fit_dictionary",
-    "frontier",
-    "geometric_median",
-    "group_rays",
-    "huber_h",
-    "huber_median",
-    "huber_value",
-    "load_sae",
-    "optimal_codes",
-    "optimal_dictionary",
-    "q_objective",
-    "refine",
-    "sae_objective",
-    "sandwich",
-    "solve",
-    "solve_dnn",
-    "unconstrained_objective",
-    "verify",
+    # the front door and the data
+    "Problem", "open_activations", "ActivationSource", "Progress", "datasets",
+    # the exact wide limit
+    "solve", "WideLimitSolution", "verify", "Certificate",
+    "huber_median", "geometric_median", "huber_value", "MedianResult",
+    "sae_objective", "ObjectiveValue", "q_objective", "optimal_dictionary",
+    "first_order_conditions", "Stationarity",
+    # codes for a fixed dictionary
+    "optimal_codes", "CodingResult",
+    # finite width: gradient solver
+    "fit_dictionary", "FitResult", "crossvalidate", "CrossValidation", "frontier", "Frontier",
+    # relaxations of the CP cone
+    "relax", "RelaxationResult", "sandwich", "SandwichReport", "solve_dnn", "DNNResult",
+    "factorize_cp", "CPFactorization", "refine", "RefinedSolution",
+    # trained SAEs
+    "load_sae", "SAE", "certify_sae", "SAECertificate",
 ]

@@ -12,11 +12,8 @@ from typing import Iterator
 
 import numpy as np
 
-#: Bytes of float64 working memory one chunk of rows may use. Small enough that a chunk
-#: and its temporaries stay in the CPU cache (each pass makes several sweeps over a
-#: chunk; at 32 MiB they all went to RAM and a pass ran ~3.5x slower), large enough
-#: that per-chunk overhead is negligible.
-CHUNK_BYTES = 1 << 23  # 8 MiB
+from .engine import engine_for
+from .engine.local import CHUNK_BYTES, chunk_rows, is_dask_array, raise_nonfinite  # noqa: F401  (re-exported)
 
 
 def to_numpy(a, name: str = "array") -> np.ndarray:
@@ -50,12 +47,6 @@ def _float_dtype(arr: np.ndarray, name: str) -> np.ndarray:
     return arr
 
 
-def chunk_rows(n_cols: int, budget: int | None = None) -> int:
-    """Rows per chunk so that a float64 chunk of ``n_cols`` columns fits in ``budget`` bytes (default :data:`CHUNK_BYTES`)."""
-    budget = CHUNK_BYTES if budget is None else budget
-    return max(1, budget // (8 * max(1, n_cols)))
-
-
 def iter_chunks(X: np.ndarray, rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
     """Yield ``(start, chunk)`` with ``chunk`` a float64 copy of ``X[start:start+rows]``."""
     N = X.shape[0]
@@ -84,7 +75,6 @@ def is_out_of_core(X) -> bool:
     array-like with ``shape``, ``dtype`` and slicing that is not a NumPy array, a torch
     tensor or a scipy.sparse matrix (h5py / zarr arrays, row-wise wrappers).
     """
-    from .engine.local import is_dask_array
 
     if isinstance(X, np.ndarray) or hasattr(X, "detach") or hasattr(X, "toarray"):
         return False
@@ -96,7 +86,6 @@ def is_out_of_core(X) -> bool:
 
 
 def _finite_chunk(c, s):
-    from .engine.local import raise_nonfinite
 
     if not np.isfinite(c).all():
         raise_nonfinite(c, s)
@@ -105,7 +94,6 @@ def _finite_chunk(c, s):
 
 def _check_out_of_core(X, name: str, finite: bool | None):
     """Shape/dtype checks of an ActivationSource or a dask array, without reading it."""
-    from .engine.local import engine_for, is_dask_array
 
     if len(X.shape) != 2:
         raise ValueError(f"{name} must be 2-D of shape (N points, n dims), got shape {tuple(X.shape)}")
@@ -201,7 +189,6 @@ def check_codes(Z, N: int, k: int, name: str = "Z", nonneg: bool = True):
     A ``dask.array`` is checked for shape here and for sign and finiteness
     block by block in the pass that reads it.
     """
-    from .engine.local import is_dask_array
 
     if is_dask_array(Z):
         if Z.ndim != 2 or tuple(Z.shape) != (N, k):

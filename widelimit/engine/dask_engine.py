@@ -33,9 +33,11 @@ survive the client too).
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
-from .local import NonFiniteRow, Progress, is_dask_array, nonfinite_error
+from .local import LocalEngine, NonFiniteRow, Progress, chunk_rows, data_fingerprint, is_dask_array, nonfinite_error
 
 __all__ = ["DaskEngine", "from_source", "PERSIST", "BLOCK_BYTES"]
 
@@ -68,8 +70,6 @@ def from_source(source, rows: int | None = None):
     import dask.array as da
     from dask.base import tokenize
 
-    from .._validation import chunk_rows
-    from .local import data_fingerprint
 
     n = int(source.shape[1])
     rows = int(rows or chunk_rows(n, BLOCK_BYTES))
@@ -94,13 +94,11 @@ def _client():
 
 def _apply(fn, merge, block, start, args, *extras):
     """One block, reduced on the worker in cache-sized chunks by the single-process engine."""
-    from .local import LocalEngine
 
     return LocalEngine(block, offset=start, prefetch=False, threads=1).reduce(fn, merge, *args, extras=extras)
 
 
 def _apply_rows(fn, block, start, args, cols=None):
-    from .local import LocalEngine
 
     return LocalEngine(block, offset=start, prefetch=False, threads=1).map_rows(fn, *args, cols=cols)
 
@@ -118,6 +116,12 @@ class DaskEngine:
         Keep the blocks in worker memory across passes (default :data:`PERSIST`;
         ``"auto"``: with a distributed client, when ``X`` fits in half of the workers' memory).
     """
+
+    def bind(self, progress=None) -> "DaskEngine":
+        """This engine (same persisted array) with its own progress callback and pass counter."""
+        e = copy.copy(self)
+        e.progress, e.passes, e.stage = progress, 0, "pass"
+        return e
 
     def __init__(self, X, progress=None, persist=None):
         if not is_dask_array(X):

@@ -3,7 +3,7 @@ r"""Passes over the data as map-reduce: one engine for arrays, on-disk sources a
 Every algorithm that certifies (the medians, :func:`widelimit.verify`,
 ``certify_sae``) reads ``X`` only through *passes*: a pure per-chunk function
 ``fn(chunk, start, *args, *row_aligned_blocks) -> partial`` applied to
-consecutive row blocks (float32 or float64 as stored, at most ``widelimit._validation.CHUNK_BYTES``
+consecutive row blocks (float32 or float64 as stored, at most ``widelimit.engine.local.CHUNK_BYTES``
 of float64 each; the functions accumulate in float64: ``chunk - b`` with a float64 ``b``
 is float64 and exact, sums take ``dtype=np.float64``),
 and an associative ``merge(partial, partial)``. The state between passes is
@@ -24,6 +24,7 @@ solvers never print.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import threading
@@ -34,12 +35,26 @@ from typing import Callable
 
 import numpy as np
 
-from .._validation import chunk_rows
 
 __all__ = [
-    "Progress", "LocalEngine", "engine_for", "NonFiniteRow", "is_dask_array", "save_checkpoint",
+    "CHUNK_BYTES", "chunk_rows",
+    "Progress", "LocalEngine", "NonFiniteRow", "is_dask_array", "save_checkpoint",
     "load_checkpoint", "data_fingerprint", "raise_nonfinite", "nonfinite_error",
 ]
+
+#: Bytes of float64 working memory one chunk of rows may use. Small enough that a chunk
+#: and its temporaries stay in the CPU cache (each pass makes several sweeps over a
+#: chunk; at 32 MiB they all went to RAM and a pass ran ~3.5x slower), large enough
+#: that per-chunk overhead is negligible.
+CHUNK_BYTES = 1 << 23  # 8 MiB
+
+
+def chunk_rows(n_cols: int, budget: int | None = None) -> int:
+    """Rows per chunk so that a float64 chunk of ``n_cols`` columns fits in ``budget`` bytes (default :data:`CHUNK_BYTES`)."""
+    budget = CHUNK_BYTES if budget is None else budget
+    return max(1, budget // (8 * max(1, n_cols)))
+
+
 
 
 @dataclass(frozen=True)
@@ -168,6 +183,12 @@ class LocalEngine:
         self.parallel = ((isinstance(X, np.ndarray) or getattr(X, "concurrent_reads", False))
                          and self.N >= 2 * TASK_CHUNKS * self.rows)
         self.threads = (default_threads() if threads is None else max(1, int(threads))) if self.parallel else 1
+
+    def bind(self, progress: ProgressFn | None = None) -> "LocalEngine":
+        """This engine with its own progress callback and pass counter (the set-up is shared)."""
+        e = copy.copy(self)
+        e.progress, e.passes, e.stage = progress, 0, "pass"
+        return e
 
     def _load(self, s):
         c = np.asarray(self.X[s : min(self.N, s + self.rows)])
@@ -321,15 +342,6 @@ def default_threads() -> int:
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
     return max(1, min(8, cores))
-
-
-def engine_for(X, progress: ProgressFn | None = None):
-    """The engine that runs passes over ``X``: a Dask engine for ``dask.array``, else local."""
-    if is_dask_array(X):
-        from .dask_engine import DaskEngine
-
-        return DaskEngine(X, progress=progress)
-    return LocalEngine(X, progress=progress)
 
 
 def data_fingerprint(X) -> list:

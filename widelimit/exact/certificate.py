@@ -34,7 +34,8 @@ import scipy.sparse as sp
 from .._validation import check_lam, row_norms
 from .median import MedianResult, centered, huber_median
 from .objective import _check_triple, _matmul_rows, huber_h
-from ..engine.local import engine_for, raise_nonfinite, scratch
+from ..engine import engine_for
+from ..engine.local import raise_nonfinite, scratch
 
 __all__ = ["Certificate", "verify"]
 

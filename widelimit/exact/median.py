@@ -47,11 +47,11 @@ import json
 
 from .._validation import _finite_chunk, check_data, check_lam, check_vector, check_weights
 from ..engine.kernels import median_rows
+from ..engine import engine_for
 from ..engine.local import (
     LocalEngine,
     Progress,
     data_fingerprint,
-    engine_for,
     load_checkpoint,
     one_blas_thread,
     raise_nonfinite,

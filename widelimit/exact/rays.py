@@ -28,7 +28,8 @@ import numpy as np
 from .._validation import check_data, check_lam, check_vector, chunk_rows
 from ..engine.kernels import grid_pairs, median_rows
 from .median import _NO_W
-from ..engine.local import engine_for, raise_nonfinite
+from ..engine import engine_for
+from ..engine.local import raise_nonfinite
 
 __all__ = ["RayGroups", "group_rays", "default_ray_tol"]
 

