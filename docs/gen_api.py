@@ -23,10 +23,11 @@ def main():
         mod = getattr(obj, "__module__", "widelimit")
         by_module.setdefault(mod, {})[f"widelimit.{name}"] = obj
     # public modules whose API is not re-exported at the top level
-    for info in pkgutil.iter_modules(widelimit.__path__):
-        if info.name.startswith("_") or info.ispkg:
+    for info in pkgutil.walk_packages(widelimit.__path__, prefix="widelimit."):
+        parts = info.name.split(".")
+        if any(s.startswith("_") for s in parts[1:]) or parts[1] == "cli" or info.ispkg:
             continue
-        mod = importlib.import_module(f"widelimit.{info.name}")
+        mod = importlib.import_module(info.name)
         for name in getattr(mod, "__all__", []):
             obj = getattr(mod, name)
             if getattr(obj, "__module__", None) == mod.__name__ and not any(obj is o for o in by_module.get(mod.__name__, {}).values()):
