@@ -239,16 +239,18 @@ def verify(X, W, Z, b, *, lam, tol: float = 1e-9, atol: float = 0.0, median: Med
     checkpoint : str or Path, optional
         Checkpoint file of the Huber median (see :func:`widelimit.huber_median`).
 
+    Returns
+    -------
+    Certificate
+        ``value`` (objective), ``lower_bound`` (global), ``gap``, ``certified`` and the dual quantities.
+
+    Notes
+    -----
     ``X`` may be an :class:`~widelimit.data.source.ActivationSource` (streamed, memory
     independent of N) or a ``dask.array`` (:mod:`widelimit.engine.dask_engine`);
     ``Z`` is then an in-memory dense or scipy.sparse array, or for Dask a
     ``dask.array`` with the same row chunks as ``X``. Cost: the median's
     passes plus one.
-
-    Returns
-    -------
-    Certificate
-        ``value`` (objective), ``lower_bound`` (global), ``gap``, ``certified`` and the dual quantities.
     """
     X, W, Z, b, lam = _check_triple(X, W, Z, b, lam)
     if median is None:

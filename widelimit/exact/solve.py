@@ -217,13 +217,15 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
         :class:`widelimit.Problem` passes its cached one); saves the median's passes.
         It must have been computed on the same data: the certificate re-checks it.
 
-    ``X`` may be an :class:`~widelimit.data.source.ActivationSource`: it is streamed;
-    memory is O(N) scalars (each point's ray and code, which the solution
-    returns) plus a chunk, never O(N n).
-
     Returns
     -------
     WideLimitSolution
+
+    Notes
+    -----
+    ``X`` may be an :class:`~widelimit.data.source.ActivationSource`: it is streamed;
+    memory is O(N) scalars (each point's ray and code, which the solution
+    returns) plus a chunk, never O(N n).
 
     Examples
     --------
