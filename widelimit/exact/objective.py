@@ -31,10 +31,11 @@ from .._validation import (
     check_dictionary,
     check_lam,
     check_vector,
-    chunk_rows,
     row_norms,
     to_numpy,
 )
+from ..engine import engine_for
+from ..engine.local import raise_nonfinite
 
 __all__ = [
     "ObjectiveValue",
@@ -116,14 +117,30 @@ def residual_block(Xc, b, Zc, W, out=None) -> np.ndarray:
     return E
 
 
-def residual_chunks(X, W, Z, b):
-    """Yield ``(start, stop, E)`` with ``E = X[s:e] - b - Z[s:e] W`` in float64, chunk by chunk."""
-    N, n = X.shape
-    dense = isinstance(Z, np.ndarray)
-    rows = chunk_rows(max(n, W.shape[0]) if dense else n)
-    for s in range(0, N, rows):
-        e = min(N, s + rows)
-        yield s, e, residual_block(X[s:e], b, Z[s:e], W)
+def residual_pass(X, W, Z, b, fn, merge, *args, stage: str = "residuals"):
+    """One pass over the data on its engine: ``merge`` of ``fn(E, start, Zc, *args)`` over row blocks.
+
+    ``E = X[s:e] - b - Z[s:e] W`` is the float64 residual of the block and ``Zc`` its
+    codes (dense or scipy.sparse). The pass runs on :func:`widelimit.engine.engine_for`'s
+    engine, so it is threaded for arrays, streamed for sources and a Dask reduction for
+    ``dask.array`` data; a NaN or Inf row is reported with its shard and row.
+    """
+
+    def chunk(c, s, Zc):
+        E = residual_block(c, b, Zc, W)
+        if not np.isfinite(E).all():
+            raise_nonfinite(c, s)
+        return fn(E, s, Zc, *args)
+
+    return engine_for(X).reduce(chunk, merge, extras=(Z,), stage=stage)
+
+
+def _add(a, b):
+    return a + b
+
+
+def _sq_norm(E, s, Zc):
+    return float(np.einsum("ij,ij->", E, E))
 
 
 def sae_objective(X, W, Z, b, *, lam, signed: bool = False) -> ObjectiveValue:
@@ -159,9 +176,7 @@ def sae_objective(X, W, Z, b, *, lam, signed: bool = False) -> ObjectiveValue:
     X, W, Z, b, lam = _check_triple(X, W, Z, b, lam, nonneg=not signed)
     N = X.shape[0]
     norms = row_norms(W)
-    rec = 0.0
-    for _, _, E in residual_chunks(X, W, Z, b):
-        rec += float(np.einsum("ij,ij->", E, E))
+    rec = residual_pass(X, W, Z, b, _sq_norm, _add)
     absZ = abs(Z) if signed else Z
     col = np.asarray(absZ.sum(axis=0), dtype=np.float64).ravel()
     pen = 2.0 * lam * float(col @ norms)
@@ -178,7 +193,7 @@ def unconstrained_objective(X, W, Z, b, *, lam) -> float:
     """
     X, W, Z, b, lam = _check_triple(X, W, Z, b, lam)
     N = X.shape[0]
-    rec = sum(float(np.einsum("ij,ij->", E, E)) for _, _, E in residual_chunks(X, W, Z, b))
+    rec = residual_pass(X, W, Z, b, _sq_norm, _add)
     col = np.asarray(Z.sum(axis=0), dtype=np.float64).ravel()
     wn = row_norms(W)
     return (rec + lam * (float(wn @ wn) + float(col @ col))) / N

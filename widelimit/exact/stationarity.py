@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .._validation import row_norms
-from .objective import _check_triple, residual_chunks
+from .objective import _check_triple, residual_pass
 
 __all__ = ["Stationarity", "first_order_conditions"]
 
@@ -83,22 +83,24 @@ def first_order_conditions(X, W, Z, b, *, lam) -> Stationarity:
     norms = row_norms(W)  # float64 even for float32 atoms
     W64 = np.asarray(W, dtype=np.float64)
     Wu = np.divide(W64, norms[:, None], out=np.zeros_like(W64), where=norms[:, None] > 0)
-    act_err, inact_max = 0.0, -np.inf
-    rsum = np.zeros(n)
-    EtZ = np.zeros((k, n))
-    for s, e, E in residual_chunks(X, W, Z, b):
-        rsum += E.sum(axis=0)
-        if not k:
-            continue
-        Zc = Z[s:e] if isinstance(Z, np.ndarray) else Z[s:e].toarray()
-        Zc = np.asarray(Zc, dtype=np.float64) * norms  # codes of the unit atoms
-        C = E @ Wu.T  # <w_d, r_i>
-        on = Zc > 0
-        if on.any():
-            act_err = max(act_err, float(np.max(np.abs(C[on] - lam))))
-        if (~on).any():
-            inact_max = max(inact_max, float(np.max(C[~on])))
-        EtZ += Zc.T @ E
+    def chunk(E, s, Zc):
+        out = [E.sum(axis=0), 0.0, -np.inf, np.zeros((k, n))]
+        if k:
+            Zc = Zc if isinstance(Zc, np.ndarray) else Zc.toarray()
+            Zc = np.asarray(Zc, dtype=np.float64) * norms  # codes of the unit atoms
+            C = E @ Wu.T  # <w_d, r_i>
+            on = Zc > 0
+            if on.any():
+                out[1] = float(np.max(np.abs(C[on] - lam)))
+            if (~on).any():
+                out[2] = float(np.max(C[~on]))
+            out[3] = Zc.T @ E
+        return out
+
+    def merge(a, c):
+        return [a[0] + c[0], max(a[1], c[1]), max(a[2], c[2]), a[3] + c[3]]
+
+    rsum, act_err, inact_max, EtZ = residual_pass(X, W, Z, b, chunk, merge, stage="first-order conditions")
     if k:
         tang = EtZ - np.einsum("dj,dj->d", EtZ, Wu)[:, None] * Wu
         atom_res = float(np.max(np.linalg.norm(tang, axis=1))) / N
