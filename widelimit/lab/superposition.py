@@ -49,6 +49,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import frames as _frames
+from .._runtime import resolve_device
 from .._validation import _float_dtype, to_numpy
 
 __all__ = [
@@ -406,13 +407,6 @@ def ltilde(W, p: float, m: int = 3, xi="rademacher", *, method: str = "exact", *
     return LtildeValue(val, A, B, n * p * law.moment(2) - val, 0.0, "exact", 0, m, p, law.name)
 
 
-def _device(device):
-    torch = _torch()
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def ltilde_mc(
     W,
     p: float,
@@ -440,7 +434,7 @@ def ltilde_mc(
         raise ValueError(f"law {law.name!r} has no sampler; Monte Carlo needs one (exact formulas do not)")
     if not isinstance(n_samples, (int, np.integer)) or n_samples < 2:
         raise ValueError(f"n_samples must be an integer >= 2, got {n_samples!r}")
-    dev = _device(device)
+    dev = resolve_device(device)
     dt = dtype or torch.float64
     gen = torch.Generator(device=dev)
     gen.manual_seed(0 if seed is None else int(seed))
@@ -796,7 +790,7 @@ def train(
         W0 = check_W(W0, "W0")
         if W0.shape != (d, n):
             raise ValueError(f"W0 has shape {W0.shape}, expected (d, n) = ({d}, {n})")
-    dev = _device(device)
+    dev = resolve_device(device)
     dt = torch.float64 if objective == "exact" else torch.float32
     norm = n * p * law.moment(2)
     gen = torch.Generator(device=dev)

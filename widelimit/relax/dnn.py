@@ -72,21 +72,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._runtime import resolve_device
 from .._validation import check_data, check_lam, check_vector, to_numpy
 
-__all__ = ["DNNResult", "solve_dnn", "dnn_dual_bound", "resolve_device"]
-
-
-def resolve_device(device: str = "auto"):
-    """``torch.device``: ``"auto"`` picks CUDA when available, else CPU."""
-    import torch
-
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
-    return dev
+__all__ = ["DNNResult", "solve_dnn", "dnn_dual_bound"]
 
 
 @dataclass(frozen=True)
