@@ -223,7 +223,7 @@ def export_instances(instances, out_dir, *, fmt: str = "sdpa", cone: str = "dnn"
     list of dict
         The records of ``instances.json``: ``file``, ``data``, ``lam``, ``optimum``,
         ``N``, ``n``, ``family``, ``cone`` (paths relative to ``out_dir``), and
-        ``format``, ``seed``, ``params``, ``n_vars``, ``bytes``.
+        ``format``, ``seed``, ``certified_gap`` (of ``optimum``), ``params``, ``n_vars``, ``bytes``.
     """
     fmt = str(fmt).lower()
     if fmt not in FORMATS:
@@ -248,6 +248,7 @@ def export_instances(instances, out_dir, *, fmt: str = "sdpa", cone: str = "dnn"
         records.append({
             "file": fname, "data": data, "lam": inst.lam, "optimum": inst.optimum, "N": N, "n": n,
             "family": inst.family, "cone": cone, "format": fmt, "seed": inst.seed,
+            "certified_gap": inst.certified_gap,
             "params": {k: (float(v) if isinstance(v, float) else v) for k, v in inst.params.items()},
             "n_vars": N * (N + 1) // 2 + n + n * (n + 1) // 2, "bytes": (out / fname).stat().st_size,
         })
