@@ -4,7 +4,7 @@ Each instance of ``widelimit relax-bench`` (docs/relaxation_benchmark.md) is the
 relaxation of the Q-problem, whose optimal value is known exactly (``widelimit.solve``).
 Every conic solver cvxpy can call here with semidefinite support (SCS, Clarabel, CVXOPT,
 SDPA; MOSEK or COPT when installed with a licence) solves the same SDP, built from the
-coordinates that the exported files hold (``widelimit._relax_export.cvxpy_problem``);
+coordinates that the exported files hold (``widelimit.relax.export.cvxpy_problem``);
 SDPA also solves the exported ``.dat-s`` file itself (``sdpa-python``), and widelimit's own
 first-order DNN solver solves the Q-problem directly. Each run is scored by its relative
 error against the optimum and its wall time. Every solver runs with its default settings.
@@ -36,8 +36,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, environment  # noqa: E402
 
-from widelimit._relax_export import FORMATS, conic_data, cvxpy_problem, write_cbf, write_sdpa  # noqa: E402
-from widelimit._relax_families import FAMILIES, make_bench_instance  # noqa: E402
+from widelimit.relax.export import FORMATS, conic_data, cvxpy_problem, write_cbf, write_sdpa  # noqa: E402
+from widelimit.relax.families import FAMILIES, make_bench_instance  # noqa: E402
 
 #: Largest N per solver in the default grid (interior-point methods factor a dense m x m
 #: Schur complement, m ~ N^2/2: about 3-4 s at N = 40 and ~16x that at N = 80 here).

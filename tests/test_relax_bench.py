@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import widelimit as wl
-from widelimit._relax_export import conic_data, cvxpy_problem, export_instances, write_cbf, write_sdpa
-from widelimit._relax_families import FAMILIES, MIN_N, closed_form, make_bench_instance
+from widelimit.relax.export import conic_data, cvxpy_problem, export_instances, write_cbf, write_sdpa
+from widelimit.relax.families import FAMILIES, MIN_N, closed_form, make_bench_instance
 from widelimit.cli import main
 
 SYMMETRIC = [f for f in FAMILIES if f != "random"]

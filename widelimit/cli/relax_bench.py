@@ -1,6 +1,6 @@
 """``widelimit relax-bench``: generate relaxation-benchmark instances with known optimum, and export them.
 
-Registered in :data:`widelimit.cli.COMMANDS`. Errors in the input are
+Registered in :data:`widelimit.cli.COMMANDS` as ``_add_relax_bench`` / ``_run_relax_bench``. Errors in the input are
 ``ValueError`` with a one-line message (the CLI prints it, exit status 2).
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["add_relax_bench", "run_relax_bench", "parse_N", "parse_params"]
+__all__ = ["_add_relax_bench", "_run_relax_bench", "parse_N", "parse_params"]
 
 
-def add_relax_bench(sub) -> None:
+def _add_relax_bench(sub) -> None:
     p = sub.add_parser(
         "relax-bench",
         help="relaxation benchmark: instance families with known optimum; export as SDPA or CBF files",
@@ -61,7 +61,7 @@ def parse_params(items) -> dict:
 
 
 def _families(spec: str) -> list[str]:
-    from ._relax_families import FAMILIES
+    from ..relax.families import FAMILIES
 
     if spec.strip() == "all":
         return list(FAMILIES)
@@ -74,10 +74,10 @@ def _families(spec: str) -> list[str]:
     return fams
 
 
-def run_relax_bench(args: argparse.Namespace) -> int:
-    from ._relax_export import EXPORT_CONES, FORMATS, export_instances
-    from ._relax_families import FAMILY_PARAMS, MIN_N, make_bench_instance
-    from .cli import _console, print_json
+def _run_relax_bench(args: argparse.Namespace) -> int:
+    from ..relax.export import EXPORT_CONES, FORMATS, export_instances
+    from ..relax.families import FAMILY_PARAMS, MIN_N, make_bench_instance
+    from ._common import _console, print_json
 
     fams = _families(args.family)
     Ns = parse_N(args.N)

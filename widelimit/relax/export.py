@@ -212,7 +212,7 @@ def export_instances(instances, out_dir, *, fmt: str = "sdpa", cone: str = "dnn"
 
     Parameters
     ----------
-    instances : iterable of :class:`widelimit._relax_families.BenchInstance`
+    instances : iterable of :class:`widelimit.relax.families.BenchInstance`
     out_dir : path
         Created if missing; must not exist as a non-empty folder (nothing is overwritten).
     fmt : {"sdpa", "cbf"}
