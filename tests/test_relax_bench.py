@@ -173,6 +173,29 @@ def test_cbf_and_sdpa_hold_the_same_problem(tmp_path):
     assert c_cbf[: N * (N - 1) // 2] == pytest.approx(2 * inst.lam / N, rel=0, abs=0)
 
 
+def test_files_hold_the_float64_data_exactly(tmp_path):
+    """The constant block holds lam and X bit for bit (parsed from the text, not by widelimit)."""
+    inst = make_bench_instance("scaled", 6, seed=3, decades=8, magnitude=-3)
+    N, n = inst.X.shape
+    write_cbf(tmp_path / "p.cbf", inst.X, inst.lam)
+    lines = (tmp_path / "p.cbf").read_text().split("\n")
+    k = lines.index("DCOORD")
+    D = np.zeros((N + n, N + n))
+    for ln in lines[k + 2: k + 2 + int(lines[k + 1])]:
+        blk, r, c, v = ln.split()
+        assert blk == "0"
+        D[int(r), int(c)] = float(v)
+    assert np.array_equal(D[N:, :N].T, inst.X)
+    assert np.array_equal(np.diag(D)[:N], np.full(N, inst.lam))
+    write_sdpa(tmp_path / "p.dat-s", inst.X, inst.lam)
+    F0 = np.zeros((N + n, N + n))
+    for ln in (tmp_path / "p.dat-s").read_text().split("\n"):
+        f = ln.split()
+        if len(f) == 5 and f[0] == "0" and f[1] == "1":
+            F0[int(f[2]) - 1, int(f[3]) - 1] = float(f[4])
+    assert np.array_equal(-F0[:N, N:], inst.X)  # F_0 = -D, upper triangle
+
+
 def test_cvxpy_model_of_the_file_data_has_the_optimum():
     inst = make_bench_instance("inside", 9, seed=7)
     prob, x = cvxpy_problem(conic_data(inst.X, inst.lam))

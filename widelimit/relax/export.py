@@ -35,8 +35,9 @@ Constraints ``sum_v x_v F_v + D ⪰ 0``, block by block:
 
 SDPA's primal is ``min c^T x`` s.t. ``sum_v F_v x_v - F_0 ⪰ 0``, so ``F_0 = -D``.
 CBF (version 3) uses ``VAR`` (``L+`` then ``F``), ``PSDCON``, ``OBJACOORD``,
-``HCOORD`` (lower triangle) and ``DCOORD``. All numbers are written with 17
-significant digits, so the file holds the float64 instance exactly.
+``HCOORD`` (lower triangle) and ``DCOORD``. Numbers are written as Python's ``repr``
+(the shortest decimal that reads back as the same float64), so the file holds the
+float64 instance exactly.
 """
 
 from __future__ import annotations
@@ -130,18 +131,15 @@ def conic_data(X, lam, *, cone: str = "dnn") -> ConicData:
     return ConicData(c=c, block_sizes=sizes, entries=blocks, n_nonneg=n_nonneg)
 
 
-def _fmt(v) -> np.ndarray:
-    return np.char.mod("%.17g", np.asarray(v, dtype=np.float64))
-
-
 def _write_rows(fh, cols) -> None:
-    """One line per row of the columns (integers as they are, values already formatted), space separated."""
-    if not len(cols[0]):
-        return
-    out = np.asarray(cols[0]).astype(str)
-    for col in cols[1:]:
-        out = np.char.add(np.char.add(out, " "), np.asarray(col).astype(str))
-    fh.write("\n".join(out.tolist()) + "\n")
+    """One line per row of the columns, space separated.
+
+    Integers as they are, floats as Python's ``repr`` (the shortest decimal that reads back as the same
+    float64), so the file holds the instance exactly.
+    """
+    lists = [np.asarray(col).tolist() for col in cols]
+    if lists and len(lists[0]):
+        fh.write("\n".join(" ".join(map(repr, row)) for row in zip(*lists)) + "\n")
 
 
 def write_sdpa(path, X, lam, *, cone: str = "dnn", comment: str = "") -> Path:
@@ -157,14 +155,14 @@ def write_sdpa(path, X, lam, *, cone: str = "dnn", comment: str = "") -> Path:
         for line in (comment or "widelimit relaxation benchmark").splitlines():
             fh.write(f'"{line}\n')
         fh.write(f"{d.m}\n{len(struct)}\n{' '.join(struct)}\n")
-        fh.write(" ".join(_fmt(d.c)) + "\n")
+        fh.write(" ".join(map(repr, d.c.tolist())) + "\n")
         for k, (var, r, col, val) in enumerate(d.entries):
             val = np.where(var < 0, -val, val)  # F_0 = -D
             order = np.argsort(var, kind="stable")
             _write_rows(fh, [var[order] + 1, np.full(var.size, k + 1), r[order] + 1, col[order] + 1,
-                             _fmt(val[order])])
+                             val[order]])
         v = np.arange(d.n_nonneg)
-        _write_rows(fh, [v + 1, np.full(v.size, len(struct)), v + 1, v + 1, np.full(v.size, "1")])
+        _write_rows(fh, [v + 1, np.full(v.size, len(struct)), v + 1, v + 1, np.ones(v.size, dtype=int)])
     return path
 
 
@@ -186,7 +184,7 @@ def write_cbf(path, X, lam, *, cone: str = "dnn", comment: str = "") -> Path:
         fh.write(f"PSDCON\n{len(d.block_sizes)}\n" + "\n".join(map(str, d.block_sizes)) + "\n\n")
         nz = np.flatnonzero(d.c)
         fh.write(f"OBJACOORD\n{nz.size}\n")
-        _write_rows(fh, [nz, _fmt(d.c[nz])])
+        _write_rows(fh, [nz, d.c[nz]])
         H, D = [], []
         for k, (var, r, col, val) in enumerate(d.entries):
             # upper (r <= col) -> lower triangle (row >= col)
@@ -195,10 +193,10 @@ def write_cbf(path, X, lam, *, cone: str = "dnn", comment: str = "") -> Path:
             D.append([np.full(dd.sum(), k), col[dd], r[dd], val[dd]])
         fh.write(f"\nHCOORD\n{sum(h[0].size for h in H)}\n")
         for h in H:
-            _write_rows(fh, h[:4] + [_fmt(h[4])])
+            _write_rows(fh, h)
         fh.write(f"\nDCOORD\n{sum(x[0].size for x in D)}\n")
         for x in D:
-            _write_rows(fh, x[:3] + [_fmt(x[3])])
+            _write_rows(fh, x)
     return path
 
 
