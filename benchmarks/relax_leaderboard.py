@@ -90,7 +90,7 @@ def available_solvers() -> tuple[list[str], dict]:
 def run_cvxpy(inst, solver):
     import cvxpy as cp
 
-    prob, _ = cvxpy_problem(conic_data(inst.X, inst.lam, cone="dnn"))
+    prob, _ = cvxpy_problem(conic_data(inst.X, lam=inst.lam, cone="dnn"))
     t0 = time.perf_counter()
     try:
         with quiet():
@@ -107,7 +107,7 @@ def run_cvxpy(inst, solver):
 def run_sdpa_file(inst, tmp):
     import sdpap
 
-    path = write_sdpa(Path(tmp) / f"{inst.name}.dat-s", inst.X, inst.lam)
+    path = write_sdpa(inst.X, Path(tmp) / f"{inst.name}.dat-s", lam=inst.lam)
     t0 = time.perf_counter()
     with quiet():
         A, b, c, K, J = sdpap.importsdpa(str(path))
@@ -120,7 +120,7 @@ def run_dnn(inst):
     import widelimit as wl
 
     t0 = time.perf_counter()
-    r = wl.solve_dnn(inst.X, inst.lam, tol=1e-6, time_limit=120, device="cpu")
+    r = wl.solve_dnn(inst.X, lam=inst.lam, tol=1e-6, time_limit=120, device="cpu")
     wall = time.perf_counter() - t0
     status = "optimal" if r.converged else "not_converged"
     return status, float(r.value), wall, float(r.time_s), f"certified gap {r.rel_gap:.1e}, {r.n_iter} it"
@@ -181,7 +181,7 @@ def file_sizes(Ns, n=5):
             row = {"N": N, "n": n, "n_vars": N * (N + 1) // 2 + n + n * (n + 1) // 2}
             for fmt, w in (("sdpa", write_sdpa), ("cbf", write_cbf)):
                 t0 = time.perf_counter()
-                p = w(Path(tmp) / f"p{FORMATS[fmt]}", inst.X, inst.lam)
+                p = w(inst.X, Path(tmp) / f"p{FORMATS[fmt]}", lam=inst.lam)
                 row[f"{fmt}_bytes"] = p.stat().st_size
                 row[f"{fmt}_write_s"] = time.perf_counter() - t0
                 p.unlink()

@@ -69,7 +69,7 @@ def test_symmetric_families_optimum_is_the_closed_form(family, N):
     r = np.linalg.norm(inst.X - c, axis=1)
     H = np.mean(np.where(r <= inst.lam, r**2, 2 * inst.lam * r - inst.lam**2))
     assert inst.optimum == pytest.approx(H, rel=1e-12)
-    assert closed_form(inst.X, c, inst.lam) == pytest.approx(H, rel=1e-15)
+    assert closed_form(inst.X, c, lam=inst.lam) == pytest.approx(H, rel=1e-15)
 
 
 def test_family_structure_and_parameters():
@@ -88,7 +88,7 @@ def test_family_structure_and_parameters():
     assert len(np.unique(far, axis=0)) == len(far) // 2
     # collinear: with gap > lam the optimal bias is a segment of half-length (gap - 1) lam
     inst = make_bench_instance("collinear", 20, seed=2, gap=3.0)
-    sol = wl.solve(inst.X, inst.lam)
+    sol = wl.solve(inst.X, lam=inst.lam)
     seg = np.linalg.norm(sol.bias_segment[1] - sol.bias_segment[0])
     assert seg == pytest.approx(2 * inst.truth["bias_segment_halflength"], rel=1e-9)
     assert inst.truth["bias_segment_halflength"] == pytest.approx(2.0)
@@ -119,7 +119,7 @@ def test_family_errors():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sdpa_file_solved_by_sdpa_has_the_optimum(tmp_path, family):
     inst = make_bench_instance(family, 7, seed=4)
-    path = write_sdpa(tmp_path / "p.dat-s", inst.X, inst.lam, cone="dnn")
+    path = write_sdpa(inst.X, tmp_path / "p.dat-s", lam=inst.lam, cone="dnn")
     primal, dual = _sdpa_value(path)
     assert primal == pytest.approx(inst.optimum, rel=1e-6)
     assert dual == pytest.approx(inst.optimum, rel=1e-6)
@@ -127,14 +127,14 @@ def test_sdpa_file_solved_by_sdpa_has_the_optimum(tmp_path, family):
 
 def test_sdpa_nonneg_cone_has_the_optimum(tmp_path):
     inst = make_bench_instance("inside", 8, seed=5)
-    primal, _ = _sdpa_value(write_sdpa(tmp_path / "p.dat-s", inst.X, inst.lam, cone="nonneg"))
+    primal, _ = _sdpa_value(write_sdpa(inst.X, tmp_path / "p.dat-s", lam=inst.lam, cone="nonneg"))
     assert primal == pytest.approx(inst.optimum, rel=1e-6)
 
 
 def test_sdpa_detects_a_wrong_instance(tmp_path):
     # the comparison can fail: the file of a perturbed lam has a different optimum
     inst = make_bench_instance("random", 7, seed=4)
-    primal, _ = _sdpa_value(write_sdpa(tmp_path / "p.dat-s", inst.X, inst.lam * 1.01))
+    primal, _ = _sdpa_value(write_sdpa(inst.X, tmp_path / "p.dat-s", lam=inst.lam * 1.01))
     assert abs(primal - inst.optimum) > 1e-4 * inst.optimum
 
 
@@ -142,7 +142,7 @@ def test_sdpa_detects_a_wrong_instance(tmp_path):
                                          ("scaled", "dnn")])
 def test_cbf_file_solved_by_picos_cvxopt_has_the_optimum(tmp_path, family, cone):
     inst = make_bench_instance(family, 6, seed=6, dim=3)
-    val = _cbf_value(write_cbf(tmp_path / "p.cbf", inst.X, inst.lam, cone=cone))
+    val = _cbf_value(write_cbf(inst.X, tmp_path / "p.cbf", lam=inst.lam, cone=cone))
     assert val == pytest.approx(inst.optimum, rel=1e-6)
 
 
@@ -155,8 +155,8 @@ def test_cbf_and_sdpa_hold_the_same_problem(tmp_path):
     import sdpap
 
     inst = make_bench_instance("rays", 6, seed=1, dim=2)
-    write_cbf(tmp_path / "p.cbf", inst.X, inst.lam)
-    write_sdpa(tmp_path / "p.dat-s", inst.X, inst.lam)
+    write_cbf(inst.X, tmp_path / "p.cbf", lam=inst.lam)
+    write_sdpa(inst.X, tmp_path / "p.dat-s", lam=inst.lam)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         A, b, c, K, J = sdpap.importsdpa(str(tmp_path / "p.dat-s"))
@@ -177,7 +177,7 @@ def test_files_hold_the_float64_data_exactly(tmp_path):
     """The constant block holds lam and X bit for bit (parsed from the text, not by widelimit)."""
     inst = make_bench_instance("scaled", 6, seed=3, decades=8, magnitude=-3)
     N, n = inst.X.shape
-    write_cbf(tmp_path / "p.cbf", inst.X, inst.lam)
+    write_cbf(inst.X, tmp_path / "p.cbf", lam=inst.lam)
     lines = (tmp_path / "p.cbf").read_text().split("\n")
     k = lines.index("DCOORD")
     D = np.zeros((N + n, N + n))
@@ -187,7 +187,7 @@ def test_files_hold_the_float64_data_exactly(tmp_path):
         D[int(r), int(c)] = float(v)
     assert np.array_equal(D[N:, :N].T, inst.X)
     assert np.array_equal(np.diag(D)[:N], np.full(N, inst.lam))
-    write_sdpa(tmp_path / "p.dat-s", inst.X, inst.lam)
+    write_sdpa(inst.X, tmp_path / "p.dat-s", lam=inst.lam)
     F0 = np.zeros((N + n, N + n))
     for ln in (tmp_path / "p.dat-s").read_text().split("\n"):
         f = ln.split()
@@ -198,7 +198,7 @@ def test_files_hold_the_float64_data_exactly(tmp_path):
 
 def test_cvxpy_model_of_the_file_data_has_the_optimum():
     inst = make_bench_instance("inside", 9, seed=7)
-    prob, x = cvxpy_problem(conic_data(inst.X, inst.lam))
+    prob, x = cvxpy_problem(conic_data(inst.X, lam=inst.lam))
     prob.solve(solver="CLARABEL")
     assert prob.value == pytest.approx(inst.optimum, rel=1e-6)
 
@@ -213,7 +213,7 @@ def test_export_instances_json(tmp_path):
         X = np.load(out / r["data"])
         assert X.shape == (r["N"], r["n"]) and X.dtype == np.float64
         # the recorded optimum is the one of the saved data, recomputed from the file alone
-        assert wl.solve(X, r["lam"]).value == pytest.approx(r["optimum"], rel=1e-12)
+        assert wl.solve(X, lam=r["lam"]).value == pytest.approx(r["optimum"], rel=1e-12)
         assert r["cone"] == "dnn" and (out / r["file"]).stat().st_size == r["bytes"]
         header = [ln for ln in (out / r["file"]).read_text().split("\n") if not ln.startswith('"')]
         assert r["n_vars"] == int(header[0])  # SDPA's m, as the file states it

@@ -15,7 +15,7 @@ with ``T`` a symmetric ``n x n`` matrix (``T >= Xt^T (Q + lam I)^{-1} Xt`` at th
 optimum, with equality on the trace). ``K = dnn`` adds the block ``Q >= 0``
 (PSD) and ``Q_ij >= 0`` for ``i < j`` (the diagonal is nonnegative through the
 PSD block); ``K = nonneg`` has no PSD block on ``Q`` and ``Q_ij >= 0`` for all
-``i <= j``. Both have the optimal value ``widelimit.solve(X, lam).value``
+``i <= j``. Both have the optimal value ``widelimit.solve(X, lam=lam).value``
 (docs/theory.md §4). The objective has no constant term, so the optimal value
 of the file's problem **is** that optimum, with nothing to add.
 
@@ -91,7 +91,7 @@ def _check_cone(cone: str) -> str:
     return cone
 
 
-def conic_data(X, lam, *, cone: str = "dnn") -> ConicData:
+def conic_data(X, *, lam, cone: str = "dnn") -> ConicData:
     """The SDP of the module docstring, in coordinates."""
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1 or not np.isfinite(X).all():
@@ -142,13 +142,13 @@ def _write_rows(fh, cols) -> None:
         fh.write("\n".join(" ".join(map(repr, row)) for row in zip(*lists)) + "\n")
 
 
-def write_sdpa(path, X, lam, *, cone: str = "dnn", comment: str = "") -> Path:
+def write_sdpa(X, path, *, lam, cone: str = "dnn", comment: str = "") -> Path:
     """Write the instance as an SDPA sparse file (``.dat-s``); returns the path.
 
     Block structure: the PSD blocks of :func:`conic_data`, then an LP block
     (negative size) for ``Q_ij >= 0``. Matrix 0 is ``F_0 = -D``.
     """
-    d = conic_data(X, lam, cone=cone)
+    d = conic_data(X, lam=lam, cone=cone)
     path = Path(path)
     struct = [str(s) for s in d.block_sizes] + [f"-{d.n_nonneg}"]
     with open(path, "w") as fh:
@@ -166,13 +166,13 @@ def write_sdpa(path, X, lam, *, cone: str = "dnn", comment: str = "") -> Path:
     return path
 
 
-def write_cbf(path, X, lam, *, cone: str = "dnn", comment: str = "") -> Path:
+def write_cbf(X, path, *, lam, cone: str = "dnn", comment: str = "") -> Path:
     """Write the instance as a CBF (version 3) file; returns the path.
 
     ``VAR``: ``L+`` for the nonnegative ``Q`` entries, ``F`` for the rest;
     ``PSDCON``: the PSD blocks, ``HCOORD`` / ``DCOORD`` in the lower triangle.
     """
-    d = conic_data(X, lam, cone=cone)
+    d = conic_data(X, lam=lam, cone=cone)
     path = Path(path)
     with open(path, "w") as fh:
         for line in (comment or "widelimit relaxation benchmark").splitlines():
@@ -238,7 +238,7 @@ def export_instances(instances, out_dir, *, fmt: str = "sdpa", cone: str = "dnn"
         comment = (f"widelimit relaxation benchmark: family {inst.family}, N = {inst.N}, n = {inst.n}, "
                    f"seed {inst.seed}, lam = {inst.lam!r}, cone {cone}\n"
                    f"optimal value (widelimit.solve) = {inst.optimum!r}")
-        writer(out / fname, inst.X, inst.lam, cone=cone, comment=comment)
+        writer(inst.X, out / fname, lam=inst.lam, cone=cone, comment=comment)
         data = f"{inst.name}.npy"
         if not (out / data).exists():
             np.save(out / data, inst.X)

@@ -13,7 +13,7 @@ the entrywise-nonnegative symmetric matrices (``dnn``, ``nonneg``): all of them
 have the same optimal value, ``min_b (1/N) sum_i h_lam(||x_i - b||)``
 (docs/theory.md §3-4: the gradient at the closed-form optimum is entrywise
 nonnegative, so it certifies optimality over every such cone). That value is
-``widelimit.solve(X, lam).value``, certified to a relative gap of ``1e-9`` or
+``widelimit.solve(X, lam=lam).value``, certified to a relative gap of ``1e-9`` or
 better, and stored as ``optimum``.
 
 Every family except ``random`` is point-symmetric about a known centre ``c``
@@ -98,7 +98,7 @@ class BenchInstance:
     X : ndarray (N, n), float64
     lam : float
     optimum : float
-        ``widelimit.solve(X, lam).value``: the optimal value of the Q-problem over
+        ``widelimit.solve(X, lam=lam).value``: the optimal value of the Q-problem over
         CP, DNN and the nonnegative cone alike (docs/theory.md §4).
     certified_gap : float
         Relative gap of widelimit's certificate for ``optimum``.
@@ -132,7 +132,7 @@ class BenchInstance:
         return f"{self.family}-N{self.N}-n{self.n}-s{self.seed}"
 
 
-def closed_form(X, centre, lam) -> float:
+def closed_form(X, centre, *, lam) -> float:
     r"""``H(c) = (1/N) sum_i h_lam(||x_i - c||)``, written out with numpy (theory.md §3).
 
     For point-symmetric data this is the optimum: ``H`` is convex and
@@ -209,7 +209,7 @@ def make_bench_instance(family: str, N: int, *, seed: int = 0, **params) -> Benc
     Returns
     -------
     BenchInstance
-        ``optimum = widelimit.solve(X, lam).value`` (docs/theory.md §3-4).
+        ``optimum = widelimit.solve(X, lam=lam).value`` (docs/theory.md §3-4).
 
     Raises
     ------
@@ -276,9 +276,9 @@ def make_bench_instance(family: str, N: int, *, seed: int = 0, **params) -> Benc
             truth["column_scales"] = scales * mag
         X = _symmetric(c, H, N)
         truth["centre"] = c
-        truth["closed_form"] = closed_form(X, c, lam)
+        truth["closed_form"] = closed_form(X, c, lam=lam)
     X = np.ascontiguousarray(X, dtype=np.float64)
-    sol = wl.solve(X, lam)
+    sol = wl.solve(X, lam=lam)
     truth["width"] = int(sol.width)
     truth["n_within_lam"] = int(np.count_nonzero(sol.rays < 0))
     return BenchInstance(family=family, X=X, lam=float(lam), optimum=float(sol.value),
