@@ -94,8 +94,8 @@ def _check_cone(cone: str) -> str:
 def conic_data(X, *, lam, cone: str = "dnn") -> ConicData:
     """The SDP of the module docstring, in coordinates."""
     X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1 or not np.isfinite(X).all():
-        raise ValueError("X must be a finite 2-D array with at least one row and column")
+    if X.ndim != 2 or X.shape[0] < 2 or X.shape[1] < 1 or not np.isfinite(X).all():
+        raise ValueError("X must be a finite 2-D array with at least two rows and one column")
     lam = float(lam)
     if not (math.isfinite(lam) and lam > 0):
         raise ValueError(f"lam must be a positive number, got {lam!r}")
