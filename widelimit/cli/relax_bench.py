@@ -9,6 +9,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..relax.export import EXPORT_CONES, FORMATS, export_instances
+from ..relax.families import FAMILIES, FAMILY_PARAMS, MIN_N, make_bench_instance
+from ._common import _console, print_json
+
 __all__ = ["_add_relax_bench", "_run_relax_bench", "parse_N", "parse_params"]
 
 
@@ -61,8 +65,6 @@ def parse_params(items) -> dict:
 
 
 def _families(spec: str) -> list[str]:
-    from ..relax.families import FAMILIES
-
     if spec.strip() == "all":
         return list(FAMILIES)
     fams = [f.strip() for f in spec.split(",") if f.strip()]
@@ -75,10 +77,6 @@ def _families(spec: str) -> list[str]:
 
 
 def _run_relax_bench(args: argparse.Namespace) -> int:
-    from ..relax.export import EXPORT_CONES, FORMATS, export_instances
-    from ..relax.families import FAMILY_PARAMS, MIN_N, make_bench_instance
-    from ._common import _console, print_json
-
     fams = _families(args.family)
     Ns = parse_N(args.N)
     params = parse_params(args.param)

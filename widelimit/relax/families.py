@@ -69,6 +69,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..exact.solve import solve
+
 __all__ = ["FAMILIES", "FAMILY_PARAMS", "MIN_N", "BenchInstance", "make_bench_instance", "closed_form"]
 
 #: Instance families, in the order of the docs page.
@@ -216,8 +218,6 @@ def make_bench_instance(family: str, N: int, *, seed: int = 0, **params) -> Benc
     ValueError
         Unknown family or parameter, ``N`` too small, a parameter out of range.
     """
-    import widelimit as wl
-
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
     if isinstance(N, bool) or not isinstance(N, (int, np.integer)):
@@ -278,7 +278,7 @@ def make_bench_instance(family: str, N: int, *, seed: int = 0, **params) -> Benc
         truth["centre"] = c
         truth["closed_form"] = closed_form(X, c, lam=lam)
     X = np.ascontiguousarray(X, dtype=np.float64)
-    sol = wl.solve(X, lam=lam)
+    sol = solve(X, lam=lam)
     truth["width"] = int(sol.width)
     truth["n_within_lam"] = int(np.count_nonzero(sol.rays < 0))
     return BenchInstance(family=family, X=X, lam=float(lam), optimum=float(sol.value),
