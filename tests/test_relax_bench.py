@@ -226,6 +226,13 @@ def test_export_instances_json(tmp_path):
     assert (out / "instances.json").read_text() == before
     with pytest.raises(ValueError, match="unknown format 'mps'"):
         export_instances(insts[:1], tmp_path / "x", fmt="mps")
+    # the same family, N and seed with other parameters get another name; the same instance twice is refused
+    other = make_bench_instance("ties", 5, seed=2, copies=3)
+    assert other.name.startswith("ties-N5-n5-s2-p") and other.name != insts[2].name
+    assert make_bench_instance("ties", 5, seed=2, copies=2).name == insts[2].name == "ties-N5-n5-s2"
+    with pytest.raises(ValueError, match="same name 'ties-N5-n5-s2'"):
+        export_instances([insts[2], insts[2]], tmp_path / "y")
+    assert not (tmp_path / "y").exists()
 
 
 # --------------------------------------------------------------------------------------

@@ -201,7 +201,7 @@ def write_cbf(X, path, *, lam, cone: str = "dnn", comment: str = "") -> Path:
 
 
 def file_name(inst, fmt: str, cone: str) -> str:
-    """``<family>-N<N>-n<n>-s<seed>-<cone><ext>``."""
+    """``<instance name>-<cone><ext>`` (see :attr:`BenchInstance.name`)."""
     return f"{inst.name}-{cone}{FORMATS[fmt]}"
 
 
@@ -227,6 +227,11 @@ def export_instances(instances, out_dir, *, fmt: str = "sdpa", cone: str = "dnn"
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     cone = _check_cone(cone)
+    instances = list(instances)
+    names = [inst.name for inst in instances]
+    dup = next((nm for i, nm in enumerate(names) if nm in names[:i]), None)
+    if dup is not None:
+        raise ValueError(f"two instances have the same name {dup!r} (same family, N, n, seed and parameters)")
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"export folder {str(out)!r} exists and is not empty; choose a new folder")

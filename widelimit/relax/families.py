@@ -43,14 +43,16 @@ Families and the parameters that make them harder
     A fraction ``frac_inside`` (default 0.5) of the points lies within
     ``inner_radius * lam`` of ``c`` (``inner_radius`` default 0.9), the rest at
     distance ``[1.5, 4] lam`` in random directions. Every inside point has
-    ``Q*_ii = 0``, so ``Q*`` is singular and the PSD constraint is active.
+    ``Q*_ii = 0``, so ``Q*`` is singular: it lies on the boundary of the PSD
+    cone, where the constraint is active (not needed for the value, though:
+    the ``nonneg`` relaxation has the same optimum).
     Larger ``frac_inside`` = more zero rows; ``inner_radius`` near 1 puts the
     points near the kink of the Huber function, where the objective changes
     from quadratic to linear.
 ``ties``
     A fraction ``frac_tie`` (default 0.5) of the points lies at distance exactly
     ``lam`` from ``c`` (to rounding): ``Q*_ii = 0`` **and** the dual entry
-    ``G_ii = 0`` there, so no strictly complementary solution exists. The
+    ``G_ii = 0`` there, so strict complementarity fails at these points. The
     others are far points repeated ``copies`` times (default 2): duplicates
     share atoms, so ``Q*`` is not unique. Interior-point methods lose their
     fast local convergence without strict complementarity.
@@ -64,6 +66,8 @@ Families and the parameters that make them harder
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -131,7 +135,13 @@ class BenchInstance:
 
     @property
     def name(self) -> str:
-        return f"{self.family}-N{self.N}-n{self.n}-s{self.seed}"
+        """``<family>-N<N>-n<n>-s<seed>``, plus ``-p<hash>`` of the parameters when they are not the defaults."""
+        base = f"{self.family}-N{self.N}-n{self.n}-s{self.seed}"
+        defaults = dict(FAMILY_PARAMS[self.family], dim=self.n)
+        if all(self.params.get(k) == v for k, v in defaults.items()):
+            return base
+        key = json.dumps(sorted((k, float(v)) for k, v in self.params.items()))
+        return f"{base}-p{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
 def closed_form(X, centre, *, lam) -> float:
