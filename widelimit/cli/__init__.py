@@ -17,6 +17,7 @@ from .demo import _add_demo, _run_demo
 from .experiment import _add_experiment, _run_experiment
 from .fit import _add_fit, _add_frontier, _run_fit, _run_frontier
 from .relax import _add_relax, _run_relax
+from .relax_bench import _add_relax_bench, _run_relax_bench
 from .solve import _add_solve, _run_solve
 
 __all__ = ["main", "build_parser", "COMMANDS"]
@@ -31,6 +32,7 @@ COMMANDS = [
     ("fit", _add_fit, _run_fit),
     ("frontier", _add_frontier, _run_frontier),
     ("relax", _add_relax, _run_relax),
+    ("relax-bench", _add_relax_bench, _run_relax_bench),
 ]
 
 
