@@ -200,3 +200,31 @@ def test_stability_rows_hook_and_same_width_witness():
 def test_bad_input_is_one_line():
     with pytest.raises(ValueError, match="lam"):
         wl.feature_stability(np.ones((3, 2)), np.eye(2), np.zeros((3, 2)), np.zeros(2), lam=-1)
+
+
+def test_certify_report_carries_the_stability_rows(tmp_path):
+    import csv
+
+    from widelimit.sae.certify import certify_sae, write_sae_certificate
+    from widelimit.sae.model import SAE
+
+    lam = 0.5
+    X, W, Z, b, _ = hierarchical(lam)
+    W_dec = W * np.array([[1.0], [2.0], [0.5], [1.0]])  # norms are folded in: same unit atoms
+    sae = SAE(W_dec=W_dec, b_dec=b, W_enc=W_dec.T.copy(), b_enc=np.zeros(4), dtype="float64")
+    cert = certify_sae(sae, X, lam=lam, device="cpu", coding_tol=1e-10, batch_size=25, stability=True,
+                       stability_witnesses=4)
+    assert cert.stability["counts"]["unstable"] == 4
+    assert list(cert.features["stability_verdict"]) == ["unstable"] * 4
+    assert cert.features["stability_ff_lower"][0] == pytest.approx(1.0, abs=1e-9)
+    # the same witnesses' values as feature_stability on the same decoder and (certified) optimal codes
+    ref = wl.feature_stability(X, W, Z, b, lam=lam, keep_witnesses=False)
+    got = {w["feature"]: w["value"] for w in cert.stability["witnesses"]}
+    assert set(got) == set(ref.witness_values)
+    for d, v in got.items():
+        assert v < cert.optimal_code_objective
+    files = write_sae_certificate(cert, tmp_path)
+    rows = list(csv.DictReader(open(tmp_path / "features.csv")))
+    assert [r["stability_verdict"] for r in rows] == ["unstable"] * 4
+    assert float(rows[0]["stability_ff_lower"]) == pytest.approx(1.0, abs=1e-9)
+    assert any(p.name == "certificate.json" for p in files)
