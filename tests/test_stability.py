@@ -172,6 +172,13 @@ def test_ff_distance_lp_against_cvxpy_and_the_bracket():
         prob.solve(solver=cp.CLARABEL)
         assert val == pytest.approx(prob.value, abs=1e-7)
         assert low[d] <= val + 1e-12
+        lo_n, up_n = stab._ff_nnls(Zs, S, Gm, live, d)  # the NNLS screening brackets the LP's value
+        assert lo_n <= val + 1e-9 and val <= up_n + 1e-9
+        # feature_stability with tol inside the bracket settles it to the same value
+        if lo_n < up_n:
+            tol = 0.5 * (max(lo_n, low[d]) + up_n)
+            r = wl.feature_stability(X, W, Z, b, lam=lam, tol=tol, witnesses=False)
+            assert r.ff_lower[d] <= val + 1e-9 <= r.ff_upper[d] + 2e-9
     # a feature whose support contains another's: the bound is attained
     Zc = Zs.toarray()
     Zc[:, 1] = np.where(Zc[:, 0] > 0, 0.5, 0.0)  # A_1 = A_0

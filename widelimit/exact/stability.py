@@ -54,9 +54,14 @@ class StabilityOptions:
     keep_witnesses : bool
         Keep the witnesses' arrays (``False``: only their verified objective values).
     max_lp : int
-        Most feature-feature LPs solved exactly (features whose bracket straddles ``tol``).
+        Most features whose feature-feature bracket straddles ``tol`` that are screened (NNLS) and,
+        if still undecided, solved exactly (LP).
+    nnls_max_size : int
+        Largest dense ``(features x inactive points)`` matrix of the NNLS screening (theory.md §5.3).
     lp_max_nnz : int
         Largest LP (nonzeros of its constraint matrix) solved; bigger ones stay bracketed.
+    lp_time_limit : float
+        Seconds per LP (HiGHS); an LP that runs out keeps its bracket.
     exact_curvature_dim : int
         ``lambda_max(M_d)`` is computed exactly when ``n`` is at most this; else its lower bound.
     coding_tol : float
@@ -67,8 +72,10 @@ class StabilityOptions:
     witnesses: bool = True
     max_witnesses: int | None = 64
     keep_witnesses: bool = True
-    max_lp: int = 64
-    lp_max_nnz: int = 2_000_000
+    max_lp: int = 16
+    lp_max_nnz: int = 200_000
+    lp_time_limit: float = 5.0
+    nnls_max_size: int = 4_000_000
     exact_curvature_dim: int = 64
     coding_tol: float = 1e-9
 
@@ -270,37 +277,67 @@ def _ff_lower(Zs, Gm, live):
     return low, partner
 
 
-def _ff_lp(Zs, S, Gm, live, d):
+def _ff_problem(Zs, S, Gm, live, d):
+    """``t_d`` (live ``e != d``) and the normalised codes ``q_i`` of the ``d``-inactive points (rows)."""
+    k = Gm.shape[0]
+    cols = np.flatnonzero(live & (np.arange(k) != d))
+    t = 1.0 - Gm[d, cols]
+    inactive = np.ones(Zs.shape[0], dtype=bool)
+    inactive[sp.csc_array(Zs)[:, [d]].nonzero()[0]] = False
+    Q = sp.csr_array(Zs[inactive][:, cols] @ sp.diags_array(1.0 / S[cols]))
+    Q = Q[np.diff(Q.indptr) > 0]
+    return t, Q
+
+
+def _ff_nnls(Zs, S, Gm, live, d):
+    """Certified bracket of ``delta_d`` from the Euclidean projection onto the cone (Lawson-Hanson NNLS).
+
+    With ``mu*`` the NNLS solution and ``a = t - Q^T mu*``: ``||a||_inf`` is an upper bound, and when
+    ``<a, q_i> <= 0`` for every point (checked, not assumed) every cone point ``y`` has
+    ``<a, t - y> >= <a, t>``, so ``delta_d >= <a, t> / ||a||_1`` (Hölder).
+    """
+    from scipy.optimize import nnls
+
+    t, Q = _ff_problem(Zs, S, Gm, live, d)
+    if t.size == 0:
+        return 0.0, 0.0
+    if Q.shape[0] == 0:
+        return float(t.max(initial=0.0)), float(t.max(initial=0.0))
+    mu = nnls(Q.T.toarray(), t, maxiter=50 * Q.shape[0])[0]
+    a = t - Q.T @ mu
+    up = float(np.abs(a).max())
+    n1 = float(np.abs(a).sum())
+    low = 0.0
+    if n1 > 0 and float((Q @ a).max()) <= 0.0:
+        low = max(0.0, float(a @ t) / n1)
+    return min(low, up), up
+
+
+def _ff_lp(Zs, S, Gm, live, d, time_limit: float = 10.0):
     """``delta_d`` exactly: ``min s`` s.t. ``|t_e - sum_i mu_i q_ie| <= s``, ``mu >= 0`` (HiGHS)."""
     from scipy.optimize import linprog
 
-    k = Gm.shape[0]
-    cols = np.flatnonzero(live & (np.arange(k) != d))
-    if cols.size == 0:
+    t, Q = _ff_problem(Zs, S, Gm, live, d)
+    if t.size == 0:
         return 0.0
-    t = 1.0 - Gm[d, cols]
-    Zcsc = sp.csc_array(Zs)
-    inactive = np.ones(Zs.shape[0], dtype=bool)
-    inactive[Zcsc[:, [d]].nonzero()[0]] = False
-    Q = sp.csr_array(Zs[inactive][:, cols] @ sp.diags_array(1.0 / S[cols]))
-    nz = np.asarray((Q != 0).sum(axis=1)).ravel() > 0
-    Q = Q[nz]
+    cols = t
     m = Q.shape[0]
     A = Q.T  # (|cols|, m)
-    one = sp.csr_array(np.ones((cols.size, 1)))
+    one = sp.csr_array(np.ones((t.size, 1)))
     A_ub = sp.vstack([sp.hstack([A, -one]), sp.hstack([-A, -one])]).tocsr()
     b_ub = np.concatenate([t, -t])
     c = np.zeros(m + 1)
     c[-1] = 1.0
-    res = linprog(c, A_ub=A_ub, b_ub=b_ub, bounds=[(0, None)] * (m + 1), method="highs")
+    res = linprog(c, A_ub=A_ub, b_ub=b_ub, bounds=[(0, None)] * (m + 1), method="highs",
+                  options={"time_limit": float(time_limit)})
     if res.status != 0:
         return math.nan
     return float(res.x[-1])
 
 
 def _lp_size(Zs, live, d):
-    col = Zs.shape[1]
-    return int(Zs.nnz) + 2 * col
+    """Nonzeros of the LP's constraint matrix (an upper estimate)."""
+    return 2 * (int(Zs.nnz) + int(np.count_nonzero(live)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -498,12 +535,19 @@ def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = Non
     straddle = np.flatnonzero(live & ~exact & (low <= tol) & (up > tol))
     straddle = straddle[np.argsort(-up[straddle])][: options.max_lp]
     for d in straddle:
+        size = int(np.count_nonzero(live)) * int(Zs.shape[0] - n_active[d])
+        if size <= options.nnls_max_size:  # screening: the Euclidean projection brackets delta_d
+            lo2, up2 = _ff_nnls(Zs, S, Gm, live, d)
+            low[d], up[d] = max(low[d], lo2), min(up[d], max(up2, low[d]))
+            if low[d] > tol or up[d] <= tol:
+                continue
         if _lp_size(Zs, live, d) > options.lp_max_nnz:
             continue
-        val = _ff_lp(Zs, S, Gm, live, d)
+        val = _ff_lp(Zs, S, Gm, live, d, options.lp_time_limit)
         if math.isfinite(val):
             low[d] = up[d] = max(val, low[d])
             exact[d] = True
+    exact |= np.isclose(low, up, rtol=0, atol=1e-12 + 1e-9 * up)
     ff_low = np.where(live, low, np.nan)
     ff_up = np.where(live, up, np.nan)
     # second order (§5.4)
