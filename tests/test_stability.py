@@ -235,3 +235,31 @@ def test_certify_report_carries_the_stability_rows(tmp_path):
     assert [r["stability_verdict"] for r in rows] == ["unstable"] * 4
     assert float(rows[0]["stability_ff_lower"]) == pytest.approx(1.0, abs=1e-9)
     assert any(p.name == "certificate.json" for p in files)
+
+
+def test_ff_distance_off_the_cone_without_containment():
+    """Features 1 and 2 fire only together, in equal shares, where 0 is off: the cone is the ray (1, 1).
+
+    ``t_0 = (1 - c_01, 1 - c_02) = (0.8, 0.4)``; its ``l_inf`` distance to the ray is ``|0.8 - 0.4| / 2 = 0.2``,
+    and no support contains another, so the co-occurrence bound is 0 and the NNLS screening must do the work.
+    """
+    w0 = np.array([1.0, 0, 0])
+    w1 = np.array([0.2, math.sqrt(1 - 0.04), 0])
+    w2 = np.array([0.6, 0, 0.8])
+    W = np.vstack([w0, w1, w2])
+    alpha = np.array([1.0, 2.0, 0.5])
+    Z = np.zeros((5, 3))
+    Z[:2, 0] = [1.0, 2.0]
+    Z[2:, 1] = Z[2:, 2] = alpha
+    X = Z @ W + 0.3  # data and bias are irrelevant to (FF)'s geometry
+    Wu, Zs = stab._normalise(W, sp.csr_array(Z))
+    S = np.asarray(Zs.sum(axis=0)).ravel()
+    Gm = Wu @ Wu.T
+    low, partner = stab._ff_lower(Zs, Gm, S > 0)
+    assert low[0] == 0 and partner[0] == -1
+    assert stab._ff_lp(Zs, S, Gm, S > 0, 0) == pytest.approx(0.2, abs=1e-9)
+    lo, up = stab._ff_nnls(Zs, S, Gm, S > 0, 0)
+    assert lo == pytest.approx(0.2, abs=1e-12) and up == pytest.approx(0.2, abs=1e-12)
+    res = wl.feature_stability(X, W, Z, np.full(3, 0.3), lam=0.1, witnesses=False)
+    assert res.ff_lower[0] == pytest.approx(0.2, abs=1e-12) and res.ff_upper[0] == pytest.approx(0.2, abs=1e-12)
+    assert res.verdict[0] == "violated"  # a failed condition without a witness search is not "unstable"

@@ -293,8 +293,8 @@ def _ff_nnls(Zs, S, Gm, live, d):
     """Certified bracket of ``delta_d`` from the Euclidean projection onto the cone (Lawson-Hanson NNLS).
 
     With ``mu*`` the NNLS solution and ``a = t - Q^T mu*``: ``||a||_inf`` is an upper bound, and when
-    ``<a, q_i> <= 0`` for every point (checked, not assumed) every cone point ``y`` has
-    ``<a, t - y> >= <a, t>``, so ``delta_d >= <a, t> / ||a||_1`` (Hölder).
+    ``<a, q_i> <= 0`` for every point (made exact by a small shift ``a - eps 1``, since ``q_i >= 0``)
+    every cone point ``y`` has ``<a, t - y> >= <a, t>``, so ``delta_d >= <a, t> / ||a||_1`` (Hölder).
     """
     from scipy.optimize import nnls
 
@@ -308,8 +308,13 @@ def _ff_nnls(Zs, S, Gm, live, d):
     up = float(np.abs(a).max())
     n1 = float(np.abs(a).sum())
     low = 0.0
-    if n1 > 0 and float((Q @ a).max()) <= 0.0:
-        low = max(0.0, float(a @ t) / n1)
+    if n1 > 0:
+        # NNLS's KKT conditions give <a, q_i> <= 0 up to rounding; shifting a by -eps 1 (q_i >= 0) makes
+        # it exact: <a - eps 1, q_i> = <a, q_i> - eps ||q_i||_1 <= 0 for eps = max_i <a, q_i>_+ / ||q_i||_1
+        q1 = np.asarray(Q.sum(axis=1)).ravel()
+        eps = max(0.0, float(np.max((Q @ a) / q1))) * (1.0 + 1e-9)
+        a2 = a - eps
+        low = max(0.0, float(a2 @ t) / float(np.abs(a2).sum()))
     return min(low, up), up
 
 
