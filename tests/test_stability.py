@@ -220,7 +220,11 @@ def test_certify_report_carries_the_stability_rows(tmp_path):
     W_dec = W * np.array([[1.0], [2.0], [0.5], [1.0]])  # norms are folded in: same unit atoms
     sae = SAE(W_dec=W_dec, b_dec=b, W_enc=W_dec.T.copy(), b_enc=np.zeros(4), dtype="float64")
     cert = certify_sae(sae, X, lam=lam, device="cpu", coding_tol=1e-10, batch_size=25, stability=True,
-                       stability_witnesses=4)
+                       stability_witnesses=4, same_width_steps=100)
+    sw = cert.same_width
+    assert sw["lower"] and sw["value_found"] < cert.optimal_code_objective and sw["width"] == 4
+    assert sw["message"].startswith("a dictionary of the same width reaches")
+    assert sw["value_given"] == pytest.approx(cert.optimal_code_objective, rel=1e-8)
     assert cert.stability["counts"]["unstable"] == 4
     assert list(cert.features["stability_verdict"]) == ["unstable"] * 4
     assert cert.features["stability_ff_lower"][0] == pytest.approx(1.0, abs=1e-9)

@@ -717,7 +717,8 @@ def same_width_witness(X, W, b, *, lam, max_steps: int = 200, device="cpu", seed
     -------
     dict
         ``width``, ``value_given`` (``W``'s objective with optimal codes), ``value_found``,
-        ``lower`` (``value_found < value_given``), ``fit`` (the :class:`FitResult`).
+        ``lower`` (``value_found < value_given``), ``message`` ("a dictionary of the same width
+        reaches X" when lower), ``fit`` (the :class:`FitResult`).
     """
     from ..coding.pdas import optimal_codes
     from ..learn.gradient import fit_dictionary
@@ -730,5 +731,8 @@ def same_width_witness(X, W, b, *, lam, max_steps: int = 200, device="cpu", seed
     fit = fit_dictionary(X, lam, W.shape[0], init=Wu, bias=np.asarray(b, dtype=np.float64), device=device,
                          seed=seed, max_steps=max_steps, coding_tol=coding_tol)
     # the fit's value is the float64 objective of (dictionary, certified optimal codes, bias)
+    lower = bool(fit.value < base.value)
+    msg = (f"a dictionary of the same width reaches {fit.value:.6g} (this one: {base.value:.6g} with optimal codes)"
+           if lower else f"the gradient solver found nothing below {base.value:.6g} at this width")
     return {"width": int(W.shape[0]), "value_given": float(base.value), "value_found": float(fit.value),
-            "lower": bool(fit.value < base.value), "fit": fit}
+            "lower": lower, "message": msg, "fit": fit}

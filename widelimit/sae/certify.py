@@ -131,6 +131,7 @@ class SAECertificate:
     device: str = "cpu"
     notes: list = field(default_factory=list)
     stability: dict | None = None  # feature_stability summary (theory.md §5.3-§5.5), when requested
+    same_width: dict | None = None  # same_width_witness summary, when requested
 
     @property
     def l1_coefficient(self) -> float:
@@ -165,6 +166,7 @@ class SAECertificate:
             "sae": self.sae_info, "seconds": self.seconds,
             "tokens_per_second": self.n_tokens / self.seconds if self.seconds > 0 else None,
             "device": self.device, "notes": list(self.notes), "stability": self.stability,
+            "same_width": self.same_width,
         }
 
 
@@ -246,7 +248,7 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
                 dead_threshold: float = 0.0, dense_threshold: float = 0.5, antipodal_cosine: float = -0.99,
                 absorb_cosine: float = 0.5, containment: float = 0.9, kkt_tol: float = 1e-6,
                 max_pairs: int = 200_000, progress: Callable[[int, int], None] | None = None,
-                stability: bool = False, stability_witnesses: int = 8) -> SAECertificate:
+                stability: bool = False, stability_witnesses: int = 8, same_width_steps: int = 0) -> SAECertificate:
     r"""Certify a trained SAE against the global optimum of its own objective.
 
     Parameters
@@ -288,6 +290,10 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
         optimal codes (kept in memory, sparse), following at most ``stability_witnesses`` features;
         its per-feature rows become ``stability_*`` columns of ``features`` and its summary
         :attr:`SAECertificate.stability`.
+    same_width_steps : int
+        When ``> 0``, run :func:`widelimit.same_width_witness` (the gradient solver started at the
+        decoder, this many steps, certified optimal codes): :attr:`SAECertificate.same_width` says
+        whether a dictionary of the same width reaches a lower objective than the decoder's optimal codes.
 
     Returns
     -------
@@ -488,6 +494,13 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
 
     stab_summary = _stability_columns(Xb_all, U, stab_codes, b, lam, stability_witnesses, feats) if stability \
         else None
+    same_width = None
+    if same_width_steps > 0:
+        from ..exact.stability import same_width_witness
+
+        sw = same_width_witness(np.asarray(Xb_all), U, b, lam=lam, max_steps=int(same_width_steps),
+                                device="cpu" if str(dev) == "cpu" else dev, coding_tol=coding_tol)
+        same_width = {k2: v for k2, v in sw.items() if k2 != "fit"}
 
     mean_x = sum_x.cpu().numpy() / N
     var = sum_x2 / N - float(mean_x @ mean_x)
@@ -531,6 +544,7 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
         bias_distance=float(np.linalg.norm(b - med.point)), metrics=metrics, features=feats,
         violations=violations, antipodal_pairs=antipodal, absorbed=absorbed, sae_info=sae.summary(),
         optimal_bias=np.asarray(med.point), seconds=secs, device=str(dev), notes=notes, stability=stab_summary,
+        same_width=same_width,
     )
 
 
