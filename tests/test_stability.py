@@ -32,7 +32,7 @@ def hierarchical(lam=0.5):
     X, t = wl.datasets.hierarchical(3, 10, 20, parent_scale=2.0, child_scale=(1.0, 2.0), n_parent_only=20, seed=1)
     W = np.vstack([t["parent"], t["children"]])
     b = np.zeros(10)
-    Z = wl.optimal_codes(X, W, b, lam, tol=1e-12, dtype="float64", device="cpu").codes
+    Z = wl.optimal_codes(X, W, b, lam=lam, tol=1e-12, dtype="float64", device="cpu").codes
     return X, W, Z, b, t
 
 
@@ -82,7 +82,7 @@ def test_exclusive_categories_are_stable_with_the_predicted_margins(n_inactive):
 def test_wide_limit_optimum_is_stable_and_ff_holds_with_its_weights():
     X, _ = wl.datasets.symmetric_rays(6, 6, 8, seed=2)
     lam = 0.4
-    sol = wl.solve(X, lam)
+    sol = wl.solve(X, lam=lam)
     res = wl.feature_stability(X, sol.dictionary, sol.sparse_codes, sol.bias, lam=lam)
     assert res.unstable.size == 0
     assert np.nanmax(res.ff_upper) <= 1e-9
@@ -101,7 +101,7 @@ def two_shared_rays(phi, rho=3.0, lam=0.5, dead=True):
 def test_spurious_stationary_point_with_a_dead_atom_is_found_by_reaiming_it():
     lam = 0.5
     X, W, Z, b = two_shared_rays(0.1, lam=lam)
-    assert wl.first_order_conditions(X, W, Z, b, lam).holds(1e-12)  # the first-order test is silent
+    assert wl.first_order_conditions(X, W, Z, b, lam=lam).holds(1e-12)  # the first-order test is silent
     res = wl.feature_stability(X, W, Z, b, lam=lam)
     assert res.max_residual == pytest.approx(math.hypot(lam, 3.0 * math.sin(0.1)), rel=1e-12)
     # every first-order margin holds and the curvature is positive, but a slot is free (theory.md §5.4):
@@ -114,7 +114,7 @@ def test_spurious_stationary_point_with_a_dead_atom_is_found_by_reaiming_it():
     assert res.value - res.witness_values[2] >= gain * (1 - 1e-9)
     check_witnesses(res, X, W, Z, b, lam)
     # verify tells it from the optimum
-    assert wl.verify(X, lam, W, Z, b).gap > 1e-3
+    assert wl.verify(X, W, Z, b, lam=lam).gap > 1e-3
     # without the dead atom the second-order test passes: phi small gives positive curvature
     X2, W2, Z2, b2 = two_shared_rays(0.1, lam=lam, dead=False)
     res2 = wl.feature_stability(X2, W2, Z2, b2, lam=lam)
@@ -124,7 +124,7 @@ def test_spurious_stationary_point_with_a_dead_atom_is_found_by_reaiming_it():
 def test_curvature_matches_a_finite_difference_and_its_witness():
     lam, rho, phi = 0.5, 1.0, 0.6
     X, W, Z, b = two_shared_rays(phi, rho=rho, lam=lam, dead=False)
-    assert wl.first_order_conditions(X, W, Z, b, lam).holds(1e-12)
+    assert wl.first_order_conditions(X, W, Z, b, lam=lam).holds(1e-12)
     res = wl.feature_stability(X, W, Z, b, lam=lam)
     # closed form: (2/N) sum_{A_d} (z (z + lam) - <r, v>^2) with v = e2, <r_i, v> = +-rho sin phi
     z = rho * math.cos(phi) - lam
@@ -201,7 +201,7 @@ def test_stability_rows_hook_and_same_width_witness():
     fit = out["fit"]
     assert out["lower"] and out["value_found"] < out["value_given"]
     assert plain_objective(X, fit.dictionary, fit.codes, fit.bias, lam) == pytest.approx(out["value_found"], rel=1e-10)
-    assert out["value_found"] >= wl.solve(X, lam).lower_bound - 1e-12  # the wide-limit bound brackets it
+    assert out["value_found"] >= wl.solve(X, lam=lam).lower_bound - 1e-12  # the wide-limit bound brackets it
 
 
 def test_bad_input_is_one_line():
@@ -219,7 +219,7 @@ def test_certify_report_carries_the_stability_rows(tmp_path):
     X, W, Z, b, _ = hierarchical(lam)
     W_dec = W * np.array([[1.0], [2.0], [0.5], [1.0]])  # norms are folded in: same unit atoms
     sae = SAE(W_dec=W_dec, b_dec=b, W_enc=W_dec.T.copy(), b_enc=np.zeros(4), dtype="float64")
-    cert = certify_sae(sae, X, lam=lam, device="cpu", coding_tol=1e-10, batch_size=25, stability=True,
+    cert = certify_sae(X, sae, lam=lam, device="cpu", coding_tol=1e-10, batch_size=25, stability=True,
                        stability_witnesses=4, same_width_steps=100)
     sw = cert.same_width
     assert sw["lower"] and sw["value_found"] < cert.optimal_code_objective and sw["width"] == 4

@@ -400,7 +400,7 @@ def _recode(X, W2, Zs2, b, lam, rows, tol):
         return Zs2
     rows = np.asarray(rows)
     old = _point_values(X, W2, Zs2, b, lam, rows)
-    res = optimal_codes(np.asarray(X[rows], dtype=np.float64), W2, b, lam, tol=tol, Z0=Zs2[rows], dtype="float64",
+    res = optimal_codes(np.asarray(X[rows], dtype=np.float64), W2, b, lam=lam, tol=tol, Z0=Zs2[rows], dtype="float64",
                         device="cpu")
     Znew = sp.csr_array(res.codes)
     new = np.einsum("ij,ij->i", *(2 * [np.asarray(X[rows], dtype=np.float64) - b - Znew @ W2])) \
@@ -515,7 +515,7 @@ def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = Non
     k = W.shape[0]
     tol = float(options.tol)
     Wu, Zs = _normalise(W, Z)
-    value = float(sae_objective(X, Wu, Zs, b, lam).value)
+    value = float(sae_objective(X, Wu, Zs, b, lam=lam).value)
     exact_curv = n <= options.exact_curvature_dim and k * n * n <= 50_000_000
     st = _pass(X, Wu, Zs, b, lam, exact_curv)
     S = st["S"]
@@ -595,7 +595,7 @@ def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = Non
                     continue
                 W2, Z2, rows = cand
                 Z2 = _recode(X, W2, Z2, b, lam, rows, options.coding_tol)
-                v2 = float(sae_objective(X, W2, Z2, b, lam).value)
+                v2 = float(sae_objective(X, W2, Z2, b, lam=lam).value)
                 if v2 < value - 1e-13 * max(1.0, abs(value)):
                     wvals[int(d)] = v2
                     wmoves[int(d)] = move
@@ -727,8 +727,8 @@ def same_width_witness(X, W, b, *, lam, max_steps: int = 200, device="cpu", seed
     W = np.asarray(W, dtype=np.float64)
     norms = np.linalg.norm(W, axis=1)
     Wu = W / np.where(norms > 0, norms, 1.0)[:, None]
-    base = optimal_codes(X, Wu, b, lam, tol=coding_tol, device=device)
-    fit = fit_dictionary(X, lam, W.shape[0], init=Wu, bias=np.asarray(b, dtype=np.float64), device=device,
+    base = optimal_codes(X, Wu, b, lam=lam, tol=coding_tol, device=device)
+    fit = fit_dictionary(X, lam=lam, width=W.shape[0], init=Wu, bias=np.asarray(b, dtype=np.float64), device=device,
                          seed=seed, max_steps=max_steps, coding_tol=coding_tol)
     # the fit's value is the float64 objective of (dictionary, certified optimal codes, bias)
     lower = bool(fit.value < base.value)

@@ -44,7 +44,7 @@ def run_stability(out_dir=None, quick: bool = False) -> dict:
     X, t = datasets.hierarchical(3, 10, ppc, parent_scale=2.0, child_scale=(1.0, 2.0), n_parent_only=ppc, seed=1)
     W = np.vstack([t["parent"], t["children"]])
     b = np.zeros(X.shape[1])
-    Z = optimal_codes(X, W, b, lam, tol=1e-12, dtype="float64", device="cpu").codes
+    Z = optimal_codes(X, W, b, lam=lam, tol=1e-12, dtype="float64", device="cpu").codes
     hier = feature_stability(X, W, Z, b, lam=lam)
     e = int(hier.ff_partner[0])
     absorbed_cos = float(hier.witnesses[0][0][e] @ t["parent"]) if 0 in hier.witnesses else None
@@ -58,7 +58,7 @@ def run_stability(out_dir=None, quick: bool = False) -> dict:
         "lam": lam,
         "hierarchical": {**_summary(hier), "n_points": X.shape[0], "partner_of_parent": e,
                          "partner_cosine_with_parent_after_witness": absorbed_cos,
-                         "wide_limit_optimum": solve(X, lam).value},
+                         "wide_limit_optimum": solve(X, lam=lam).value},
         "exclusive": {**_summary(excl), "n_points": Xe.shape[0], "K": K},
         "hierarchical_all_unstable_with_witness": len(hier.unstable) == W.shape[0],
         "exclusive_all_stable": all(v == "stable" for v in excl.verdict),
@@ -91,15 +91,15 @@ def run_spurious(out_dir=None, quick: bool = False) -> dict:
     """How often gradient training stops above the optimum at width >= N, and what tells it apart."""
     lam, N, n = 0.3, 10, 3
     X = datasets.gaussian(N, n, seed=0)[0]
-    sol = solve(X, lam)
+    sol = solve(X, lam=lam)
     seeds = range(3 if quick else 6)
     widths = (10, 20) if quick else (10, 20, 60)
     runs = []
     for width in widths:
         for s in seeds:
-            fit = fit_dictionary(X, lam, width, init="random", seed=s, device="cpu", coding_tol=1e-10)
-            foc = first_order_conditions(X, fit.dictionary, fit.codes, fit.bias, lam)
-            cert = verify(X, lam, fit.dictionary, fit.codes, fit.bias)
+            fit = fit_dictionary(X, lam=lam, width=width, init="random", seed=s, device="cpu", coding_tol=1e-10)
+            foc = first_order_conditions(X, fit.dictionary, fit.codes, fit.bias, lam=lam)
+            cert = verify(X, fit.dictionary, fit.codes, fit.bias, lam=lam)
             st = feature_stability(X, fit.dictionary, fit.codes, fit.bias, lam=lam, max_witnesses=8,
                                    keep_witnesses=False, tol=1e-5)
             above = fit.value - sol.value
