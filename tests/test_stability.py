@@ -267,3 +267,29 @@ def test_ff_distance_off_the_cone_without_containment():
     res = wl.feature_stability(X, W, Z, np.full(3, 0.3), lam=0.1, witnesses=False)
     assert res.ff_lower[0] == pytest.approx(0.2, abs=1e-12) and res.ff_upper[0] == pytest.approx(0.2, abs=1e-12)
     assert res.verdict[0] == "violated"  # a failed condition without a witness search is not "unstable"
+
+
+def test_cli_certify_stability_on_an_optimal_sae(tmp_path, capsys):
+    """At a certified global optimum no witness can exist below the wide-limit lower bound."""
+    import json
+
+    from test_sae_certify import LAM, orthogonal_rays_sae, save_saelens
+    from widelimit.cli import main
+
+    X, sae = orthogonal_rays_sae(LAM, seed=9)
+    save_saelens(sae, tmp_path / "sae")
+    np.save(tmp_path / "acts.npy", X)
+    rc = main(["certify", str(tmp_path / "sae"), str(tmp_path / "acts.npy"), "--lam", str(LAM), "--json",
+               "--stability", "--device", "cpu", "--out", str(tmp_path / "out")])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    st = d["stability"]
+    assert sum(st["counts"].values()) == d["d_sae"]
+    for w in st["witnesses"]:
+        assert w["value"] >= d["lower_bound"] - 1e-12
+    header = (tmp_path / "out" / "features.csv").read_text().splitlines()[0].split(",")
+    assert {"stability_verdict", "stability_ff_lower", "stability_code_margin"} <= set(header)
+    assert main(["certify", str(tmp_path / "sae"), str(tmp_path / "acts.npy"), "--lam", str(LAM), "--device", "cpu",
+                 "--stability"]) == 0
+    out = capsys.readouterr().out
+    assert "feature stability" in out and "unstable" in out

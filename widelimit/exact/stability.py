@@ -516,7 +516,7 @@ def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = Non
     tol = float(options.tol)
     Wu, Zs = _normalise(W, Z)
     value = float(sae_objective(X, Wu, Zs, b, lam=lam).value)
-    exact_curv = n <= options.exact_curvature_dim and k * n * n <= 50_000_000
+    exact_curv = n <= options.exact_curvature_dim and k * n * n <= 50_000_000 and Zs.nnz * n * n <= 20_000_000
     st = _pass(X, Wu, Zs, b, lam, exact_curv)
     S = st["S"]
     live = S > 0
