@@ -28,7 +28,7 @@ from .exact.certificate import Certificate, verify
 from .exact.median import MedianResult, geometric_median, huber_median, huber_value
 from .exact.objective import ObjectiveValue, optimal_dictionary, q_objective, sae_objective
 from .exact.solve import WideLimitSolution, solve
-from .exact.stability import FeatureStability, feature_stability, same_width_witness
+from .exact.stability import FeatureStability, feature_stability
 from .exact.stationarity import Stationarity, first_order_conditions
 from .learn.crossval import CrossValidation, crossvalidate
 from .learn.frontier import Frontier, frontier
@@ -49,7 +49,7 @@ __all__ = [
     "solve", "WideLimitSolution", "verify", "Certificate",
     "huber_median", "geometric_median", "huber_value", "MedianResult",
     "sae_objective", "ObjectiveValue", "q_objective", "optimal_dictionary",
-    "first_order_conditions", "Stationarity", "feature_stability", "FeatureStability", "same_width_witness",
+    "first_order_conditions", "Stationarity", "feature_stability", "FeatureStability",
     # codes for a fixed dictionary
     "optimal_codes", "CodingResult",
     # finite width: gradient solver

@@ -68,7 +68,7 @@ def _certify_rows(c):
     ]
     if c.stability is not None:
         n = c.stability["counts"]
-        rows.insert(-3, ("feature stability", f"{n['stable']} stable, {n['unstable']} unstable, {n['violated']} violated",
+        rows.insert(-3, ("feature stability", f"{n['stable']} stable, {n['unstable']} unstable, {n['violated']} violated, {n.get('undecided', 0)} undecided",
                          "unstable: a verified lower objective was found"))
     if c.same_width is not None:
         rows.insert(-3, ("same-width dictionary", c.same_width["value_found"], c.same_width["message"]))

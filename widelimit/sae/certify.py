@@ -70,8 +70,11 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import scipy.sparse as sp
 
 from .._validation import check_lam
+from ..exact.stability import stability_rows
+from ..learn.same_width import same_width_witness
 from .model import SAE
 
 __all__ = ["SAECertificate", "certify_sae", "plot_sae_certificate", "write_sae_certificate", "resolve_lam"]
@@ -291,7 +294,7 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
         its per-feature rows become ``stability_*`` columns of ``features`` and its summary
         :attr:`SAECertificate.stability`.
     same_width_steps : int
-        When ``> 0``, run :func:`widelimit.same_width_witness` (the gradient solver started at the
+        When ``> 0``, run :func:`widelimit.learn.same_width.same_width_witness` (the gradient solver started at the
         decoder, this many steps, certified optimal codes): :attr:`SAECertificate.same_width` says
         whether a dictionary of the same width reaches a lower objective than the decoder's optimal codes.
 
@@ -496,8 +499,6 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
         else None
     same_width = None
     if same_width_steps > 0:
-        from ..exact.stability import same_width_witness
-
         sw = same_width_witness(np.asarray(Xb_all), U, b, lam=lam, max_steps=int(same_width_steps),
                                 device="cpu" if str(dev) == "cpu" else dev, coding_tol=coding_tol)
         same_width = {k2: v for k2, v in sw.items() if k2 != "fit"}
@@ -550,10 +551,6 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
 
 def _stability_columns(X, U, codes, b, lam, max_witnesses, feats) -> dict:
     """Hook: :func:`widelimit.exact.stability.stability_rows` on the optimal codes, merged into ``feats``."""
-    import scipy.sparse as sp
-
-    from ..exact.stability import stability_rows
-
     rows, summary = stability_rows(np.asarray(X), U, sp.vstack(codes).tocsr(), b, lam=lam,
                                    max_witnesses=max_witnesses)
     for col in rows[0]:
