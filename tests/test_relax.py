@@ -40,7 +40,7 @@ def test_sandwich_outer_le_exact_le_inner_scs(family):
             assert e.value <= rep.exact + rep.slack
         else:
             assert e.value >= rep.exact - rep.slack
-    # the DNN relaxation is exact (theory §4): equal to solver tolerance
+    # the DNN relaxation is exact (theory.md §4): equal to solver tolerance
     assert rep.entry("dnn").rel_error < 1e-5
     assert rep.lower <= rep.upper + 2 * rep.slack
 

@@ -8,6 +8,7 @@ data (:func:`open_activations`) -> problem -> solver -> solution -> certificate 
 - :func:`huber_median`, :func:`geometric_median`, :func:`huber_value` -- the certified optimal bias;
 - :func:`optimal_codes` -- certified optimal nonnegative codes for a fixed dictionary and bias;
 - :func:`first_order_conditions` -- finite-width stationarity margins;
+- :func:`feature_stability` -- per-feature optimality (code, atom, feature-feature, second order) with witnesses;
 - :func:`sae_objective`, :func:`q_objective`, :func:`optimal_dictionary` -- the objective and its Q-form;
 - :func:`fit_dictionary`, :func:`crossvalidate`, :func:`frontier` -- the gradient solver at finite width;
 - :func:`relax`, :func:`sandwich`, :func:`solve_dnn`, :func:`factorize_cp`, :func:`refine` -- the convex
@@ -27,6 +28,7 @@ from .exact.certificate import Certificate, verify
 from .exact.median import MedianResult, geometric_median, huber_median, huber_value
 from .exact.objective import ObjectiveValue, optimal_dictionary, q_objective, sae_objective
 from .exact.solve import WideLimitSolution, solve
+from .exact.stability import FeatureStability, feature_stability
 from .exact.stationarity import Stationarity, first_order_conditions
 from .learn.crossval import CrossValidation, crossvalidate
 from .learn.frontier import Frontier, frontier
@@ -47,7 +49,7 @@ __all__ = [
     "solve", "WideLimitSolution", "verify", "Certificate",
     "huber_median", "geometric_median", "huber_value", "MedianResult",
     "sae_objective", "ObjectiveValue", "q_objective", "optimal_dictionary",
-    "first_order_conditions", "Stationarity",
+    "first_order_conditions", "Stationarity", "feature_stability", "FeatureStability",
     # codes for a fixed dictionary
     "optimal_codes", "CodingResult",
     # finite width: gradient solver

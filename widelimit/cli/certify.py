@@ -35,6 +35,10 @@ def _add_certify(sub):
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--norm-scaling-factor", type=float, default=None,
                    help="SAELens expected_average_only_in: the input scaling factor to fold into the weights")
+    p.add_argument("--stability", action="store_true",
+                   help="also check every feature's optimality conditions (theory.md section 5) with witnesses")
+    p.add_argument("--same-width-steps", type=int, default=0,
+                   help="also run the gradient solver from the decoder at the same width for this many steps")
 
 
 def _certify_rows(c):
@@ -62,6 +66,12 @@ def _certify_rows(c):
         ("tokens / second", c.n_tokens / c.seconds if c.seconds > 0 else float("nan"), f"whole certification on {c.device}"),
         ("certified optimal", c.certified_optimal, f"global gap <= {c.tol:g} * max(1, objective)"),
     ]
+    if c.stability is not None:
+        n = c.stability["counts"]
+        rows.insert(-3, ("feature stability", f"{n['stable']} stable, {n['unstable']} unstable, {n['violated']} violated, {n.get('undecided', 0)} undecided",
+                         "unstable: a verified lower objective was found"))
+    if c.same_width is not None:
+        rows.insert(-3, ("same-width dictionary", c.same_width["value_found"], c.same_width["message"]))
     return rows
 
 
@@ -72,7 +82,8 @@ def _run_certify(args) -> int:
 
     sae = load_sae(args.sae, norm_scaling_factor=args.norm_scaling_factor)
     acts = load_activations(args.acts, key=args.key)
-    cert = certify_sae(acts, sae, lam=args.lam, l1_coefficient=args.l1_coefficient, tol=args.tol, coding_tol=args.coding_tol, batch_size=args.batch_size, device=args.device)
+    cert = certify_sae(acts, sae, lam=args.lam, l1_coefficient=args.l1_coefficient, tol=args.tol, coding_tol=args.coding_tol, batch_size=args.batch_size, device=args.device,
+                       stability=args.stability, same_width_steps=args.same_width_steps)
     files = write_sae_certificate(cert, args.out) if args.out else []
     if args.json:
         d = cert.as_dict()

@@ -54,7 +54,7 @@ def huber_h(r, *, lam: float):
     .. math:: h_\lambda(r) = r^2 \ (r \le \lambda), \qquad 2\lambda r - \lambda^2 \ (r > \lambda).
 
     It is the smallest value of ``||z W - v||^2 + 2 lam ||z||_1`` over unit-norm
-    dictionaries and ``z >= 0`` for a vector ``v`` of norm ``r`` (theory §3).
+    dictionaries and ``z >= 0`` for a vector ``v`` of norm ``r`` (theory.md §3).
     """
     r = np.asarray(r, dtype=np.float64)
     return np.where(r <= lam, r * r, 2.0 * lam * r - lam * lam)

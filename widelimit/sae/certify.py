@@ -70,8 +70,11 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import scipy.sparse as sp
 
 from .._validation import check_lam
+from ..exact.stability import stability_rows
+from ..learn.same_width import same_width_witness
 from .model import SAE
 
 __all__ = ["SAECertificate", "certify_sae", "plot_sae_certificate", "write_sae_certificate", "resolve_lam"]
@@ -130,6 +133,8 @@ class SAECertificate:
     seconds: float = 0.0
     device: str = "cpu"
     notes: list = field(default_factory=list)
+    stability: dict | None = None  # feature_stability summary (theory.md §5.3-§5.5), when requested
+    same_width: dict | None = None  # same_width_witness summary, when requested
 
     @property
     def l1_coefficient(self) -> float:
@@ -163,7 +168,8 @@ class SAECertificate:
             "absorbed": self.absorbed[:max_listed],
             "sae": self.sae_info, "seconds": self.seconds,
             "tokens_per_second": self.n_tokens / self.seconds if self.seconds > 0 else None,
-            "device": self.device, "notes": list(self.notes),
+            "device": self.device, "notes": list(self.notes), "stability": self.stability,
+            "same_width": self.same_width,
         }
 
 
@@ -244,7 +250,8 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
                 batch_size: int = 4096, device="auto", optimal_codes_diagnostics: bool = True,
                 dead_threshold: float = 0.0, dense_threshold: float = 0.5, antipodal_cosine: float = -0.99,
                 absorb_cosine: float = 0.5, containment: float = 0.9, kkt_tol: float = 1e-6,
-                max_pairs: int = 200_000, progress: Callable[[int, int], None] | None = None) -> SAECertificate:
+                max_pairs: int = 200_000, progress: Callable[[int, int], None] | None = None,
+                stability: bool = False, stability_witnesses: int = 8, same_width_steps: int = 0) -> SAECertificate:
     r"""Certify a trained SAE against the global optimum of its own objective.
 
     Parameters
@@ -281,6 +288,15 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
         Most decoder pairs examined for antipodal / absorption patterns.
     progress : callable(done, N), optional
         Called after each batch.
+    stability, stability_witnesses : bool, int
+        Also run :func:`widelimit.feature_stability` (theory.md §5.3-§5.5) on the decoder with its
+        optimal codes (kept in memory, sparse), following at most ``stability_witnesses`` features;
+        its per-feature rows become ``stability_*`` columns of ``features`` and its summary
+        :attr:`SAECertificate.stability`.
+    same_width_steps : int
+        When ``> 0``, run :func:`widelimit.learn.same_width.same_width_witness` (the gradient solver started at the
+        decoder, this many steps, certified optimal codes): :attr:`SAECertificate.same_width` says
+        whether a dictionary of the same width reaches a lower objective than the decoder's optimal codes.
 
     Returns
     -------
@@ -339,6 +355,7 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
     opt_max_gap = 0.0
     opt_conv = True
     opt_iter = 0
+    stab_codes = []
 
     for s in range(0, N, batch_size):
         e = min(N, s + batch_size)
@@ -378,7 +395,10 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
             Z0 = Z.cpu().numpy()
         else:
             Z0 = None
-        res = optimal_codes_working_set(Xb, U, b, lam=lam, tol=coding_tol, device=dev, Z0=Z0, return_codes=optimal_codes_diagnostics or not sae.has_encoder)
+        res = optimal_codes_working_set(Xb, U, b, lam=lam, tol=coding_tol, device=dev, Z0=Z0,
+                                        return_codes=optimal_codes_diagnostics or not sae.has_encoder or stability)
+        if stability:
+            stab_codes.append(res.codes)
         nb = e - s
         opt_val += res.value * nb
         opt_gap += res.gap * nb
@@ -475,6 +495,14 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
                              "frequency": float(freq[a]), "partner_frequency": float(freq[bb])})
             feats["absorbed_into"][a] = bb
 
+    stab_summary = _stability_columns(Xb_all, U, stab_codes, b, lam, stability_witnesses, feats) if stability \
+        else None
+    same_width = None
+    if same_width_steps > 0:
+        sw = same_width_witness(np.asarray(Xb_all), U, b, lam=lam, max_steps=int(same_width_steps),
+                                device="cpu" if str(dev) == "cpu" else dev, coding_tol=coding_tol)
+        same_width = {k2: v for k2, v in sw.items() if k2 != "fit"}
+
     mean_x = sum_x.cpu().numpy() / N
     var = sum_x2 / N - float(mean_x @ mean_x)
     metrics = {
@@ -516,8 +544,22 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
         bias_stationarity=bias_stat, max_residual_norm=float(max_rn),
         bias_distance=float(np.linalg.norm(b - med.point)), metrics=metrics, features=feats,
         violations=violations, antipodal_pairs=antipodal, absorbed=absorbed, sae_info=sae.summary(),
-        optimal_bias=np.asarray(med.point), seconds=secs, device=str(dev), notes=notes,
+        optimal_bias=np.asarray(med.point), seconds=secs, device=str(dev), notes=notes, stability=stab_summary,
+        same_width=same_width,
     )
+
+
+def _stability_columns(X, U, codes, b, lam, max_witnesses, feats) -> dict:
+    """Hook: :func:`widelimit.exact.stability.stability_rows` on the optimal codes, merged into ``feats``."""
+    rows, summary = stability_rows(np.asarray(X), U, sp.vstack(codes).tocsr(), b, lam=lam,
+                                   max_witnesses=max_witnesses)
+    for col in rows[0]:
+        if col == "feature":
+            continue
+        vals = [r[col] for r in rows]
+        feats["stability_" + col] = (np.array(vals) if isinstance(vals[0], str)
+                                     else np.array([np.nan if v is None else v for v in vals]))
+    return summary
 
 
 # --------------------------------------------------------------------------------------
@@ -595,7 +637,9 @@ def write_sae_certificate(cert: SAECertificate, out_dir) -> list[Path]:
             row = []
             for a in arrays:
                 v = a[i]
-                if isinstance(v, (np.floating, float)):
+                if isinstance(v, str):
+                    row.append(v)
+                elif isinstance(v, (np.floating, float)):
                     row.append("" if not math.isfinite(v) else repr(float(v)))
                 elif isinstance(v, (np.bool_, bool)):
                     row.append(int(v))

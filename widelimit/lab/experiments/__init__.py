@@ -17,7 +17,8 @@ _REGISTRY: dict[str, Callable] = {}
 _DOCS: dict[str, str] = {}
 
 #: Experiment modules (imported lazily by :func:`names` / :func:`get`).
-MODULES: list[str] = ["antipodal", "exclusive", "rays", "absorption", "splitting", "superposition", "minilm_sae"]
+MODULES: list[str] = ["antipodal", "exclusive", "rays", "absorption", "splitting", "superposition", "minilm_sae",
+                     "stability"]
 
 
 def register(name: str, doc: str = ""):
