@@ -36,7 +36,7 @@ import numpy as np
 from ...data import datasets
 from ...exact.objective import huber_h
 from . import register
-from ._common import pyplot, save_figure, write_json
+from ._common import save_figure, subplots, write_json
 
 __all__ = ["hierarchical_dictionary", "absorbed_dictionary", "fixed_dictionary_objective", "absorption_gain",
            "classify", "run"]
@@ -314,11 +314,10 @@ def run(out_dir=None, quick: bool = False) -> dict:
 
 
 def _plot(res, out_dir):
-    plt = pyplot()
     lams, fs = np.asarray(res["lams"]), np.asarray(res["fs"])
     cells = res["cells"]
     ratios = res["inactive_ratios"]
-    fig, axs = plt.subplots(1, 2 + len(ratios), figsize=(5 * (2 + len(ratios)), 4.4))
+    fig, axs = subplots(1, 2 + len(ratios), figsize=(5 * (2 + len(ratios)), 4.4))
     ax = axs[0]
     lf = np.linspace(0.05, lams.max() * 1.05, 300)
     ax.plot(lf, absorption_gain(res["a"], res["c"], lf), "k-", label="h(a)+h(c)-h(sqrt(a²+c²))")

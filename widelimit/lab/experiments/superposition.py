@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import frames as fr
 from .. import superposition as sp
-from ...plot import _plt
+from ...plot import subplots
 from . import register
 from ._common import save_figure, write_json
 
@@ -51,8 +51,7 @@ def run_linear(out_dir=None, quick: bool = False) -> dict:
                 opt = sp.linear_optimum(p, d, law, n=n)
                 rows.append({"law": law, "p": p, "d": d, "n": n, "trained": res.value, "optimum": opt,
                              "random_frame": frame.value, "rel_err": abs(res.value - opt) / opt})
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = subplots(1, 2, figsize=(10, 3.8))
     ax = axes[0]
     for d in ds:
         sel = [r for r in rows if r["d"] == d]
@@ -110,8 +109,7 @@ def run_sparse_growth(out_dir=None, quick: bool = False) -> dict:
         big = pts[len(pts) // 2 :]
         out[f"m={m}"] = {"points": pts, "slope_frames": _slope([t["d"] for t in big], [t["value_over_p"] for t in big]),
                          "slope_ceiling": _slope([t["d"] for t in big], [t["ceiling_over_p"] for t in big])}
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.6))
+    fig, ax = subplots(figsize=(7, 4.6))
     for m in ms:
         pts = out[f"m={m}"]["points"]
         d = [t["d"] for t in pts]
@@ -158,8 +156,7 @@ def run_p_sweep(out_dir=None, quick: bool = False) -> dict:
                             "unsuperposed": uns, "best_over_unsuperposed": (np.maximum(ff, rnd) / np.array(uns)).tolist(),
                             "max_best_over_d": float(np.max(np.maximum(ff, rnd)) / d)}
     orders = sp.bound_orders(ps, d, m)
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(laws), figsize=(4.2 * len(laws), 4), sharey=True)
+    fig, axes = subplots(1, len(laws), figsize=(4.2 * len(laws), 4), sharey=True)
     for ax, law in zip(axes, laws):
         r = res["laws"][law]
         ax.loglog(ps, r["finite_field"], "o-", ms=3, label="finite-field frame (best r), exact")
@@ -216,8 +213,7 @@ def run_gd(out_dir=None, quick: bool = False) -> dict:
                    seed=1)
     result = {"d": d, "n": n, "m": m, "law": law, "rows": rows,
               "mc_objective": {"p": mc_p, "exact_value_of_mc_trained": tmc.value, "n_represented": tmc.stats.n_represented}}
-    plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = subplots(1, 3, figsize=(13, 3.8))
     ax = axes[0]
     for r in rows:
         ax.plot([r["p"]] * len(r["restarts"]), np.array(r["restarts"]) / r["unsuperposed"], "o", color="C0", alpha=0.4, ms=4)
@@ -280,8 +276,7 @@ def run_frames(out_dir=None, quick: bool = False) -> dict:
                 for m in ms:
                     row[f"random_sum_ratio_m{m}"] = fr.frame_power_sum(R, m) / fr.welch_sum_bound(d, n, m)
             rows.append(row)
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = subplots(1, 2, figsize=(11, 4))
     ax = axes[0]
     x = np.arange(len(rows))
     lab = [f"{r['q']},{r['r']}" for r in rows]
