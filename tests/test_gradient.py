@@ -10,7 +10,8 @@ import widelimit as wl
 from widelimit.cli import main
 from widelimit.coding.pdas import code_steps
 from widelimit.data.datasets import symmetric_rays
-from widelimit.learn.gradient import _cd_codes, _dict_steps, _jumprelu_fn, _working_sets, encoder_codes
+from widelimit.learn._steps import _cd_codes, _dict_steps, _working_sets
+from widelimit.learn.amortised import _jumprelu_fn, encoder_codes
 
 
 @pytest.fixture(scope="module")
@@ -152,12 +153,12 @@ def test_full_batch_small_working_sets(rng):
 
 
 def test_extrapolation_is_taken_and_keeps_the_history_monotone(rng, monkeypatch):
-    import widelimit.learn.gradient as gradient
+    import widelimit.learn._steps as steps
 
     X, _ = _sparse_problem(rng, N=200, k=16, n=8)
     kw = dict(device="cpu", seed=0, max_steps=40, rtol=0.0)
     on = wl.fit_dictionary(X, lam=0.3, width=12, **kw)
-    monkeypatch.setattr(gradient, "_EXTRAPOLATE", (0.0,) + gradient._EXTRAPOLATE[1:])
+    monkeypatch.setattr(steps, "EXTRAPOLATE", (0.0,) + steps.EXTRAPOLATE[1:])
     off = wl.fit_dictionary(X, lam=0.3, width=12, **kw)
     v_on, v_off = [h["value"] for h in on.history], [h["value"] for h in off.history]
     assert v_on[:2] == v_off[:2]  # the first extrapolation needs a previous step
