@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from widelimit.lab import frames as fr
 from widelimit.lab import superposition as sp
+from widelimit.lab import superposition_train as spt
 
 LAWS = ["rademacher", "gaussian", "uniform", "laplace"]
 
@@ -170,7 +171,7 @@ def test_linear_optimum_attained_and_not_exceeded(law, d, n):
 
 def test_m1_trained_optimum_equals_p_d_mu2():
     for law in ("rademacher", "uniform"):
-        res = sp.train(3, 9, 0.2, 1, law, restarts=1, steps=150, lr=0.05, seed=1)
+        res = spt.train(3, 9, 0.2, 1, law, restarts=1, steps=150, lr=0.05, seed=1)
         assert abs(res.value - 0.2 * 3 * sp.get_law(law).moment(2)) <= 1e-8
 
 
@@ -229,7 +230,7 @@ def test_feature_stats():
     W = np.zeros((3, 5))
     W[0, 0] = W[1, 1] = 1.0
     W[2, 2] = W[2, 3] = 1.0  # features 2 and 3 share a dimension
-    s = sp.feature_stats(W, 3)
+    s = spt.feature_stats(W, 3)
     assert np.allclose(s.dimensionality, [1, 1, 0.5, 0.5, 0])
     assert s.represented.tolist() == [True, True, False, False, False]
     assert s.n_represented == 2
@@ -238,13 +239,13 @@ def test_feature_stats():
 
 def test_training_finds_superposition_when_sparse():
     d, n, p = 3, 8, 0.01
-    res = sp.train(d, n, p, 3, restarts=2, steps=150, seed=0)
+    res = spt.train(d, n, p, 3, restarts=2, steps=150, seed=0)
     assert res.value > 1.2 * res.unsuperposed
     assert res.stats.n_represented > d
     assert len(res.restart_values) == 2
     assert res.value == pytest.approx(sp.ltilde(res.W, p, 3).value, rel=1e-12)
     assert res.value <= p * sp.sparse_limit_ceiling(d, 3, n=n) * 1.05
-    assert sp.stationarity(res.W, p, 3).local_max  # Adam + L-BFGS ends at a second-order stationary point
+    assert spt.critical_point(res.W, p, 3).local_max  # Adam + L-BFGS ends at a second-order stationary point
 
 
 @pytest.mark.parametrize("p", [0.3, 0.001])
@@ -252,18 +253,18 @@ def test_unsuperposed_optimum_is_a_local_max(p):
     d, n, m = 3, 5, 3
     W = np.zeros((d, n))
     W[np.arange(d), np.arange(d)] = 1.0  # Rademacher: ||W_i||^(2m) = mu_4/mu_6 = 1
-    st = sp.stationarity(W, p, m)
+    st = spt.critical_point(W, p, m)
     assert st.grad_norm < 1e-12 and st.local_max
     assert st.n_flat == d * (d - 1) // 2  # only the rotations W -> U W are flat
     # a random point is not stationary; a perturbation off the rotations lowers Ltilde
-    assert not sp.stationarity(random_W(0, d, n), p, m).local_max
+    assert not spt.critical_point(random_W(0, d, n), p, m).local_max
     D = np.zeros((d, n))
     D[:, d:] = 1e-2 * np.random.default_rng(0).standard_normal((d, n - d))
     assert sp.ltilde(W + D, p, m).value < sp.ltilde(W, p, m).value
 
 
 def test_training_on_monte_carlo_objective():
-    res = sp.train(2, 4, 0.05, 3, "gaussian", objective="mc", restarts=1, steps=60, batch_size=512, seed=0, device="cpu")
+    res = spt.train(2, 4, 0.05, 3, "gaussian", objective="mc", restarts=1, steps=60, batch_size=512, seed=0, device="cpu")
     assert np.isfinite(res.value) and res.value > 0
 
 
@@ -303,11 +304,11 @@ def test_bad_weights():
     with pytest.raises(ValueError, match="non-finite"):
         sp.optimal_scale(np.full((2, 2), np.inf), 0.1, 1)
     with pytest.raises(ValueError, match="odd"):
-        sp.train(2, 3, 0.1, 4)
+        spt.train(2, 3, 0.1, 4)
     with pytest.raises(ValueError, match="too many"):
-        sp.stationarity(np.ones((50, 100)), 0.1, 3)
+        spt.critical_point(np.ones((50, 100)), 0.1, 3)
     with pytest.raises(ValueError, match="W0 has shape"):
-        sp.train(2, 3, 0.1, 3, W0=np.ones((3, 2)))
+        spt.train(2, 3, 0.1, 3, W0=np.ones((3, 2)))
     with pytest.raises(ValueError, match="prime power"):
         fr.finite_field_frame(6, 2)
     with pytest.raises(ValueError, match=r"\[0, q-1\]"):
@@ -342,7 +343,7 @@ def test_monte_carlo_on_cuda():
     ex = sp.ltilde(W, 0.1, 3, "gaussian")
     mc = sp.ltilde(W, 0.1, 3, "gaussian", method="mc", n_samples=2_000_000, batch_size=200_000, device="cuda")
     assert abs(mc.value - ex.value) <= 4 * mc.stderr
-    res = sp.train(4, 16, 0.01, 3, restarts=1, steps=100, device="cuda")
+    res = spt.train(4, 16, 0.01, 3, restarts=1, steps=100, device="cuda")
     assert np.isfinite(res.value)
 
 
