@@ -263,17 +263,6 @@ def test_unsuperposed_optimum_is_a_local_max(p):
     assert sp.ltilde(W + D, p, m).value < sp.ltilde(W, p, m).value
 
 
-@pytest.fixture
-def one_torch_thread():
-    """Small torch ops run faster on one thread (and do not spin on a loaded machine)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_training_on_monte_carlo_objective(one_torch_thread):
     """Adam on fresh Monte Carlo batches climbs the exact Ltilde nearly as far as Adam on the exact formula.
 
