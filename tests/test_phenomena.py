@@ -7,8 +7,9 @@ import pytest
 from scipy import integrate, optimize
 
 import widelimit as wl
+from widelimit.coding.fixed_dictionary import fixed_dictionary_objective
 from widelimit.data import datasets
-from widelimit.lab.experiments import antipodal, exclusive, get, names
+from widelimit.lab.experiments import antipodal, get, names
 from widelimit.exact.objective import huber_h
 
 
@@ -210,8 +211,8 @@ def test_absorbed_dictionary_beats_hierarchical_with_certified_codes():
     b0 = np.zeros(X.shape[1])
     Wh, Wa = A.hierarchical_dictionary(t), A.absorbed_dictionary(X, t)
     assert np.allclose(Wa[1:] @ t["parent"], a / np.hypot(a, c))         # absorbed atoms carry the parent
-    rh = A.fixed_dictionary_objective(X, Wh, lam, b=b0)
-    ra = A.fixed_dictionary_objective(X, Wa, lam, b=b0)
+    rh = fixed_dictionary_objective(X, Wh, b0, lam=lam)
+    ra = fixed_dictionary_objective(X, Wa, b0, lam=lam)
     # certified: the gaps are far below the difference, so L_abs < L_hier is proven
     assert rh["gap"] < 1e-8 and ra["gap"] < 1e-8
     assert ra["value"] + ra["gap"] < rh["value"] - rh["gap"]
@@ -231,7 +232,7 @@ def test_fixed_dictionary_objective_with_optimal_bias_is_certified():
     lam = 0.5
     X, t = datasets.hierarchical(2, 4, 5, child_scale=(1.0, 2.0), n_parent_only=4, n_inactive=3, seed=1)
     W = A.absorbed_dictionary(X, t)
-    r = A.fixed_dictionary_objective(X, W, lam)
+    r = fixed_dictionary_objective(X, W, lam=lam)
     # independent: SCS on the joint convex problem (different solver than the one used inside)
     N, n = X.shape
     Z = cp.Variable((N, W.shape[0]), nonneg=True)
