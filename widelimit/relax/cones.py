@@ -55,6 +55,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
 
 from .._validation import check_data, check_lam, check_vector
 
@@ -302,8 +303,6 @@ def _cone_constraints(cone: str, Q, N: int):
     if cone == "nndd":
         return [Q >= 0, 2 * cp.diag(Q) >= cp.sum(Q, axis=1)]
     if cone == "sdd":
-        import scipy.sparse as sp
-
         iu, ju = np.triu_indices(N, 1)
         P = iu.size
         if P == 0:

@@ -36,6 +36,8 @@ import numpy as np
 from ...coding.fixed_dictionary import fixed_dictionary_objective
 from ...data import datasets
 from ...exact.objective import huber_h
+from ...exact.solve import solve
+from ...learn.crossval import best_fit
 from . import register
 from ._common import save_figure, subplots, write_json
 
@@ -148,9 +150,6 @@ def compare(X, t, lam, *, optimise_bias: bool = True) -> dict:
 @register("absorption", "feature absorption: hierarchical vs absorbed dictionary, exact and learned, over lam and f")
 def run(out_dir=None, quick: bool = False) -> dict:
     """Feature absorption on hierarchical data: exact objectives, the learned dictionary's kind, parent firing rate."""
-    from ...learn.crossval import best_fit
-    from ...exact.solve import solve
-
     a, c, K = 2.0, 1.5, 3
     ratios = (2.0,) if quick else (2.0, 0.25)
     lams = np.round(np.linspace(0.25, 2.25, 3 if quick else 9), 4)
