@@ -10,16 +10,20 @@ whatever the interactive backend is).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
 import numpy as np
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:  # matplotlib is imported when a figure is made, not with widelimit
+    from matplotlib.figure import Figure
 
 __all__ = ["colormap", "figure", "plot_solution", "save_figure", "subplots"]
 
 
 def figure(**fig_kw) -> Figure:
     """A new :class:`~matplotlib.figure.Figure` (``figsize=``, ``dpi=`` ...), unknown to pyplot."""
+    from matplotlib.figure import Figure
+
     return Figure(**fig_kw)
 
 
@@ -28,12 +32,14 @@ def subplots(nrows: int = 1, ncols: int = 1, *, figsize=None, dpi=None, **subplo
 
     ``subplot_kw`` goes to :meth:`Figure.subplots` (``sharey=``, ``gridspec_kw=`` ...).
     """
-    fig = Figure(figsize=figsize, dpi=dpi)
+    fig = figure(figsize=figsize, dpi=dpi)
     return fig, fig.subplots(nrows, ncols, **subplot_kw)
 
 
 def colormap(name: str):
     """The registered colormap ``name`` (``matplotlib.colormaps[name]``)."""
+    import matplotlib
+
     return matplotlib.colormaps[name]
 
 
