@@ -254,16 +254,16 @@ def test_encoder_training_lowers_the_objective(rays, encoder, kw, factor, one_to
     The run with max_steps=0 is the same encoder at its initialisation (W_enc = W^T, b_enc = -lam).
     """
     X, _, lam = rays
-    best = wl.solve(X, lam).value
-    start = wl.fit_dictionary(X, lam, 5, encoder=encoder, device="cpu", seed=1, max_steps=0, **kw)
-    fit = wl.fit_dictionary(X, lam, 5, encoder=encoder, device="cpu", seed=1, max_steps=150, **kw)
+    best = wl.solve(X, lam=lam).value
+    start = wl.fit_dictionary(X, lam=lam, width=5, encoder=encoder, device="cpu", seed=1, max_steps=0, **kw)
+    fit = wl.fit_dictionary(X, lam=lam, width=5, encoder=encoder, device="cpu", seed=1, max_steps=150, **kw)
     assert start.n_steps == 0 and fit.n_steps == 150
     assert start.encoder_value - best > 2.0  # far from the optimum at the start (measured 2.9; topk 2.4)
     assert fit.encoder_value - best <= (start.encoder_value - best) / factor
     json.dumps(fit.as_dict())
 
 
-def test_amortised_relu_reaches_the_bound_on_rays(rays):
+def test_amortised_relu_reaches_the_bound_on_rays(rays, one_torch_thread):
     X, _, lam = rays
     lb = wl.solve(X, lam=lam).lower_bound
     fit = wl.fit_dictionary(X, lam=lam, width=4, encoder="relu", device="cpu", max_steps=1500, lr=3e-3)
