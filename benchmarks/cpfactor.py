@@ -21,7 +21,8 @@ import numpy as np
 
 import widelimit as wl
 from widelimit.relax.cpfactor import factorize_cp, random_cp_matrix, refine
-from widelimit.relax.cones import make_instance, relax
+from _common import make_instance
+from widelimit.relax.cones import relax
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

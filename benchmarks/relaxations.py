@@ -32,7 +32,8 @@ import numpy as np
 
 import widelimit as wl
 from widelimit.relax.dnn import solve_dnn
-from widelimit.relax.cones import CONES, OUTER_CONES, estimate_memory, make_instance, relax
+from _common import make_instance
+from widelimit.relax.cones import CONES, OUTER_CONES, estimate_memory, relax
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -55,10 +55,46 @@ def test_solve_builtin_and_out(tmp_path, capsys):
     assert z["dictionary"].shape == (6, 10)
 
 
-def test_human_table(capsys):
+def _table(out):
+    """``{quantity: value}`` from a rich table (first two columns; wrapped continuation rows skipped)."""
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("\u2502")[1:-1]]  # the vertical bar rich draws
+        if len(cells) >= 2 and cells[0]:
+            rows[cells[0]] = cells[1]
+    return rows
+
+
+def test_human_table(tmp_path, capsys):
+    """The table's numbers are the optimum (by a 1-D computation) and its verdicts follow the certificate."""
+    from scipy.optimize import minimize_scalar
+
+    from widelimit.data import datasets
+
     assert main(["solve", "collinear", "--lam", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "lower bound" in out and "certified" in out
+    t = _table(capsys.readouterr().out)
+    # collinear data x_i = o + t_i u: the wide limit is the 1-D Huber problem min_beta mean h(|t_i - beta|)
+    _, truth = datasets.collinear(seed=0)
+    s = truth["t"]
+
+    def h(r):
+        return np.where(r <= 1.0, r * r, 2.0 * r - 1.0)
+
+    opt = minimize_scalar(lambda beta: h(np.abs(s - beta)).mean(), bounds=(s.min(), s.max()), method="bounded",
+                          options={"xatol": 1e-12})
+    assert float(t["value"]) == pytest.approx(opt.fun, rel=1e-9)
+    assert float(t["lower bound"]) == pytest.approx(opt.fun, rel=1e-9)
+    assert float(t["gap"]) <= 1e-9 * opt.fun
+    both_sides = bool((s - opt.x > 1).any() and (s - opt.x < -1).any())  # a ray on each side of the bias
+    assert int(t["width"]) == 1 + both_sides == 2
+    assert t["points N x dims n"] == "50 x 5" and t["certified"] == "yes"
+    # a one-step width-1 fit on spread-out data is far from the optimum: the verdict is NO
+    X = np.random.default_rng(0).standard_normal((40, 3)) * 3
+    np.save(tmp_path / "x.npy", X)
+    assert main(["fit", str(tmp_path / "x.npy"), "--lam", "0.5", "--width", "1", "--max-steps", "1"]) == 0
+    f = _table(capsys.readouterr().out)
+    assert float(f["relative gap"]) > 1e-4 and f["certified"] == "NO"
+    assert float(f["value"]) - float(f["lower bound"]) == pytest.approx(float(f["gap"]), rel=1e-6)
 
 
 def test_demo(tmp_path, capsys):

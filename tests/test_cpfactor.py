@@ -5,7 +5,8 @@ import pytest
 
 import widelimit as wl
 from widelimit.relax.cpfactor import factorize_cp, random_cp_matrix, refine
-from widelimit.relax.cones import horn_matrix, make_instance, relax
+from fixtures.instances import make_instance
+from widelimit.relax.cones import horn_matrix, relax
 
 
 def _rel_res(Z, A):

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 import widelimit as wl
 from widelimit.relax.dnn import dnn_dual_bound, solve_dnn
 from widelimit.exact.median import huber_value
-from widelimit.relax.cones import make_instance, relax
+from fixtures.instances import make_instance
+from widelimit.relax.cones import relax
 
 
 @pytest.mark.parametrize("family", ["random", "rays", "collinear"])

@@ -10,7 +10,8 @@ import widelimit as wl
 from widelimit.cli import main
 from widelimit.coding.pdas import code_steps
 from widelimit.data.datasets import symmetric_rays
-from widelimit.learn.gradient import _cd_codes, _dict_steps, _jumprelu_fn, _working_sets, encoder_codes
+from widelimit.learn._steps import _cd_codes, _dict_steps, _working_sets
+from widelimit.learn.amortised import _jumprelu_fn, encoder_codes
 
 
 @pytest.fixture(scope="module")
@@ -151,18 +152,23 @@ def test_full_batch_small_working_sets(rng):
     assert fit.value <= vals[-1] * (1 + 1e-6) and vals[-1] <= fit.value * (1 + 1e-3)
 
 
-def test_extrapolation_is_taken_and_keeps_the_history_monotone(rng, monkeypatch):
-    import widelimit.learn.gradient as gradient
+def test_extrapolation_speeds_up_convergence_and_keeps_the_history_monotone(rng, monkeypatch, one_torch_thread):
+    """Extrapolation exists to cut the slow tail of alternating minimisation: after 20 steps the excess over
+    the converged value is at least 10 times smaller with it than without (measured: about 50 times)."""
+    import widelimit.learn._steps as steps
 
     X, _ = _sparse_problem(rng, N=200, k=16, n=8)
-    kw = dict(device="cpu", seed=0, max_steps=40, rtol=0.0)
-    on = wl.fit_dictionary(X, lam=0.3, width=12, **kw)
-    monkeypatch.setattr(gradient, "_EXTRAPOLATE", (0.0,) + gradient._EXTRAPOLATE[1:])
-    off = wl.fit_dictionary(X, lam=0.3, width=12, **kw)
+    kw = dict(device="cpu", seed=0, rtol=0.0)
+    on = wl.fit_dictionary(X, lam=0.3, width=12, max_steps=60, **kw)
+    monkeypatch.setattr(steps, "EXTRAPOLATE", (0.0,) + steps.EXTRAPOLATE[1:])
+    off = wl.fit_dictionary(X, lam=0.3, width=12, max_steps=20, **kw)
     v_on, v_off = [h["value"] for h in on.history], [h["value"] for h in off.history]
     assert v_on[:2] == v_off[:2]  # the first extrapolation needs a previous step
-    assert v_on != v_off  # some extrapolated steps were kept
+    converged = v_on[-1]
+    assert v_on[-1] == pytest.approx(v_on[-10], rel=1e-7)  # the reference has converged
+    assert 0 <= v_on[20] - converged <= 0.1 * (v_off[20] - converged)
     assert all(v1 <= v0 * (1 + 1e-6) for v0, v1 in zip(v_on, v_on[1:]))
+    assert all(v1 <= v0 * (1 + 1e-6) for v0, v1 in zip(v_off, v_off[1:]))
 
 
 def test_jumprelu_straight_through(rng):
@@ -205,7 +211,7 @@ def test_below_the_number_of_rays_stays_above_the_bound(rays):
     {"encoder": "relu", "max_steps": 150, "lr": 3e-3}, {"encoder": "jumprelu", "max_steps": 150},
     {"encoder": "topk", "topk": 2, "max_steps": 150},
 ])
-def test_invariants_at_every_returned_solution(rays, kw):
+def test_invariants_at_every_returned_solution(rays, kw, one_torch_thread):
     X, _, lam = rays
     X = X.astype(np.float32)  # float32 input is accepted; every evaluation is float64
     fit = wl.fit_dictionary(X, lam=lam, width=5, device="cpu", seed=1, **kw)
@@ -218,18 +224,46 @@ def test_invariants_at_every_returned_solution(rays, kw):
     if fit.encoder != "none":
         # optimal re-coding of the decoder can only improve on the encoder's own codes
         assert fit.value <= fit.encoder_value + fit.coding_gap + 1e-12
-        enc = encoder_codes(X, fit.encoder, fit.encoder_params, fit.bias)
-        assert (enc.data >= 0).all()
-        assert set(fit.encoder_params) >= {"W_enc", "b_enc"}
-        assert fit.encoder_params["W_enc"].shape == (X.shape[1], 5)
-        if fit.encoder == "topk":
-            assert np.diff(enc.indptr).max() <= 2 and fit.encoder_params["k"] == 2
-        if fit.encoder == "jumprelu":
-            assert (fit.encoder_params["threshold"] > 0).all()
+        P = fit.encoder_params
+        assert P["W_enc"].shape == (X.shape[1], 5)
+        # the encoder's codes recomputed here from its parameters (SAELens layout), and their objective
+        pre = (X.astype(np.float64) - fit.bias) @ P["W_enc"] + P["b_enc"]
+        if fit.encoder == "relu":
+            F = np.maximum(pre, 0.0)
+        elif fit.encoder == "jumprelu":
+            assert (P["threshold"] > 0).all()
+            F = np.where(pre > P["threshold"], pre, 0.0)
+        else:
+            assert P["k"] == 2
+            F = np.maximum(pre, 0.0)
+            F[pre < np.sort(pre, axis=1)[:, [-2]]] = 0.0  # all but the two largest
+        np.testing.assert_allclose(encoder_codes(X, fit.encoder, P, fit.bias).toarray(), F, rtol=1e-12, atol=1e-12)
+        R = X.astype(np.float64) - F @ fit.dictionary - fit.bias
+        own = np.mean(np.sum(R * R, axis=1)) + 2 * lam * F.sum() / len(X)
+        assert fit.encoder_value == pytest.approx(own, rel=1e-9)
+
+
+@pytest.mark.parametrize("encoder, kw, factor", [
+    ("relu", {"lr": 3e-3}, 20.0),  # measured 90x
+    ("jumprelu", {}, 4.0),  # measured 6.5x
+    ("topk", {"topk": 2}, 4.0),  # measured 7.1x
+])
+def test_encoder_training_lowers_the_objective(rays, encoder, kw, factor, one_torch_thread):
+    """150 Adam steps cut the encoder's excess over the wide-limit bound, L(encoder codes) - L*, by a stated factor.
+
+    The run with max_steps=0 is the same encoder at its initialisation (W_enc = W^T, b_enc = -lam).
+    """
+    X, _, lam = rays
+    best = wl.solve(X, lam=lam).value
+    start = wl.fit_dictionary(X, lam=lam, width=5, encoder=encoder, device="cpu", seed=1, max_steps=0, **kw)
+    fit = wl.fit_dictionary(X, lam=lam, width=5, encoder=encoder, device="cpu", seed=1, max_steps=150, **kw)
+    assert start.n_steps == 0 and fit.n_steps == 150
+    assert start.encoder_value - best > 2.0  # far from the optimum at the start (measured 2.9; topk 2.4)
+    assert fit.encoder_value - best <= (start.encoder_value - best) / factor
     json.dumps(fit.as_dict())
 
 
-def test_amortised_relu_reaches_the_bound_on_rays(rays):
+def test_amortised_relu_reaches_the_bound_on_rays(rays, one_torch_thread):
     X, _, lam = rays
     lb = wl.solve(X, lam=lam).lower_bound
     fit = wl.fit_dictionary(X, lam=lam, width=4, encoder="relu", device="cpu", max_steps=1500, lr=3e-3)

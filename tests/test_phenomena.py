@@ -7,8 +7,9 @@ import pytest
 from scipy import integrate, optimize
 
 import widelimit as wl
+from widelimit.coding.fixed_dictionary import fixed_dictionary_objective
 from widelimit.data import datasets
-from widelimit.lab.experiments import antipodal, exclusive, get, names
+from widelimit.lab.experiments import antipodal, get, names
 from widelimit.exact.objective import huber_h
 
 
@@ -63,31 +64,110 @@ def test_antipodal_threshold_is_exact_on_a_sample():
         assert bool(np.any(sol.dictionary @ u < 0)) == (p > pstar), z
 
 
+def _line_optimum(s, lam):
+    """The wide limit of collinear data x_i = s_i u, by a 1-D computation: min_beta mean h(|s_i - beta|).
+
+    Returns ``(beta*, value, atoms)`` with ``atoms`` the set of signs (+1: +u, -1: -u) of the narrowest
+    optimum (a point beyond lam above beta* needs +u, one beyond lam below needs -u), or ``None`` when
+    a point sits within 1e-7 of lam from beta* (then the 1-D answer is not decisive).
+    """
+    def h(r):  # the per-point wide-limit cost (theory.md §2), written out here
+        return np.where(r <= lam, r * r, 2 * lam * r - lam * lam)
+
+    res = optimize.minimize_scalar(lambda bt: h(np.abs(s - bt)).mean(), bounds=(s.min() - 1, s.max() + 1),
+                                   method="bounded", options={"xatol": 1e-12})
+    r = s - res.x
+    if np.any(np.abs(np.abs(r) - lam) < 1e-7):
+        return res.x, res.fun, None
+    return res.x, res.fun, {sign for sign, hit in ((1, np.any(r > lam)), (-1, np.any(r < -lam))) if hit}
+
+
+def _json(path):
+    return json.loads(path.read_text(), parse_constant=pytest.fail)
+
+
 def test_antipodal_experiment_quick(tmp_path):
-    res = get("antipodal")(tmp_path, quick=True)
-    g = res["grid"]
-    assert g["n_mismatch"] == 0 and g["signed_width_equals_lines"]
+    """The experiment's JSON against 1-D computations on the same data and the threshold by quadrature."""
+    get("antipodal")(tmp_path, quick=True)
+    res = _json(tmp_path / "antipodal.json")
+    assert (tmp_path / "antipodal.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    st, g = res["setting"], res["grid"]
+    N, dim, low, high = g["n_points"], st["dim"], st["low"], st["high"]
+    checked = 0
+    for a, lam in enumerate(g["lams"]):
+        for j, p in enumerate(g["ps"]):
+            _, t = datasets.sparse_variable(N, dim, n_active=int(round(p * N)), low=low, high=high, seed=1)
+            _, _, atoms = _line_optimum(t["values"], lam)
+            if atoms is None:
+                continue
+            checked += 1
+            assert g["width"][a][j] == len(atoms), (lam, p)
+            assert g["antipodal"][a][j] == (-1 in atoms), (lam, p)
+            assert g["signed_width"][a][j] == min(1, len(atoms)), (lam, p)  # one line carries both signs
+    assert checked >= 0.9 * len(g["lams"]) * len(g["ps"])
     assert g["pair_cosine_max_dev"] < 1e-12 and g["max_rel_gap_or_signed_value_diff"] < 1e-9
-    assert all(d["analytic_in_bracket"] for d in res["threshold"])
-    assert res["bias"]["max_abs_err_below_threshold"] < 1e-10
-    assert res["dense_symmetric"]["width"] == 2 and res["dense_symmetric"]["signed_width"] == 1
-    assert (tmp_path / "antipodal.png").stat().st_size > 10_000
-    assert json.loads((tmp_path / "antipodal.json").read_text())["grid"]["n_mismatch"] == 0
+    # the threshold: the bisection's bracket of adjacent zero counts holds p* = 1/(1+g), g by numpy here
+    values = np.random.default_rng(7).uniform(low, high, 200)
+    for row in res["threshold"]:
+        lam = row["lam"]
+        pstar = 1.0 / (1.0 + np.mean(np.clip(values / lam - 1.0, -1.0, 1.0)))
+        p_lo, p_hi = row["numeric_bracket"]
+        assert p_lo <= pstar <= p_hi
+        assert (200 / p_lo - 200) - (200 / p_hi - 200) == pytest.approx(1.0)  # adjacent numbers of zeros
+        gq = integrate.quad(lambda v: np.clip(v / lam - 1, -1, 1), low, high, points=[lam, 2 * lam])[0] / (high - low)
+        assert row["analytic_population"] == pytest.approx(1 / (1 + gq), rel=1e-9)
+    # the bias along u: the 1-D optimum, and p lam / (1 - p) below the threshold
+    b = res["bias"]
+    for p, beta in zip(b["ps"], b["beta"]):
+        _, t = datasets.sparse_variable(N, dim, n_active=int(round(p * N)), low=low, high=high, seed=1)
+        beta1d, _, atoms = _line_optimum(t["values"], b["lam"])
+        if atoms is not None:
+            assert beta == pytest.approx(beta1d, abs=1e-6), p
+        if t["p"] * b["lam"] / (1 - t["p"]) <= b["lam"]:
+            assert beta == pytest.approx(t["p"] * b["lam"] / (1 - t["p"]), rel=1e-9), p
+    # a dense symmetric variable: the pair (-u, +u) with nonnegative codes, one line with signed codes; same value
+    d = res["dense_symmetric"]
+    _, td = datasets.dense_symmetric(200, dim, seed=2)
+    _, value1d, atoms = _line_optimum(td["values"], d["lam"])
+    assert atoms == {1, -1} and d["width"] == 2 and d["signed_width"] == 1
+    assert d["pair_cosine"] == pytest.approx(-1.0, abs=1e-12)
+    assert d["value"] == pytest.approx(value1d, rel=1e-9) and d["signed_value"] == pytest.approx(value1d, rel=1e-9)
 
 
 # ---------------------------------------------------------------- exclusive and rays
 
 
 def test_exclusive_experiment_quick(tmp_path):
-    res = get("exclusive")(tmp_path, quick=True)
-    assert res["all_widths_equal_K"] and res["all_certified"]
+    """The experiment's JSON against the closed-form optimum of exclusive categories (theory.md §6).
+
+    At b* = c with the category directions as atoms, an active point c + s u_j has code s - lam and
+    residual lam u_j, so its cost is h(s) = 2 lam s - lam^2 and <u_d, r> = -lam/(K-1) for d != j; an
+    inactive point has residual 0. Hence the code margin lam K/(K-1) (lam with inactive points) and
+    the smallest off-support dual entry (lam/N) min(K/(K-1), 1 if inactive points).
+    """
+    get("exclusive")(tmp_path, quick=True)
+    res = _json(tmp_path / "exclusive.json")
+    assert (tmp_path / "exclusive.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lam = res["lam"]
+    assert len(res["instances"]) == 6
     for r in res["instances"]:
-        assert r["bias_error"] < 1e-9 and r["max_atom_direction_error"] < 1e-12 and r["foc_hold"]
-        assert r["code_margin"] == pytest.approx(r["code_margin_predicted"], rel=1e-9)
-        assert r["dual_offsupport_min"] == pytest.approx(r["dual_offsupport_predicted"], rel=1e-9)
+        K, n_in = r["K"], r["n_inactive"]
+        ppc = (r["n_points"] - n_in) // K
+        _, t = datasets.exclusive_categories(K, max(12, K), ppc, n_inactive=n_in, seed=K)
+        s = t["magnitudes"]
+        value = np.where(s > 0, 2 * lam * s - lam**2, 0.0).mean()
+        assert r["width"] == K
+        assert r["value"] == pytest.approx(value, rel=1e-12)
+        assert value * (1 - 1e-9) <= r["lower_bound"] <= value * (1 + 1e-12)
+        assert r["bias_error"] < 1e-9 and r["max_atom_direction_error"] < 1e-12
+        margin = lam if n_in else lam * K / (K - 1)
+        assert r["code_margin"] == pytest.approx(margin, rel=1e-9)
+        assert r["dual_offsupport_min"] == pytest.approx(lam / r["n_points"] * min(K / (K - 1), 1 if n_in else 2),
+                                                         rel=1e-9)
+        foc = r["stationarity"]
+        assert max(foc["code_active_error"], foc["atom_residual"], foc["bias_residual"]) < 1e-9
     a = res["asymmetric"]  # category 0 keeps one ray, every other point is its own
     assert a["certified"] and a["width"] == 1 + a["n_points"] - a["n_category0"]
-    assert (tmp_path / "exclusive.png").exists() and (tmp_path / "exclusive.json").exists()
 
 
 def test_rays_experiment_quick(tmp_path):
@@ -131,8 +211,8 @@ def test_absorbed_dictionary_beats_hierarchical_with_certified_codes():
     b0 = np.zeros(X.shape[1])
     Wh, Wa = A.hierarchical_dictionary(t), A.absorbed_dictionary(X, t)
     assert np.allclose(Wa[1:] @ t["parent"], a / np.hypot(a, c))         # absorbed atoms carry the parent
-    rh = A.fixed_dictionary_objective(X, Wh, lam, b=b0)
-    ra = A.fixed_dictionary_objective(X, Wa, lam, b=b0)
+    rh = fixed_dictionary_objective(X, Wh, b0, lam=lam)
+    ra = fixed_dictionary_objective(X, Wa, b0, lam=lam)
     # certified: the gaps are far below the difference, so L_abs < L_hier is proven
     assert rh["gap"] < 1e-8 and ra["gap"] < 1e-8
     assert ra["value"] + ra["gap"] < rh["value"] - rh["gap"]
@@ -152,7 +232,7 @@ def test_fixed_dictionary_objective_with_optimal_bias_is_certified():
     lam = 0.5
     X, t = datasets.hierarchical(2, 4, 5, child_scale=(1.0, 2.0), n_parent_only=4, n_inactive=3, seed=1)
     W = A.absorbed_dictionary(X, t)
-    r = A.fixed_dictionary_objective(X, W, lam)
+    r = fixed_dictionary_objective(X, W, lam=lam)
     # independent: SCS on the joint convex problem (different solver than the one used inside)
     N, n = X.shape
     Z = cp.Variable((N, W.shape[0]), nonneg=True)

@@ -9,17 +9,9 @@ from hypothesis import strategies as st
 
 import widelimit as wl
 from widelimit.exact.median import huber_value
-from widelimit.relax.cones import (
-    CONES,
-    FAMILIES,
-    INNER_CONES,
-    OUTER_CONES,
-    horn_matrix,
-    horn_separation,
-    make_instance,
-    relax,
-    sandwich,
-)
+from fixtures.instances import FAMILIES, make_instance
+from widelimit.relax.cones import CONES, INNER_CONES, OUTER_CONES, horn_matrix, horn_separation, relax
+from widelimit.relax.sandwich import sandwich
 
 
 def _cycle_matrix(t=0.6):
@@ -154,8 +146,58 @@ def test_instances():
         make_instance("spiral", 10)
 
 
-def test_cone_lists():
-    assert set(OUTER_CONES) | set(INNER_CONES) == set(CONES)
+def _padded(B, N=5):
+    A = np.eye(N)
+    A[: len(B), : len(B)] = B
+    return A
+
+
+# One witness per cone of the chain nonneg > dnn > dnn_horn > [CP] > sdd > nndd > diagonal: a 5x5 matrix
+# inside that cone and outside the next smaller one (each checked by hand in its comment).
+_WITNESSES = {
+    "nonneg": _padded([[1.0, 2.0], [2.0, 1.0]]),  # eigenvalue -1: not PSD
+    "dnn": _cycle_matrix(0.6),  # PSD (lowest eigenvalue 1 - 1.2 cos(pi/5) = 0.029), <H, A> = -1: not CP
+    "dnn_horn": np.ones((5, 5)) + 0.1 * np.eye(5),  # CP (1 1^T + 0.1 I); d_i 1.1 >= sum_{j!=i} d_j fails: not sdd
+    "sdd": _padded([[1.0, 1.8], [1.8, 4.0]]),  # a PSD 2x2 block (det 0.76), row 1 not dominant: not nndd
+    "nndd": _padded([[2.0, 1.0], [1.0, 2.0]]),  # diagonally dominant, not diagonal
+    "diagonal": np.diag([1.0, 2.0, 3.0, 4.0, 5.0]),
+}
+
+
+def _in_cone(A, cone):
+    """Membership of A in the cone as :func:`relax` models it, decided by Clarabel on a feasibility problem."""
+    import cvxpy as cp
+
+    from widelimit.relax.cones import _cone_constraints
+
+    if cone == "diagonal":  # relax models Q = diag(q), q >= 0
+        return bool(np.all(A == np.diag(np.diag(A))) and np.all(np.diag(A) >= 0))
+    Q = cp.Variable(A.shape, symmetric=True)
+    prob = cp.Problem(cp.Minimize(0), _cone_constraints(cone, Q, A.shape[0]) + [Q == A])
+    prob.solve(solver="CLARABEL")
+    assert prob.status in ("optimal", "infeasible"), prob.status
+    inside = prob.status == "optimal"
+    if cone == "dnn_horn":  # the cuts relax adds by separation: every violated Horn inequality is one
+        inside = inside and horn_separation(A) == []
+    return inside
+
+
+def test_cone_lists_follow_the_nesting_around_cp():
+    """CONES runs from the largest cone to the smallest; OUTER_CONES contain CP, INNER_CONES lie inside it.
+
+    Checked on membership of witness matrices, not on the lists themselves: a cone listed on the wrong
+    side of CP, out of order, or with wrong constraints fails here.
+    """
+    assert CONES == OUTER_CONES + INNER_CONES and list(_WITNESSES) == list(CONES)
+    member = {(w, c): _in_cone(A, c) for w, A in _WITNESSES.items() for c in CONES}
+    for i, w in enumerate(CONES):
+        assert [member[w, c] for c in CONES] == [j <= i for j in range(len(CONES))], w
+    cp_not_sdd = _WITNESSES["dnn_horn"]  # completely positive
+    assert all(member["dnn_horn", c] for c in OUTER_CONES)  # outer: contains every CP matrix
+    assert not any(member["dnn_horn", c] for c in INNER_CONES)
+    assert not any(member["dnn", c] for c in INNER_CONES)  # inner: no non-CP matrix
+    assert np.linalg.eigvalsh(cp_not_sdd).min() > 0 and np.linalg.eigvalsh(_WITNESSES["dnn"]).min() > 0.02
+    assert np.sum(horn_matrix() * _WITNESSES["dnn"]) == pytest.approx(-1.0)
 
 
 def _write(tmp_path, X):

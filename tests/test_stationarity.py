@@ -46,3 +46,24 @@ def test_inactive_feature_margin_violation():
     assert first_order_conditions(X, W, Z, sol.bias, lam=lam).code_margin == pytest.approx(0.0, abs=1e-12)
     Z0 = np.zeros_like(sol.codes)
     assert first_order_conditions(X, sol.dictionary, Z0, sol.bias, lam=lam).code_margin == pytest.approx(-2.0)
+
+
+def test_atom_residual_is_the_riemannian_gradient_norm_of_the_objective():
+    """``atom_residual`` against torch autograd of L(W, Z, b) projected on the sphere's tangent spaces."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((30, 4))
+    W = rng.standard_normal((3, 4))
+    W /= np.linalg.norm(W, axis=1, keepdims=True)
+    Z = np.abs(rng.standard_normal((30, 3))) * (rng.random((30, 3)) < 0.6)
+    b, lam = rng.standard_normal(4) * 0.1, 0.4
+    Wt = torch.tensor(W, requires_grad=True)
+    R = torch.tensor(X) - torch.tensor(b) - torch.tensor(Z) @ Wt
+    L = (R * R).sum(1).mean() + 2 * lam * float(Z.sum()) / len(X)
+    (G,) = torch.autograd.grad(L, Wt)
+    G = G.numpy()
+    tangent = G - np.sum(G * W, axis=1, keepdims=True) * W
+    foc = first_order_conditions(X, W, Z, b, lam=lam)
+    assert foc.atom_residual == pytest.approx(np.linalg.norm(tangent, axis=1).max(), rel=1e-12)
+    assert foc.bias_residual == pytest.approx(np.linalg.norm((X - b - Z @ W).mean(0)), rel=1e-12)

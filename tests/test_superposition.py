@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from widelimit.lab import frames as fr
 from widelimit.lab import superposition as sp
+from widelimit.lab import superposition_train as spt
 
 LAWS = ["rademacher", "gaussian", "uniform", "laplace"]
 
@@ -170,7 +171,7 @@ def test_linear_optimum_attained_and_not_exceeded(law, d, n):
 
 def test_m1_trained_optimum_equals_p_d_mu2():
     for law in ("rademacher", "uniform"):
-        res = sp.train(3, 9, 0.2, 1, law, restarts=1, steps=150, lr=0.05, seed=1)
+        res = spt.train(3, 9, 0.2, 1, law, restarts=1, steps=150, lr=0.05, seed=1)
         assert abs(res.value - 0.2 * 3 * sp.get_law(law).moment(2)) <= 1e-8
 
 
@@ -229,7 +230,7 @@ def test_feature_stats():
     W = np.zeros((3, 5))
     W[0, 0] = W[1, 1] = 1.0
     W[2, 2] = W[2, 3] = 1.0  # features 2 and 3 share a dimension
-    s = sp.feature_stats(W, 3)
+    s = spt.feature_stats(W, 3)
     assert np.allclose(s.dimensionality, [1, 1, 0.5, 0.5, 0])
     assert s.represented.tolist() == [True, True, False, False, False]
     assert s.n_represented == 2
@@ -238,13 +239,13 @@ def test_feature_stats():
 
 def test_training_finds_superposition_when_sparse():
     d, n, p = 3, 8, 0.01
-    res = sp.train(d, n, p, 3, restarts=2, steps=150, seed=0)
+    res = spt.train(d, n, p, 3, restarts=2, steps=150, seed=0)
     assert res.value > 1.2 * res.unsuperposed
     assert res.stats.n_represented > d
     assert len(res.restart_values) == 2
     assert res.value == pytest.approx(sp.ltilde(res.W, p, 3).value, rel=1e-12)
     assert res.value <= p * sp.sparse_limit_ceiling(d, 3, n=n) * 1.05
-    assert sp.stationarity(res.W, p, 3).local_max  # Adam + L-BFGS ends at a second-order stationary point
+    assert spt.critical_point(res.W, p, 3).local_max  # Adam + L-BFGS ends at a second-order stationary point
 
 
 @pytest.mark.parametrize("p", [0.3, 0.001])
@@ -252,19 +253,30 @@ def test_unsuperposed_optimum_is_a_local_max(p):
     d, n, m = 3, 5, 3
     W = np.zeros((d, n))
     W[np.arange(d), np.arange(d)] = 1.0  # Rademacher: ||W_i||^(2m) = mu_4/mu_6 = 1
-    st = sp.stationarity(W, p, m)
+    st = spt.critical_point(W, p, m)
     assert st.grad_norm < 1e-12 and st.local_max
     assert st.n_flat == d * (d - 1) // 2  # only the rotations W -> U W are flat
     # a random point is not stationary; a perturbation off the rotations lowers Ltilde
-    assert not sp.stationarity(random_W(0, d, n), p, m).local_max
+    assert not spt.critical_point(random_W(0, d, n), p, m).local_max
     D = np.zeros((d, n))
     D[:, d:] = 1e-2 * np.random.default_rng(0).standard_normal((d, n - d))
     assert sp.ltilde(W + D, p, m).value < sp.ltilde(W, p, m).value
 
 
-def test_training_on_monte_carlo_objective():
-    res = sp.train(2, 4, 0.05, 3, "gaussian", objective="mc", restarts=1, steps=60, batch_size=512, seed=0, device="cpu")
-    assert np.isfinite(res.value) and res.value > 0
+def test_training_on_monte_carlo_objective(one_torch_thread):
+    """Adam on fresh Monte Carlo batches climbs the exact Ltilde nearly as far as Adam on the exact formula.
+
+    Same start, steps and learning rate (no L-BFGS polish): measured 0.92 of the exact-objective run and
+    2.65 times the value after one step. A wrong sign, law or mask in the Monte Carlo objective fails.
+    """
+    d, n, p = 3, 6, 0.1
+    kw = dict(restarts=1, lr=0.05, seed=0, device="cpu", polish=False)
+    mc = spt.train(d, n, p, 3, objective="mc", steps=300, batch_size=4096, **kw)
+    start = spt.train(d, n, p, 3, objective="mc", steps=1, batch_size=4096, **kw)
+    exact = spt.train(d, n, p, 3, objective="exact", steps=300, **kw)
+    assert mc.value == pytest.approx(sp.ltilde(mc.W, p, 3).value, rel=1e-12)  # reported value is exact
+    assert mc.value >= 0.85 * exact.value
+    assert mc.value >= 2.0 * start.value
 
 
 # ---------------------------------------------------------------------------------------
@@ -303,11 +315,11 @@ def test_bad_weights():
     with pytest.raises(ValueError, match="non-finite"):
         sp.optimal_scale(np.full((2, 2), np.inf), 0.1, 1)
     with pytest.raises(ValueError, match="odd"):
-        sp.train(2, 3, 0.1, 4)
+        spt.train(2, 3, 0.1, 4)
     with pytest.raises(ValueError, match="too many"):
-        sp.stationarity(np.ones((50, 100)), 0.1, 3)
+        spt.critical_point(np.ones((50, 100)), 0.1, 3)
     with pytest.raises(ValueError, match="W0 has shape"):
-        sp.train(2, 3, 0.1, 3, W0=np.ones((3, 2)))
+        spt.train(2, 3, 0.1, 3, W0=np.ones((3, 2)))
     with pytest.raises(ValueError, match="prime power"):
         fr.finite_field_frame(6, 2)
     with pytest.raises(ValueError, match=r"\[0, q-1\]"):
@@ -342,23 +354,71 @@ def test_monte_carlo_on_cuda():
     ex = sp.ltilde(W, 0.1, 3, "gaussian")
     mc = sp.ltilde(W, 0.1, 3, "gaussian", method="mc", n_samples=2_000_000, batch_size=200_000, device="cuda")
     assert abs(mc.value - ex.value) <= 4 * mc.stderr
-    res = sp.train(4, 16, 0.01, 3, restarts=1, steps=100, device="cuda")
+    res = spt.train(4, 16, 0.01, 3, restarts=1, steps=100, device="cuda")
     assert np.isfinite(res.value)
 
 
 def test_experiments_quick(tmp_path):
+    """The five experiments' JSON numbers against closed forms and theorems, computed here independently."""
     from widelimit.lab import experiments
 
     names = experiments.names()
     todo = ["superposition-linear", "superposition-sparse-growth", "superposition-p-sweep",
             "superposition-gd", "superposition-frames"]
+    out = {}
     for name in todo:
         assert name in names
-        res = experiments.get(name)(tmp_path, quick=True)
-        assert (tmp_path / f"{name}.png").stat().st_size > 1000
-        assert json.loads((tmp_path / f"{name}.json").read_text()).keys() == json.loads(json.dumps(res, default=float)).keys()
-    lin = json.loads((tmp_path / "superposition-linear.json").read_text())
-    assert lin["max_rel_err"] < 1e-6
-    growth = json.loads((tmp_path / "superposition-sparse-growth.json").read_text())
-    assert growth["m=3"]["slope_frames"] > 2.0 and growth["m=1"]["slope_frames"] < 1.3
-    assert json.loads((tmp_path / "superposition-frames.json").read_text())["coherence_matches_prediction"]
+        experiments.get(name)(tmp_path, quick=True)
+        assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        out[name] = json.loads((tmp_path / f"{name}.json").read_text(), parse_constant=pytest.fail)
+    mu = {"rademacher": {2: 1.0, 4: 1.0, 6: 1.0}, "gaussian": {2: 1.0, 4: 3.0, 6: 15.0}}  # E xi^k
+    # m = 1: sup Ltilde = p d mu_2, and a frame V at its best scale has p mu_2 (tr G)^2 / ||G||_F^2, G = V^T V
+    for r in out["superposition-linear"]["rows"]:
+        opt = r["p"] * r["d"] * mu[r["law"]][2]
+        assert r["optimum"] == pytest.approx(opt, rel=1e-12)
+        assert r["trained"] == pytest.approx(opt, rel=1e-6)
+        G = (lambda V: V.T @ V)(fr.random_frame(r["d"], r["n"], seed=r["n"]).vectors)
+        assert r["random_frame"] == pytest.approx(r["p"] * mu[r["law"]][2] * np.trace(G) ** 2 / np.sum(G * G), rel=1e-9)
+        assert r["random_frame"] <= opt * (1 + 1e-12)
+    # very sparse regime, Rademacher: the p -> 0 ceiling is C(d + m - 1, m), the unsuperposed value d
+    growth = out["superposition-sparse-growth"]
+    for m in (1, 3):
+        pts = growth[f"m={m}"]["points"]
+        for t in pts:
+            assert t["ceiling_over_p"] == pytest.approx(math.comb(t["d"] + m - 1, m), rel=1e-12)
+            assert t["unsuperposed_over_p"] == pytest.approx(t["d"], rel=1e-12)
+            if m == 1:  # the best-scaled finite-field frame, by the m = 1 closed form
+                V = fr.finite_field_frame(t["q"], t["r"]).vectors
+                G = V.T @ V
+                assert t["value_over_p"] == pytest.approx(np.trace(G) ** 2 / np.sum(G * G), rel=1e-9)
+        big = pts[len(pts) // 2:]
+        fit = np.polyfit(np.log([t["d"] for t in big]), np.log([t["value_over_p"] for t in big]), 1)[0]
+        assert growth[f"m={m}"]["slope_frames"] == pytest.approx(fit, rel=1e-9)
+    assert growth["m=3"]["slope_frames"] > 2.0 and growth["m=1"]["slope_frames"] < 1.3  # d^m growth vs d
+    # p-sweep: the unsuperposed optimum is d p mu_4^2 / mu_6 (m = 3); sparse inputs gain from superposition
+    sweep = out["superposition-p-sweep"]
+    for law, v in sweep["laws"].items():
+        ps, d = np.array(sweep["p"]), sweep["d"]
+        np.testing.assert_allclose(v["unsuperposed"], d * ps * mu[law][4] ** 2 / mu[law][6], rtol=1e-12)
+        assert min(v["best_over_unsuperposed"][:4]) > 10  # p <= 1e-5: an order of magnitude above
+    # Adam: the unsuperposed point is a local maximum whose only flat directions are the d(d-1)/2 rotations
+    gd = out["superposition-gd"]
+    d = gd["d"]
+    for r in gd["rows"]:
+        assert r["unsuperposed"] == pytest.approx(d * r["p"], rel=1e-12)
+        pt = r["unsuperposed_point"]
+        assert pt["grad_norm"] <= 1e-12 and pt["max_eigenvalue_rel"] <= 1e-12 and pt["n_flat"] == d * (d - 1) // 2
+        assert r["from_unsuperposed_start"] == pytest.approx(r["unsuperposed"], rel=1e-6)  # Adam stays there
+    sparse = min(gd["rows"], key=lambda r: r["p"])
+    assert sparse["best"] > 1.5 * sparse["unsuperposed"] and sparse["n_represented"] > d
+    # frames: finite-field coherence r / q (by numpy here), Welch bounds hold for every frame
+    for r in out["superposition-frames"]["rows"]:
+        d, n = r["d"], r["n"]
+        assert r["welch"] == pytest.approx(math.sqrt((n - d) / (d * (n - 1))), abs=1e-15)
+        assert r["ff_coherence_measured"] == pytest.approx(r["r"] / r["q"], abs=1e-12)
+        if n <= 200:
+            G = (lambda V: V.T @ V)(fr.finite_field_frame(r["q"], r["r"]).vectors)
+            assert np.abs(G - np.diag(np.diag(G))).max() == pytest.approx(r["r"] / r["q"], abs=1e-12)
+        assert r["random_coherence"] >= r["welch"] * (1 - 1e-12)
+        assert min(r[f"ff_sum_ratio_m{m}"] for m in (1, 2, 3)) >= 1 - 1e-12
+        assert min(r[f"random_sum_ratio_m{m}"] for m in (1, 2, 3)) >= 1 - 1e-12

@@ -34,9 +34,10 @@ from .learn.crossval import CrossValidation, crossvalidate
 from .learn.frontier import Frontier, frontier
 from .learn.gradient import FitResult, fit_dictionary
 from .problem import Problem
-from .relax.cones import RelaxationResult, SandwichReport, relax, sandwich
+from .relax.cones import RelaxationResult, relax
 from .relax.cpfactor import CPFactorization, RefinedSolution, factorize_cp, refine
 from .relax.dnn import DNNResult, solve_dnn
+from .relax.sandwich import SandwichReport, sandwich
 from .sae.certify import SAECertificate, certify_sae
 from .sae.model import SAE, load_sae
 

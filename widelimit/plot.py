@@ -1,25 +1,46 @@
-"""Matplotlib figures (PNG, headless) for solutions and experiments."""
+"""Matplotlib figures (PNG) for solutions and experiments.
+
+Every figure here is a :class:`matplotlib.figure.Figure` built directly, not
+through :mod:`matplotlib.pyplot`: the library never selects or switches a
+backend (a notebook keeps its own), never registers figures with pyplot's
+global state, and writes PNGs with ``Figure.savefig`` (which renders with Agg
+whatever the interactive backend is).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["plot_solution", "save_figure", "pyplot"]
+if TYPE_CHECKING:  # matplotlib is imported when a figure is made, not with widelimit
+    from matplotlib.figure import Figure
+
+__all__ = ["colormap", "figure", "plot_solution", "save_figure", "subplots"]
 
 
-def pyplot():
-    """matplotlib.pyplot on the headless Agg backend."""
+def figure(**fig_kw) -> Figure:
+    """A new :class:`~matplotlib.figure.Figure` (``figsize=``, ``dpi=`` ...), unknown to pyplot."""
+    from matplotlib.figure import Figure
+
+    return Figure(**fig_kw)
+
+
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize=None, dpi=None, **subplot_kw):
+    """``(fig, axes)`` like ``pyplot.subplots`` but on a new pyplot-free :class:`Figure`.
+
+    ``subplot_kw`` goes to :meth:`Figure.subplots` (``sharey=``, ``gridspec_kw=`` ...).
+    """
+    fig = figure(figsize=figsize, dpi=dpi)
+    return fig, fig.subplots(nrows, ncols, **subplot_kw)
+
+
+def colormap(name: str):
+    """The registered colormap ``name`` (``matplotlib.colormaps[name]``)."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-_plt = pyplot
+    return matplotlib.colormaps[name]
 
 
 def plot_solution(X, solution, path, *, geometric_median=None, title: str | None = None) -> Path:
@@ -36,7 +57,6 @@ def plot_solution(X, solution, path, *, geometric_median=None, title: str | None
     Path
         The written file.
     """
-    plt = _plt()
     X = np.asarray(X, dtype=np.float64)
     b = solution.bias
     lam = solution.lam
@@ -49,9 +69,9 @@ def plot_solution(X, solution, path, *, geometric_median=None, title: str | None
         P = Vt[:2].T if Vt.shape[0] >= 2 else np.c_[Vt[0], np.zeros(X.shape[1])]
         axes_label = ("PC1 of X - b*", "PC2 of X - b*")
     Y = D @ P
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 5))
+    fig, (ax, ax2) = subplots(1, 2, figsize=(11, 5))
     rays = solution.rays
-    cmap = plt.get_cmap("tab10" if solution.width <= 10 else "viridis")
+    cmap = colormap("tab10" if solution.width <= 10 else "viridis")
     within = rays < 0
     ax.scatter(Y[within, 0], Y[within, 1], s=12, c="0.6", label=f"within lam ({int(within.sum())})")
     if solution.width:
@@ -85,12 +105,14 @@ def plot_solution(X, solution, path, *, geometric_median=None, title: str | None
     return save_figure(fig, path)
 
 
-def save_figure(fig, path, dpi: int = 120) -> Path:
-    """Lay out ``fig``, write it as a PNG at ``path`` (folders created), close it, return the path."""
-    plt = _plt()
+def save_figure(fig: Figure, path, dpi: int = 120) -> Path:
+    """Lay out ``fig`` and write it as a PNG at ``path`` (folders created); return the path.
+
+    ``fig`` is a pyplot-free :class:`Figure` (from :func:`figure` / :func:`subplots`): nothing
+    to close, it is freed with its last reference.
+    """
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
-    plt.close(fig)
     return path

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from .._json import to_jsonable as _jsonable
+from .._json import dumps as _dumps
 
 
 
@@ -36,7 +35,7 @@ def _console():
 
 def print_json(obj) -> None:
     """Print exactly one JSON object on stdout."""
-    sys.stdout.write(json.dumps(_jsonable(obj)) + "\n")
+    sys.stdout.write(_dumps(obj) + "\n")
 
 
 def _fmt(v) -> str:
@@ -100,7 +99,7 @@ def _write_solution(out: Path, X, sol, geo=None, stem="solution") -> list[Path]:
     np.savez(npz, bias=sol.bias, bias_segment=sol.bias_segment, dictionary=sol.dictionary,
              rays=sol.rays, code_values=sol.code_values, lam=sol.lam)
     js = out / f"{stem}.json"
-    js.write_text(json.dumps(_jsonable(sol.as_dict()), indent=2))
+    js.write_text(_dumps(sol.as_dict(), indent=2))
     png = plot_solution(X, sol, out / f"{stem}.png", geometric_median=None if geo is None else geo.point)
     return [npz, js, png]
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from .._json import to_jsonable as _jsonable
+from .._json import dumps as _dumps
 from ._common import (load_data, _console, print_json, _fmt, certificate_table, _dual_round, _solution_rows, _write_solution, progress_display, open_source)  # noqa: F401
 
 
@@ -117,7 +116,7 @@ def _run_fit(args) -> int:
         cz = args.out / "fit_codes.npz"
         sp.save_npz(cz, sp.csr_matrix(fit.codes))
         js = args.out / "fit.json"
-        js.write_text(json.dumps(_jsonable({**d, "history": fit.history}), indent=2))
+        js.write_text(_dumps({**d, "history": fit.history}, indent=2))
         files = [npz, cz, js]
     d["files"] = [str(f) for f in files]
     if args.json:
@@ -167,7 +166,7 @@ def _run_frontier(args) -> int:
     d = fr.as_dict()
     d["data"] = label
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "frontier.json").write_text(json.dumps(_jsonable(d), indent=2))
+    (args.out / "frontier.json").write_text(_dumps(d, indent=2))
     if args.json:
         print_json(d)
         return 0

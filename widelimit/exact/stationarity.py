@@ -7,8 +7,17 @@ For a triple ``(W, Z, b)`` with unit atoms and residuals ``r_i = x_i - b - z_i W
   ``lam - max_{z_id = 0} <w_d, r_i>``: how far the inactive features are from
   wanting to fire. A positive margin means strict complementarity: the support
   is stable under small perturbations of the data.
-- atoms (tangent to the sphere): ``sum_i z_id (r_i - <r_i, w_d> w_d) = 0``.
-- bias: ``sum_i r_i = 0``.
+- atoms (tangent to the sphere): the gradient of ``L`` with respect to atom ``d`` on the
+  unit sphere vanishes,
+
+  .. math:: g_d = -\frac{2}{N}\sum_i z_{id}\,\big(r_i - \langle r_i, w_d\rangle w_d\big) = 0 ,
+
+  the projection of :math:`\partial L/\partial w_d = -\frac2N\sum_i z_{id} r_i` on the tangent
+  space at ``w_d``. Its norm ``||g_d||`` is the one tangent-gradient scale of the package:
+  :func:`widelimit.certify_sae` reports the same quantity per feature (``tangent_grad_norm``).
+- bias: ``sum_i r_i = 0`` (reported as ``||mean_i r_i||``, half the norm of
+  :math:`\partial L/\partial b = -\frac2N\sum_i r_i`, the scale of every bias-stationarity
+  number in the package: :class:`widelimit.Certificate`, :func:`widelimit.certify_sae`).
 
 Rows of ``W`` that are not unit are normalised and their norms folded into the
 codes (as in :func:`widelimit.sae_objective`). Everything is computed in
@@ -39,7 +48,8 @@ class Stationarity:
         ``lam - max <w_d, r_i>`` over inactive codes ``z_id = 0`` (``>= 0`` needed; ``> 0`` is strict).
         ``inf`` when every code is active.
     atom_residual : float
-        ``max_d ||sum_i z_id (r_i - <r_i, w_d> w_d)|| / N``.
+        Largest tangent-gradient norm ``max_d ||g_d||``,
+        ``g_d = (2/N) sum_i z_id (r_i - <r_i, w_d> w_d)`` (module docstring).
     bias_residual : float
         ``||mean_i r_i||``.
     lam : float
@@ -103,7 +113,7 @@ def first_order_conditions(X, W, Z, b, *, lam) -> Stationarity:
     rsum, act_err, inact_max, EtZ = residual_pass(X, W, Z, b, chunk, merge, stage="first-order conditions")
     if k:
         tang = EtZ - np.einsum("dj,dj->d", EtZ, Wu)[:, None] * Wu
-        atom_res = float(np.max(np.linalg.norm(tang, axis=1))) / N
+        atom_res = 2.0 * float(np.max(np.linalg.norm(tang, axis=1))) / N  # the tangent gradient's norm
     else:
         atom_res = 0.0
     return Stationarity(code_active_error=act_err, code_margin=float(lam - inact_max), atom_residual=atom_res,

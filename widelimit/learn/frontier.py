@@ -18,6 +18,7 @@ from pathlib import Path
 from .._validation import check_data, check_lam
 from .crossval import best_fit
 from ..exact.solve import WideLimitSolution, solve
+from ..plot import save_figure, subplots
 
 __all__ = ["Frontier", "frontier", "plot_frontier"]
 
@@ -138,10 +139,7 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
 
 def plot_frontier(fr: Frontier, path, title: str | None = None) -> Path:
     """Loss vs width (best and every restart), the wide-limit bound and the number of rays, as a PNG."""
-    from ..plot import _plt, save_figure
-
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = subplots(figsize=(7, 4.5))
     for w, vs in zip(fr.widths, fr.restart_values):
         ax.plot([w] * len(vs), vs, "o", color="0.7", ms=4, zorder=1)
     ax.plot(fr.widths, fr.values, "o-", color="C0", label="best gradient solution", zorder=2)

@@ -40,7 +40,7 @@ For this problem every one of these bounds equals the closed-form optimum
 diagonal ``Q*`` is entrywise nonnegative, so it certifies optimality over every
 cone between CP and ``nonneg``, and a diagonal ``Q`` is optimal), which makes
 the family a benchmark for conic solvers with a *known* optimum:
-:func:`sandwich` checks ``outer <= exact <= inner`` and reports each error.
+:func:`widelimit.relax.sandwich.sandwich` checks ``outer <= exact <= inner`` and reports each error.
 
 A solver that stops with an inaccurate or infeasible status is reported with
 that status and ``value = nan``: it is never returned as a bound.
@@ -55,6 +55,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
 
 from .._validation import check_data, check_lam, check_vector
 
@@ -63,14 +64,8 @@ __all__ = [
     "OUTER_CONES",
     "INNER_CONES",
     "SOLVERS",
-    "FAMILIES",
     "RelaxationResult",
-    "SandwichEntry",
-    "SandwichReport",
-    "Instance",
     "relax",
-    "sandwich",
-    "make_instance",
     "horn_matrix",
     "horn_separation",
     "estimate_memory",
@@ -308,8 +303,6 @@ def _cone_constraints(cone: str, Q, N: int):
     if cone == "nndd":
         return [Q >= 0, 2 * cp.diag(Q) >= cp.sum(Q, axis=1)]
     if cone == "sdd":
-        import scipy.sparse as sp
-
         iu, ju = np.triu_indices(N, 1)
         P = iu.size
         if P == 0:
@@ -468,234 +461,3 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
         time_s=elapsed, solve_time_s=solve_time, tol=float(tol), N=N, n=n, lam=lam,
         n_cuts=len(cuts), n_rounds=rounds, message=message, info=info,
     )
-
-
-# --------------------------------------------------------------------------------------
-# sandwich report
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SandwichEntry:
-    """One bound of a :class:`SandwichReport`."""
-
-    cone: str
-    kind: str
-    status: str
-    value: float
-    error: float
-    rel_error: float
-    consistent: bool | None
-    time_s: float
-    result: RelaxationResult | None = None
-
-    def as_dict(self) -> dict:
-        return {"cone": self.cone, "kind": self.kind, "status": self.status, "value": self.value,
-                "error": self.error, "rel_error": self.rel_error, "consistent": self.consistent,
-                "time_s": self.time_s}
-
-
-@dataclass(frozen=True)
-class SandwichReport:
-    r"""Outer and inner bounds of one instance next to the closed-form optimum.
-
-    Attributes
-    ----------
-    exact : float
-        ``widelimit.solve(X, lam).value`` (or ``H(b)`` for a fixed bias).
-    entries : list of SandwichEntry
-        ``error = value - exact``; ``consistent`` is ``value <= exact + slack``
-        for outer cones and ``value >= exact - slack`` for inner ones, ``None``
-        when the solver did not return a bound.
-    slack : float
-        ``rtol * max(1, |exact|)``.
-    ok : bool
-        Every returned bound is consistent (entries without a bound do not count).
-    all_solved : bool
-        Every requested cone returned a bound.
-    """
-
-    exact: float
-    lam: float
-    N: int
-    n: int
-    solver: str
-    tol: float
-    rtol: float
-    slack: float
-    entries: list
-
-    @property
-    def ok(self) -> bool:
-        return all(e.consistent is not False for e in self.entries)
-
-    @property
-    def all_solved(self) -> bool:
-        return all(e.consistent is not None for e in self.entries)
-
-    @property
-    def lower(self) -> float:
-        """Best (largest) outer bound returned, ``nan`` if none."""
-        v = [e.value for e in self.entries if e.kind == "outer" and e.consistent is not None]
-        return max(v) if v else float("nan")
-
-    @property
-    def upper(self) -> float:
-        """Best (smallest) inner bound returned, ``nan`` if none."""
-        v = [e.value for e in self.entries if e.kind == "inner" and e.consistent is not None]
-        return min(v) if v else float("nan")
-
-    def entry(self, cone: str) -> SandwichEntry:
-        for e in self.entries:
-            if e.cone == cone:
-                return e
-        raise KeyError(cone)
-
-    def as_dict(self) -> dict:
-        return {"exact": self.exact, "lam": self.lam, "N": self.N, "n": self.n, "solver": self.solver,
-                "tol": self.tol, "rtol": self.rtol, "slack": self.slack, "ok": self.ok,
-                "all_solved": self.all_solved, "lower": self.lower, "upper": self.upper,
-                "entries": [e.as_dict() for e in self.entries]}
-
-
-def sandwich(X, *, lam, cones=None, solver: str = "SCS", b=None, tol: float = 1e-6, rtol: float | None = None,
-             **relax_kwargs) -> SandwichReport:
-    r"""Every requested outer and inner bound next to the closed-form optimum.
-
-    For each cone ``K`` the Q-problem is solved (:func:`relax`) and compared with
-    the exact optimum ``widelimit.solve(X, lam).value`` (with a fixed ``b``:
-    ``H(b) = mean_i h_lam(||x_i - b||)``, the optimum over all widths at that bias).
-    The check is ``outer <= exact + slack`` and ``inner >= exact - slack`` with
-    ``slack = rtol * max(1, |exact|)``.
-
-    Parameters
-    ----------
-    X, lam : data and sparsity.
-    cones : sequence of str, optional
-        Default: every cone of :data:`CONES` that applies (``dnn_horn`` needs N >= 5).
-    solver : {"SCS", "CLARABEL"}
-    b : array (n,), optional
-        Fixed bias.
-    tol : float
-        Solver tolerance.
-    rtol : float, optional
-        Relative slack of the check; default ``max(1e-5, 100 * tol)``.
-    **relax_kwargs
-        Passed to :func:`relax`.
-
-    Returns
-    -------
-    SandwichReport
-    """
-    from ..exact.solve import solve
-    from ..exact.median import huber_value
-
-    X = check_data(X)
-    lam = check_lam(lam)
-    N, n = X.shape
-    if cones is None:
-        cones = [c for c in CONES if not (c == "dnn_horn" and N < 5)]
-    elif isinstance(cones, str):
-        cones = [cones]
-    exact = float(solve(X, lam=lam).value) if b is None else float(huber_value(X, b, lam=lam))
-    rtol = max(1e-5, 100.0 * tol) if rtol is None else float(rtol)
-    slack = rtol * max(1.0, abs(exact))
-    entries = []
-    for cone in cones:
-        r = relax(X, lam=lam, cone=cone, solver=solver, b=b, tol=tol, **relax_kwargs)
-        if r.ok:
-            err = r.value - exact
-            cons = bool(err <= slack) if r.kind == "outer" else bool(err >= -slack)
-        else:
-            err, cons = float("nan"), None
-        entries.append(SandwichEntry(cone=r.cone, kind=r.kind, status=r.status, value=r.value, error=err,
-                                     rel_error=abs(err) / max(abs(exact), 1e-300), consistent=cons,
-                                     time_s=r.time_s, result=r))
-    return SandwichReport(exact=exact, lam=lam, N=N, n=n, solver=str(solver).upper(), tol=float(tol),
-                          rtol=rtol, slack=slack, entries=entries)
-
-
-# --------------------------------------------------------------------------------------
-# instance families with known optima
-# --------------------------------------------------------------------------------------
-
-#: Instance families of the relaxation benchmark.
-FAMILIES = ("random", "rays", "collinear", "hierarchical")
-
-
-@dataclass(frozen=True)
-class Instance:
-    """A generated benchmark instance: data, ``lam`` and what it was built from.
-
-    The exact optimum is ``widelimit.solve(inst.X, inst.lam).value``.
-    """
-
-    family: str
-    X: np.ndarray
-    lam: float
-    seed: int
-    truth: dict
-
-    @property
-    def N(self) -> int:
-        return int(self.X.shape[0])
-
-    @property
-    def name(self) -> str:
-        return f"{self.family}-N{self.N}-n{self.X.shape[1]}-s{self.seed}"
-
-
-def make_instance(family: str, N: int, dim: int = 5, *, seed: int = 0, lam: float | None = None) -> Instance:
-    r"""A benchmark instance of ``N`` points from one family, built on :mod:`widelimit.data.datasets`.
-
-    * ``random``: standard normal points (:func:`~widelimit.data.datasets.gaussian`), ``lam = 0.5``:
-      every point is its own ray.
-    * ``rays``: 4 antipodal rays about a known centre (2 when ``N < 8``) plus a
-      symmetric core within ``lam`` (:func:`~widelimit.data.datasets.symmetric_rays`), ``lam = 0.5``;
-      ``N`` must be even. Width of the optimum = number of rays.
-    * ``collinear``: points on a line (:func:`~widelimit.data.datasets.collinear`), ``lam = 1``.
-    * ``hierarchical``: parent plus children (:func:`~widelimit.data.datasets.hierarchical`),
-      with the smallest of 2..5 children dividing ``N`` (else 1), ``lam = 0.5``.
-
-    Parameters
-    ----------
-    family : str
-        One of :data:`FAMILIES`.
-    N : int
-        Number of points (>= 2).
-    dim : int
-        Ambient dimension (``hierarchical`` uses at least ``children + 1``).
-    seed : int
-    lam : float, optional
-        Override the family's default ``lam``.
-    """
-    from ..data import datasets
-
-    if family not in FAMILIES:
-        raise ValueError(f"unknown instance family {family!r}; choose one of {', '.join(FAMILIES)}")
-    N = int(N)
-    if N < 2:
-        raise ValueError(f"N must be >= 2, got {N}")
-    if dim < 1:
-        raise ValueError(f"dim must be >= 1, got {dim}")
-    if family == "random":
-        X, truth = datasets.gaussian(N, dim, seed=seed)
-        lam0 = 0.5
-    elif family == "rays":
-        if N % 2:
-            raise ValueError(f"the 'rays' family is symmetric about its centre and needs an even N, got {N}")
-        n_rays = 4 if N >= 8 else 2
-        ppr = N // n_rays
-        core = N - n_rays * ppr  # even, since N and n_rays are
-        X, truth = datasets.symmetric_rays(n_rays, dim, ppr, n_core=core, seed=seed)
-        truth = dict(truth, n_rays=n_rays)
-        lam0 = 0.5
-    elif family == "collinear":
-        X, truth = datasets.collinear(N, dim, seed=seed)
-        lam0 = 1.0
-    else:
-        k = next((c for c in (2, 3, 4, 5) if N % c == 0), 1)
-        X, truth = datasets.hierarchical(k, max(dim, k + 1), N // k, seed=seed)
-        lam0 = 0.5
-    lam = lam0 if lam is None else check_lam(lam)
-    return Instance(family=family, X=np.asarray(X, dtype=np.float64), lam=float(lam), seed=int(seed), truth=truth)

@@ -41,11 +41,14 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 
 from .._validation import check_data, check_lam, check_vector, to_numpy
+from ..exact.certificate import verify
+from ..exact.objective import balance, optimal_dictionary, q_objective, sae_objective
 
 __all__ = ["CPFactorization", "RefinedSolution", "factorize_cp", "refine", "random_cp_matrix"]
 
@@ -135,8 +138,6 @@ def _psd_root(A: np.ndarray, rank_tol: float):
 
 def _blas_threads(size: int):
     """One BLAS thread for small products: thread start-up dominates them (badly so on a busy machine)."""
-    from contextlib import nullcontext
-
     if size > 400_000:
         return nullcontext()
     try:
@@ -440,9 +441,6 @@ def refine(X, Q, b, *, lam, tol: float = 1e-6, accept: float | None = None, merg
         ``ValueError`` when ``accept`` is given and no factor within it is found (the message gives the
         best residual).
     """
-    from ..exact.certificate import verify
-    from ..exact.objective import balance, optimal_dictionary, q_objective, sae_objective
-
     X = check_data(X)
     lam = check_lam(lam)
     N, n = X.shape

@@ -576,15 +576,14 @@ def plot_sae_certificate(cert: SAECertificate, out_dir) -> list[Path]:
     violation on firing and on silent tokens and the atom tangent-gradient norm,
     on a log scale (exact zeros drawn at 1e-18).
     """
-    from ..plot import pyplot
+    from ..plot import subplots  # matplotlib is imported only when plotting
 
-    plt = pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     F = cert.features
     freq = np.asarray(F["frequency"], dtype=np.float64)
     floor = 0.5 / cert.n_tokens
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = subplots(figsize=(6.4, 4.0))
     ax.hist(np.log10(np.maximum(freq, floor)), bins=50, color="tab:blue")
     ax.axvline(np.log10(floor), color="tab:red", ls=":", label=f"dead ({int(F['dead'].sum())})")
     ax.set_xlabel("log10 firing frequency")
@@ -594,9 +593,8 @@ def plot_sae_certificate(cert: SAECertificate, out_dir) -> list[Path]:
     fig.tight_layout()
     p1 = out / "feature_frequency.png"
     fig.savefig(p1, dpi=120)
-    plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = subplots(figsize=(6.4, 4.0))
     tiny = 1e-18
     x = np.arange(cert.d_sae)
     for key, lab in (("max_violation_firing", "|<u_d,r>-lam| on firing tokens"),
@@ -613,7 +611,6 @@ def plot_sae_certificate(cert: SAECertificate, out_dir) -> list[Path]:
     fig.tight_layout()
     p2 = out / "feature_violations.png"
     fig.savefig(p2, dpi=120)
-    plt.close(fig)
     return [p1, p2]
 
 

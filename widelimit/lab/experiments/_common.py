@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..._json import write_json as _write_json
-from ...plot import pyplot
+from ...plot import colormap, figure, subplots
 from ...plot import save_figure as _save_figure
 
-__all__ = ["write_json", "save_figure", "pyplot"]
+__all__ = ["write_json", "save_figure", "subplots", "figure", "colormap"]
 
 
 def write_json(out_dir, stem: str, obj) -> Path | None:
@@ -19,8 +19,7 @@ def write_json(out_dir, stem: str, obj) -> Path | None:
 
 
 def save_figure(fig, out_dir, stem: str, dpi: int = 90) -> Path | None:
-    """Save ``fig`` as ``out_dir/stem.png`` and close it (always closed, even without ``out_dir``)."""
+    """Save ``fig`` (a pyplot-free Figure) as ``out_dir/stem.png``; no-op without ``out_dir``."""
     if out_dir is None:
-        pyplot().close(fig)
         return None
     return _save_figure(fig, Path(out_dir) / f"{stem}.png", dpi=dpi)

@@ -33,12 +33,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...coding.fixed_dictionary import fixed_dictionary_objective
 from ...data import datasets
 from ...exact.objective import huber_h
+from ...exact.solve import solve
+from ...learn.crossval import best_fit
 from . import register
-from ._common import pyplot, save_figure, write_json
+from ._common import save_figure, subplots, write_json
 
-__all__ = ["hierarchical_dictionary", "absorbed_dictionary", "fixed_dictionary_objective", "absorption_gain",
+__all__ = ["hierarchical_dictionary", "absorbed_dictionary", "absorption_gain",
            "classify", "run"]
 
 
@@ -62,127 +65,6 @@ def absorption_gain(a, c, lam):
     ``a, c > 0`` and ``sqrt(a^2 + c^2) > lam``."""
     a, c = np.asarray(a, dtype=np.float64), np.asarray(c, dtype=np.float64)
     return huber_h(a, lam=lam) + huber_h(c, lam=lam) - huber_h(np.hypot(a, c), lam=lam)
-
-
-def fixed_dictionary_objective(X, W, lam, b=None, *, tol: float = 1e-9, max_rounds: int = 20,
-                               device: str = "cpu") -> dict:
-    r"""Objective of a fixed dictionary with optimal codes (and optimal bias when ``b`` is None), certified.
-
-    With ``b`` given this is :func:`widelimit.coding.pdas.optimal_codes` (per-point
-    duality gaps). With ``b = None`` the convex problem ``min_{Z >= 0, b}`` is
-    first solved by cvxpy (Clarabel), then polished by rounds of optimal codes
-    and the exact bias step ``b = mean(x - z W)``. The certified lower bound is
-    the joint dual: for residuals ``r_i`` with ``sum_i r_i = 0`` (true after the
-    bias step) and a scale ``s >= 0`` with ``s <w_d, r_i> <= lam ||w_d||``,
-
-    .. math:: \min_{Z\ge0,b} N L \ \ge\ \sum_i 2 s\langle r_i, x_i\rangle - s^2\|r_i\|^2
-
-    (``||a||^2 >= 2<theta, a> - ||theta||^2`` per point with ``theta_i = s r_i``; the
-    penalty dominates ``2 sum_d z_d <w_d, theta_i>``; the ``b`` terms cancel
-    because ``sum_i theta_i = 0``), maximised over ``s``.
-
-    Returns
-    -------
-    dict
-        ``value``, ``gap`` (certified, absolute), ``bias``, ``codes`` (CSR), ``rounds``.
-    """
-    from ...coding.pdas import optimal_codes
-
-    X = np.asarray(X, dtype=np.float64)
-    W = np.asarray(W, dtype=np.float64)
-    N, n = X.shape
-    if b is not None:
-        res = optimal_codes(X, W, np.asarray(b, dtype=np.float64), lam=lam, tol=tol, device=device, dtype="float64")
-        return {"value": res.value, "gap": res.gap, "bias": np.asarray(b, dtype=np.float64), "codes": res.codes,
-                "rounds": 0}
-    import cvxpy as cp
-
-    norms = np.linalg.norm(W, axis=1)
-    Zv = cp.Variable((N, W.shape[0]), nonneg=True)
-    bv = cp.Variable(n)
-    obj = cp.sum_squares(Zv @ W + np.ones((N, 1)) @ cp.reshape(bv, (1, n), order="C") - X) \
-        + 2 * lam * cp.sum(Zv @ norms)
-    cp.Problem(cp.Minimize(obj / N)).solve(solver=cp.CLARABEL)
-    b = np.asarray(bv.value, dtype=np.float64)
-    Z = None
-    best = None
-    unit = W / np.where(norms > 0, norms, 1.0)[:, None]
-    for rounds in range(1, max_rounds + 1):
-        res = optimal_codes(X, W, b, lam=lam, tol=tol * 1e-2, device=device, dtype="float64", Z0=Z)
-        Z = res.codes
-        b = (X - Z @ W).mean(axis=0)
-        polished = _polish_support(X, W, norms, Z, lam)
-        if polished is not None:
-            Z, b = polished
-        R = X - b - Z @ W  # sums to zero
-        rr, rx = float(np.einsum("ij,ij->", R, R)), float(np.einsum("ij,ij->", R, X))
-        value = (rr + 2 * lam * float(np.asarray(Z.sum(axis=0)).ravel() @ norms)) / N
-        C = R @ unit[norms > 0].T
-        cmax = float(C.max()) if C.size else 0.0
-        smax = lam / cmax if cmax > 0 else np.inf
-        s = float(np.clip(rx / rr, 0.0, smax)) if rr > 0 else 0.0
-        gap = max(0.0, value - (2 * s * rx - s * s * rr) / N)
-        if best is None or gap < best["gap"]:
-            best = {"value": value, "gap": gap, "bias": b.copy(), "codes": Z, "rounds": rounds}
-        if gap <= tol * max(value, lam * lam):
-            break
-    return best
-
-
-def _polish_support(X, W, norms, Z, lam):
-    r"""Exact codes and bias on the current supports: the KKT equations there are linear.
-
-    With support ``S_i`` of point ``i`` and ``A_i = W_S W_S^T``, the active-code
-    conditions ``W_S r_i = lam ||w_S||`` give ``z_i = A_i^{-1}(W_S (x_i - b) - lam ||w_S||)``
-    and ``r_i = (I - P_i)(x_i - b) + lam W_S^T A_i^{-1} ||w_S||`` (``P_i`` the projector on
-    the span of ``W_S``); ``sum_i r_i = 0`` is then an ``n x n`` linear system for ``b``.
-    Returns ``(Z, b)`` or None when the supports do not give a nonnegative solution.
-    First-order methods leave code errors whose duality gap is quadratic but whose
-    dual-feasibility violation is linear; this step removes both to rounding level.
-    """
-    import scipy.sparse as sp
-
-    N, n = X.shape
-    Zd = Z.toarray() if hasattr(Z, "toarray") else np.asarray(Z)
-    groups: dict = {}
-    for i in range(N):
-        groups.setdefault(tuple(np.flatnonzero(Zd[i] > 0)), []).append(i)
-    M = np.zeros((n, n))
-    rhs = np.zeros(n)
-    parts = []
-    for S, idx in groups.items():
-        idx = np.asarray(idx)
-        S = np.asarray(S, dtype=int)
-        Xi = X[idx]
-        if S.size == 0:
-            M += idx.size * np.eye(n)
-            rhs += Xi.sum(axis=0)
-            parts.append((S, idx, None, None))
-            continue
-        WS = W[S]
-        A = WS @ WS.T
-        try:
-            Ainv = np.linalg.inv(A)
-        except np.linalg.LinAlgError:
-            return None
-        Pm = WS.T @ Ainv @ WS
-        IP = np.eye(n) - Pm
-        M += idx.size * IP
-        c = lam * (WS.T @ (Ainv @ norms[S]))
-        rhs += IP @ Xi.sum(axis=0) + idx.size * c
-        parts.append((S, idx, WS, Ainv))
-    try:
-        b = np.linalg.solve(M, rhs)
-    except np.linalg.LinAlgError:
-        return None
-    Zn = np.zeros_like(Zd)
-    for S, idx, WS, Ainv in parts:
-        if WS is None:
-            continue
-        Zn[np.ix_(idx, S)] = ((X[idx] - b) @ WS.T - lam * norms[S]) @ Ainv.T
-    if Zn.min() < 0:
-        return None
-    return sp.csr_array(Zn), b
 
 
 def classify(W, Z, b, truth, *, mixed: float = 0.2, parent_min: float = 0.9) -> dict:
@@ -254,11 +136,11 @@ def compare(X, t, lam, *, optimise_bias: bool = True) -> dict:
     """Exact objectives of the hierarchical and absorbed dictionaries (bias 0, and optimal bias)."""
     out = {}
     for name, W in (("hierarchical", hierarchical_dictionary(t)), ("absorbed", absorbed_dictionary(X, t))):
-        r0 = fixed_dictionary_objective(X, W, lam, b=np.zeros(X.shape[1]))
+        r0 = fixed_dictionary_objective(X, W, np.zeros(X.shape[1]), lam=lam)
         d = {"value_b0": r0["value"], "gap_b0": r0["gap"],
              "parent_firing_b0": _parent_firing(r0["codes"], 0, t)}
         if optimise_bias:
-            rb = fixed_dictionary_objective(X, W, lam)
+            rb = fixed_dictionary_objective(X, W, lam=lam)
             d.update(value_opt_bias=rb["value"], gap_opt_bias=rb["gap"], rounds=rb["rounds"],
                      parent_firing_opt_bias=_parent_firing(rb["codes"], 0, t))
         out[name] = d
@@ -268,9 +150,6 @@ def compare(X, t, lam, *, optimise_bias: bool = True) -> dict:
 @register("absorption", "feature absorption: hierarchical vs absorbed dictionary, exact and learned, over lam and f")
 def run(out_dir=None, quick: bool = False) -> dict:
     """Feature absorption on hierarchical data: exact objectives, the learned dictionary's kind, parent firing rate."""
-    from ...learn.crossval import best_fit
-    from ...exact.solve import solve
-
     a, c, K = 2.0, 1.5, 3
     ratios = (2.0,) if quick else (2.0, 0.25)
     lams = np.round(np.linspace(0.25, 2.25, 3 if quick else 9), 4)
@@ -314,11 +193,10 @@ def run(out_dir=None, quick: bool = False) -> dict:
 
 
 def _plot(res, out_dir):
-    plt = pyplot()
     lams, fs = np.asarray(res["lams"]), np.asarray(res["fs"])
     cells = res["cells"]
     ratios = res["inactive_ratios"]
-    fig, axs = plt.subplots(1, 2 + len(ratios), figsize=(5 * (2 + len(ratios)), 4.4))
+    fig, axs = subplots(1, 2 + len(ratios), figsize=(5 * (2 + len(ratios)), 4.4))
     ax = axs[0]
     lf = np.linspace(0.05, lams.max() * 1.05, 300)
     ax.plot(lf, absorption_gain(res["a"], res["c"], lf), "k-", label="h(a)+h(c)-h(sqrt(a²+c²))")

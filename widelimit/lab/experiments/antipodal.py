@@ -21,12 +21,14 @@ with all ``s >= beta + lam``) ``beta* = p lam / (1 - p)``. See
 
 from __future__ import annotations
 
+import matplotlib.colors
+import matplotlib.patches
 import numpy as np
 
 from ...data import datasets
 from ...exact.solve import solve
 from . import register
-from ._common import pyplot, save_figure, write_json
+from ._common import save_figure, subplots, write_json
 
 __all__ = ["threshold_g", "antipodal_threshold", "uniform_threshold", "bias_below_threshold", "run"]
 
@@ -197,20 +199,19 @@ def run(out_dir=None, quick: bool = False) -> dict:
 
 
 def _plot(res, out_dir, low, high):
-    plt = pyplot()
     g = res["grid"]
     lams, ps = g["lams"], g["ps"]
-    fig, axs = plt.subplots(1, 3, figsize=(15, 4.4))
+    fig, axs = subplots(1, 3, figsize=(15, 4.4))
     ax = axs[0]
     code = g["width"] + 2 * g["antipodal"]  # 1: +u only, 2: -u only, 4: both
-    cmap = plt.matplotlib.colors.ListedColormap(["#eeeeee", "#9ecae1", "#fdae6b", "#a1d99b", "#e6550d"])
+    cmap = matplotlib.colors.ListedColormap(["#eeeeee", "#9ecae1", "#fdae6b", "#a1d99b", "#e6550d"])
     dp, dl = (ps[1] - ps[0]) / 2, (lams[1] - lams[0]) / 2
     ax.imshow(code, origin="lower", aspect="auto", cmap=cmap, vmin=-0.5, vmax=4.5,
               extent=[ps[0] - dp, ps[-1] + dp, lams[0] - dl, lams[-1] + dl])
     lf = np.linspace(lams[0] - dl, lams[-1] + dl, 300)
     ax.plot(np.minimum(uniform_threshold(lf, low, high), 2), lf, "k-", lw=2, label="analytic p*(lam)")
     ax.set_xlim(ps[0] - dp, ps[-1] + dp)
-    handles = [plt.matplotlib.patches.Patch(color=cmap(i), label=l) for i, l in
+    handles = [matplotlib.patches.Patch(color=cmap(i), label=l) for i, l in
                [(1, "width 1: +u"), (3, "width 1: -u only"), (4, "width 2: +u, -u (cos -1)")]]
     ax.legend(handles=handles + ax.get_legend_handles_labels()[0], fontsize=7, loc="upper left")
     ax.set_xlabel("activity p")

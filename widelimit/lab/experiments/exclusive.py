@@ -20,7 +20,7 @@ from ...data import datasets
 from ...exact.solve import solve
 from ...exact.stationarity import first_order_conditions
 from . import register
-from ._common import pyplot, save_figure, write_json
+from ._common import save_figure, subplots, write_json
 
 __all__ = ["run", "category_report"]
 
@@ -94,8 +94,7 @@ def run(out_dir=None, quick: bool = False) -> dict:
 
 
 def _plot(res, pic, hist, lam, out_dir):
-    plt = pyplot()
-    fig, axs = plt.subplots(1, 3, figsize=(15, 4.4))
+    fig, axs = subplots(1, 3, figsize=(15, 4.4))
     X, t, sol, _ = pic
     B = np.linalg.svd(t["directions"], full_matrices=False)[2][:2]  # plane of the 3 categories
     Y = (X - sol.bias) @ B.T

@@ -18,7 +18,7 @@ from ...data import datasets
 from ...exact.solve import solve
 from ...exact.median import geometric_median
 from . import register
-from ._common import pyplot, save_figure, write_json
+from ._common import colormap, save_figure, subplots, write_json
 
 __all__ = ["run"]
 
@@ -60,12 +60,11 @@ def run(out_dir=None, quick: bool = False) -> dict:
 
 
 def _plot(X, t, sol, gm, mean, res, out_dir):
-    plt = pyplot()
-    fig, axs = plt.subplots(1, 3, figsize=(16, 5), gridspec_kw={"width_ratios": [1.25, 1, 1]})
+    fig, axs = subplots(1, 3, figsize=(16, 5), gridspec_kw={"width_ratios": [1.25, 1, 1]})
     ax = axs[0]
     b, lam = sol.bias, sol.lam
     within = sol.rays < 0
-    cmap = plt.get_cmap("tab10")
+    cmap = colormap("tab10")
     ax.scatter(*X[within].T, s=12, c="0.55", label=f"within lam of b*: code 0 ({int(within.sum())})")
     ax.scatter(*X[~within].T, s=16, c=cmap(sol.rays[~within] % 10), label=f"{sol.width} rays, one atom each")
     for j, w in enumerate(sol.dictionary):

@@ -26,7 +26,7 @@ from ...learn.crossval import best_fit
 from ...exact.solve import solve
 from ...learn.frontier import frontier
 from . import register
-from ._common import pyplot, save_figure, write_json
+from ._common import colormap, figure, save_figure, write_json
 
 __all__ = ["run", "atom_composition"]
 
@@ -116,14 +116,13 @@ def _frontier_panel(ax, fr, title):
 
 
 def _plot(res, dig_atoms, out_dir):
-    plt = pyplot()
-    fig = plt.figure(figsize=(17, 8))
+    fig = figure(figsize=(17, 8))
     gs = fig.add_gridspec(2, 3)
     h = res["hierarchical"]
     ax = fig.add_subplot(gs[0, 0])
     _frontier_panel(ax, h["frontier"], f"hierarchical data (K = {h['K']}, lam = {h['lam']}): frontier")
     ax = fig.add_subplot(gs[0, 1])
-    cmap = plt.get_cmap("tab10")
+    cmap = colormap("tab10")
     for w, atoms in h["atoms"].items():
         for a in atoms:
             pure_parent = abs(a["child_cos"]) < 0.3

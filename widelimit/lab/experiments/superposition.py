@@ -12,7 +12,8 @@ import numpy as np
 
 from .. import frames as fr
 from .. import superposition as sp
-from ...plot import _plt
+from .. import superposition_train as spt
+from ...plot import subplots
 from . import register
 from ._common import save_figure, write_json
 
@@ -46,13 +47,12 @@ def run_linear(out_dir=None, quick: bool = False) -> dict:
     for law, p in combos:
         for d in ds:
             for n in [n for n in ns_all if n >= d]:
-                res = sp.train(d, n, p, 1, law, restarts=restarts, steps=steps, lr=0.05, seed=d * 1000 + n)
+                res = spt.train(d, n, p, 1, law, restarts=restarts, steps=steps, lr=0.05, seed=d * 1000 + n)
                 frame = sp.scaled_frame(fr.random_frame(d, n, seed=n).vectors, p, 1, law)
                 opt = sp.linear_optimum(p, d, law, n=n)
                 rows.append({"law": law, "p": p, "d": d, "n": n, "trained": res.value, "optimum": opt,
                              "random_frame": frame.value, "rel_err": abs(res.value - opt) / opt})
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = subplots(1, 2, figsize=(10, 3.8))
     ax = axes[0]
     for d in ds:
         sel = [r for r in rows if r["d"] == d]
@@ -110,8 +110,7 @@ def run_sparse_growth(out_dir=None, quick: bool = False) -> dict:
         big = pts[len(pts) // 2 :]
         out[f"m={m}"] = {"points": pts, "slope_frames": _slope([t["d"] for t in big], [t["value_over_p"] for t in big]),
                          "slope_ceiling": _slope([t["d"] for t in big], [t["ceiling_over_p"] for t in big])}
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.6))
+    fig, ax = subplots(figsize=(7, 4.6))
     for m in ms:
         pts = out[f"m={m}"]["points"]
         d = [t["d"] for t in pts]
@@ -158,8 +157,7 @@ def run_p_sweep(out_dir=None, quick: bool = False) -> dict:
                             "unsuperposed": uns, "best_over_unsuperposed": (np.maximum(ff, rnd) / np.array(uns)).tolist(),
                             "max_best_over_d": float(np.max(np.maximum(ff, rnd)) / d)}
     orders = sp.bound_orders(ps, d, m)
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(laws), figsize=(4.2 * len(laws), 4), sharey=True)
+    fig, axes = subplots(1, len(laws), figsize=(4.2 * len(laws), 4), sharey=True)
     for ax, law in zip(axes, laws):
         r = res["laws"][law]
         ax.loglog(ps, r["finite_field"], "o-", ms=3, label="finite-field frame (best r), exact")
@@ -193,17 +191,17 @@ def run_gd(out_dir=None, quick: bool = False) -> dict:
     rows = []
     best_W = {}
     for p in ps:
-        t = sp.train(d, n, p, m, law, restarts=restarts, steps=steps, lr=0.02, seed=int(1e4 * p))
+        t = spt.train(d, n, p, m, law, restarts=restarts, steps=steps, lr=0.02, seed=int(1e4 * p))
         rv = np.array(t.restart_values)
         uns = t.unsuperposed
         # start exactly at the best unsuperposed point (+ tiny noise): does Adam leave it?
         W0 = np.zeros((d, n))
         mu = sp.get_law(law)
         W0[np.arange(d), np.arange(d)] = (mu.moment(m + 1) / mu.moment(2 * m)) ** (1 / (2 * m))  # ||W_i||^(2m) = mu_{m+1}/mu_{2m}
-        st_uns = sp.stationarity(W0, p, m, law)  # the exact unsuperposed optimum
+        st_uns = spt.critical_point(W0, p, m, law)  # the exact unsuperposed optimum
         W0 += 1e-3 * np.random.default_rng(0).standard_normal((d, n))
-        t0 = sp.train(d, n, p, m, law, restarts=1, steps=steps, lr=0.02, W0=W0)
-        st_best = sp.stationarity(t.W, p, m, law)
+        t0 = spt.train(d, n, p, m, law, restarts=1, steps=steps, lr=0.02, W0=W0)
+        st_best = spt.critical_point(t.W, p, m, law)
         rows.append({"p": p, "best": t.value, "restarts": rv.tolist(), "unsuperposed": uns,
                      "ceiling_p_to_0": p * sp.sparse_limit_ceiling(d, m, law, n=n),
                      "n_represented": t.stats.n_represented, "sum_dimensionality": float(t.stats.dimensionality.sum()),
@@ -212,12 +210,11 @@ def run_gd(out_dir=None, quick: bool = False) -> dict:
                      "unsuperposed_point": st_uns.as_dict(), "best_point": st_best.as_dict()})
         best_W[p] = t
     mc_p = ps[-1]
-    tmc = sp.train(d, n, mc_p, m, law, objective="mc", restarts=1, steps=steps, lr=0.02, batch_size=1024 if quick else 8192,
+    tmc = spt.train(d, n, mc_p, m, law, objective="mc", restarts=1, steps=steps, lr=0.02, batch_size=1024 if quick else 8192,
                    seed=1)
     result = {"d": d, "n": n, "m": m, "law": law, "rows": rows,
               "mc_objective": {"p": mc_p, "exact_value_of_mc_trained": tmc.value, "n_represented": tmc.stats.n_represented}}
-    plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = subplots(1, 3, figsize=(13, 3.8))
     ax = axes[0]
     for r in rows:
         ax.plot([r["p"]] * len(r["restarts"]), np.array(r["restarts"]) / r["unsuperposed"], "o", color="C0", alpha=0.4, ms=4)
@@ -280,8 +277,7 @@ def run_frames(out_dir=None, quick: bool = False) -> dict:
                 for m in ms:
                     row[f"random_sum_ratio_m{m}"] = fr.frame_power_sum(R, m) / fr.welch_sum_bound(d, n, m)
             rows.append(row)
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = subplots(1, 2, figsize=(11, 4))
     ax = axes[0]
     x = np.arange(len(rows))
     lab = [f"{r['q']},{r['r']}" for r in rows]
