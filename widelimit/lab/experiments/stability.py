@@ -22,7 +22,7 @@ from ...exact.stability import feature_stability
 from ...exact.stationarity import first_order_conditions
 from ...learn.gradient import fit_dictionary
 from . import register
-from ._common import pyplot, save_figure, write_json
+from ._common import save_figure, subplots, write_json
 
 __all__ = ["run_stability", "run_spurious"]
 
@@ -63,8 +63,7 @@ def run_stability(out_dir=None, quick: bool = False) -> dict:
         "hierarchical_all_unstable_with_witness": len(hier.unstable) == W.shape[0],
         "exclusive_all_stable": all(v == "stable" for v in excl.verdict),
     }
-    plt = pyplot()
-    fig, axs = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axs = subplots(1, 2, figsize=(10, 4))
     ax = axs[0]
     x = np.arange(W.shape[0])
     ax.bar(x - 0.2, hier.ff_lower, 0.4, label="hierarchical: FF distance (lower bound)")
@@ -122,8 +121,7 @@ def run_spurious(out_dir=None, quick: bool = False) -> dict:
                                                  for r in spurious),
               "spurious_not_certified": sum(not r["certified"] for r in spurious),
               "optimal_runs_certified": all(r["certified"] for r in runs if r not in spurious)}
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = subplots(figsize=(6, 4))
     for r in runs:
         mk = "o" if (r["best_witness_decrease"] or 0) > 1e-6 * sol.value else "x"
         ax.scatter(r["width"] * (1 + 0.03 * r["seed"]), max(r["above_optimum"], 1e-14), marker=mk,
