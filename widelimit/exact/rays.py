@@ -37,8 +37,13 @@ _WITHIN_RTOL = 1e-12
 
 
 def default_ray_tol(dtype) -> float:
-    """Default direction tolerance: ``1e-8`` for float64 data, ``1e-4`` for float32 (and float16)."""
-    return 1e-8 if np.dtype(dtype) == np.float64 else 1e-4
+    """Direction tolerance of the data's precision: ``1e-8`` for float64 data, ``32 eps32 = 3.8e-6`` for float32.
+
+    A float32 point ``x`` is stored to a relative ``eps32 / 2`` per entry, so its direction from
+    the bias is known to about ``eps32 ||x|| / r``; ``32 eps32`` merges directions equal to that
+    precision for points not much closer to the bias than to the origin, and no more.
+    """
+    return 1e-8 if np.dtype(dtype) == np.float64 else 32.0 * float(np.finfo(np.float32).eps)
 
 
 @dataclass(frozen=True)
