@@ -26,6 +26,7 @@ from functools import partial
 
 import numba as nb
 import numpy as np
+import xxhash
 
 __all__ = ["hashed", "finish", "fingerprint_of", "mismatch_error", "row_hashes"]
 
@@ -137,8 +138,6 @@ def hashed(fn, merge):
 
 def finish(lanes: tuple, shape) -> str:
     """The fingerprint string from the summed lanes of a whole pass."""
-    import xxhash
-
     N, n = int(shape[0]), int(shape[1])
     dts = sorted(set(lanes[2].split(",")))
     name = "/".join(np.dtype(t).name for t in dts)

@@ -28,6 +28,8 @@ import math
 
 import numpy as np
 
+from ..engine.local import chunk_rows
+
 __all__ = ["U", "ETA", "gamma", "sum_depth", "lower_bound", "norm"]
 
 #: Unit roundoff of float64.
@@ -61,8 +63,6 @@ def sum_depth(engine) -> int:
     most the number of chunks plus the number of blocks. Each row term itself is an
     ``n``-term dot product plus a few operations; 64 covers those and the final divisions.
     """
-    from .._validation import chunk_rows
-
     N, n = int(engine.N), int(engine.n)
     rows = int(getattr(engine, "rows", 0) or chunk_rows(n))
     blocks = len(getattr(engine, "offsets", [0, 0])) - 1

@@ -9,6 +9,8 @@ and ``M`` from a random subsample (theory.md §3). Secant pairs of the last step
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import LinAlgError, cho_factor, cho_solve
+from scipy.optimize import minimize_scalar
 
 from .median_bound import norm
 
@@ -65,8 +67,6 @@ def _newton_step(Bm, g, floor):
     the eigendecomposition (several times dearer, which matters for n in the thousands) only
     when ``Bm`` is nearly singular or indefinite.
     """
-    from scipy.linalg import LinAlgError, cho_factor, cho_solve
-
     try:
         c, low = cho_factor(Bm, check_finite=False)
         if np.diag(c).min() ** 2 >= floor:
@@ -83,8 +83,6 @@ def line_min(Xs, ws, b, d, lam, kind) -> float:
     The objective is convex in ``t``; bounded Brent search to a relative ``1e-12`` in ``t``
     (about 50 evaluations of O(m n) each, on the subsample held in memory).
     """
-    from scipy.optimize import minimize_scalar
-
     D0 = Xs - b
 
     def f(t):

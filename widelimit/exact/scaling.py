@@ -20,6 +20,9 @@ import math
 
 import numpy as np
 
+from ..engine import engine_for
+from ..engine.local import ScaledRows, is_dask_array
+
 __all__ = ["normaliser", "unscale_median", "unscale_certificate", "scaled_lam"]
 
 #: Data whose largest sampled |entry| lies in [2^-LIMIT, 2^LIMIT] are used as they are.
@@ -28,8 +31,6 @@ LIMIT = 64
 
 def normaliser(X) -> float:
     """A power of two ``f`` with ``max |f x_ij|`` about 1 (from up to 257 evenly spaced rows), or 1.0 when not needed."""
-    from ..engine.local import ScaledRows, is_dask_array
-
     if isinstance(X, ScaledRows):
         return 1.0
     N = int(X.shape[0])
@@ -52,8 +53,6 @@ def _absmax_chunk(c, s):
 
 def full_normaliser(X) -> float:
     """Like :func:`normaliser`, from every row (one pass): for data whose sampled rows missed the largest."""
-    from ..engine import engine_for
-
     sigma = engine_for(X).reduce(_absmax_chunk, max, stage="scale")
     if not (sigma > 0 and math.isfinite(sigma)):
         return 1.0
