@@ -356,3 +356,27 @@ def test_rounding_aware_bound_is_below_the_exact_variance(inst):
     # (a variance of data near 1e-237 is below the smallest subnormal, 2^-1074)
     slack = Fraction(1e-12) * Fraction(float(np.abs(X).max())) ** 2 + Fraction(2) ** -1070
     assert opt - Fraction(med.lower_bound) <= Fraction(1e-10) * opt + slack
+
+
+def test_short_runs_are_grouped_as_one_by_one(monkeypatch):
+    """The batched tightness test of short key runs gives the groups of the run-by-run test.
+
+    Float32 data at the precision-scaled ray_tol: thousands of two- and three-point runs, some
+    tight (repeated directions), some loose (distinct directions with close keys).
+    """
+    from widelimit.exact import rays
+
+    r = np.random.default_rng(6)
+    D = r.standard_normal((400, 5))
+    sel = r.integers(0, 400, 3000)
+    Rnd = r.standard_normal((3000, 5)) * 3
+    X = np.vstack([D[sel] * r.uniform(2, 4, (3000, 1)), Rnd])
+    X = X.astype(np.float32)
+    b = np.zeros(5)
+    tol = rays.default_ray_tol(np.float32) * 30
+    batched = rays._group_rays(X, b, 0.5, tol, False, 0)
+    monkeypatch.setattr(rays, "_SHORT_RUN", 0)
+    one_by_one = rays._group_rays(X, b, 0.5, tol, False, 0)
+    np.testing.assert_array_equal(batched.rays, one_by_one.rays)
+    # repeated directions were merged, distinct ones kept
+    assert batched.width == np.unique(sel).size + np.count_nonzero(np.linalg.norm(Rnd, axis=1) > 0.5)
