@@ -221,7 +221,7 @@ def test_one_pass_solution_matches_the_generic_pieces(dtype, layout, rng):
     lam = 0.8
     sol = wl.solve(X, lam=lam)
     ref = wl.huber_median(X, lam=lam)
-    groups = _group_rays(X, sol.bias, lam, wl.exact.rays.default_ray_tol(dtype), False, 0)
+    groups = _group_rays(X, sol.bias, lam, sol.ray_tol, False, 0)
     W_ref = groups.atoms(X, dtype=dtype)
     np.testing.assert_array_equal(sol.rays, groups.rays)
     np.testing.assert_allclose(sol.dictionary, W_ref, rtol=0, atol=4 * np.finfo(dtype).eps)
@@ -277,7 +277,7 @@ def test_fused_median_kernel_matches_numpy(geometric, dtype, rng):
     b, w, lam, eps_r = np.full(7, 0.25), rng.random(300), 1.3, 1e-12
     VT = np.linalg.qr(rng.standard_normal((7, 3)))[0].T.copy()
     rows = np.empty((300, 4))
-    value, g, a, A, B, rmin, imin, w0, c0, dsum, rmax = median_rows(X, b, lam, geometric, eps_r, w, True, VT, rows)
+    value, g, a, A, B, rmin, imin, w0, c0, dsum, rmax, a_in = median_rows(X, b, lam, geometric, eps_r, w, True, VT, rows)
     D = X.astype(np.float64) - b
     r = np.linalg.norm(D, axis=1)
     if geometric:

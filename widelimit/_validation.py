@@ -167,6 +167,20 @@ def check_lam(lam) -> float:
     return val
 
 
+def check_tol(tol, name: str = "tol") -> float:
+    """Validate a tolerance (``tol``, ``atol``, ...): a finite real number ``>= 0``.
+
+    An infinite or NaN tolerance would certify anything; a negative one nothing.
+    """
+    try:
+        val = float(tol)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number >= 0, got {tol!r}") from None
+    if not (math.isfinite(val) and val >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {tol!r}")
+    return val
+
+
 def check_weights(weights, N: int) -> np.ndarray | None:
     """Validate point weights: shape ``(N,)``, finite, ``>= 0``, not all zero. ``None`` means 1."""
     if weights is None:

@@ -93,6 +93,7 @@ def _run_bound(args) -> int:
         "lower_bound": res.lower_bound, "value": res.value, "gap": res.gap, "rel_gap": res.rel_gap,
         "converged": bool(res.converged), "n_passes": res.n_passes, "n_iter": res.n_iter, "method": res.method,
         "seconds": secs, "backend": "dask" if args.dask else "local", "bias": res.point,
+        "rounding": res.rounding, "fingerprint": res.fingerprint,
     }
     if args.json:
         print_json(d)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import weakref
 
 from .dask_engine import DaskEngine
-from .local import LocalEngine, Progress, ProgressFn, is_dask_array
+from .local import LocalEngine, Progress, ProgressFn, ScaledRows, is_dask_array
 
 __all__ = ["engine_for", "LocalEngine", "DaskEngine", "Progress"]
 
@@ -38,7 +38,10 @@ def engine_for(X, progress: ProgressFn | None = None):
     hit = _ENGINES.get(key)
     engine = hit[1] if hit is not None and hit[0]() is X else None
     if engine is None:
-        engine = DaskEngine(X) if is_dask_array(X) else LocalEngine(X)
+        if isinstance(X, ScaledRows) and is_dask_array(X.base):  # a normalised dask array stays on the cluster
+            engine = DaskEngine(X.base, scale=X.factor)
+        else:
+            engine = DaskEngine(X) if is_dask_array(X) else LocalEngine(X)
         try:
             _ENGINES[key] = (weakref.ref(X, lambda _r, k=key, forget=_forget: forget(k)), engine)
         except TypeError:  # not weak-referenceable: no reuse

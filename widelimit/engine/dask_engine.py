@@ -92,15 +92,16 @@ def _client():
         return None
 
 
-def _apply(fn, merge, block, start, args, *extras):
+def _apply(fn, merge, block, start, args, *extras, scale=1.0):
     """One block, reduced on the worker in cache-sized chunks by the single-process engine."""
 
-    return LocalEngine(block, offset=start, prefetch=False, threads=1).reduce(fn, merge, *args, extras=extras)
+    return LocalEngine(block, offset=start, prefetch=False, threads=1, scale=scale).reduce(fn, merge, *args,
+                                                                                          extras=extras)
 
 
-def _apply_rows(fn, block, start, args, cols=None):
+def _apply_rows(fn, block, start, args, cols=None, scale=1.0):
 
-    return LocalEngine(block, offset=start, prefetch=False, threads=1).map_rows(fn, *args, cols=cols)
+    return LocalEngine(block, offset=start, prefetch=False, threads=1, scale=scale).map_rows(fn, *args, cols=cols)
 
 
 class DaskEngine:
@@ -123,13 +124,15 @@ class DaskEngine:
         e.progress, e.passes, e.stage = progress, 0, "pass"
         return e
 
-    def __init__(self, X, progress=None, persist=None):
+    def __init__(self, X, progress=None, persist=None, scale: float = 1.0):
         if not is_dask_array(X):
             raise ValueError("DaskEngine needs a dask.array")
         if len(X.chunks[1]) > 1:
             X = X.rechunk({1: -1})
         self.source = _SOURCES.get(X.name)
         self.N, self.n = int(X.shape[0]), int(X.shape[1])
+        self.scale = float(scale)  # each block is hashed as stored, then multiplied by this (a power of two)
+        self.fingerprint = None
         self.progress = progress
         self.passes = 0
         self.stage = "pass"
@@ -173,16 +176,25 @@ class DaskEngine:
         except NonFiniteRow as err:
             raise nonfinite_error(self.X, err) from None
 
-    def reduce(self, fn, merge, *args, extras=(), stage: str | None = None):
-        """One pass: ``merge`` over blocks of ``fn(block, start, *args, *extra_blocks)``, as one Dask graph."""
+    def reduce(self, fn, merge, *args, extras=(), stage: str | None = None, fingerprint: bool = False):
+        """One pass: ``merge`` over blocks of ``fn(block, start, *args, *extra_blocks)``, as one Dask graph.
+
+        ``fingerprint=True``: the blocks are also hashed on the workers and :attr:`fingerprint` is set.
+        """
         import dask
 
+        if fingerprint:
+            from .fingerprint import finish, hashed
+
+            lanes, out = self.reduce(*hashed(fn, merge), *args, extras=extras, stage=stage)
+            self.fingerprint = finish(lanes, (self.N, self.n))
+            return out
         self.passes += 1
         args = self._shared(args)
         ex = [self._extra_blocks(x) for x in extras]
         app = dask.delayed(_apply, pure=True)
         mrg = dask.delayed(merge, pure=True)
-        parts = [app(fn, merge, blk, int(s), args, *[e[j] for e in ex])
+        parts = [app(fn, merge, blk, int(s), args, *[e[j] for e in ex], scale=self.scale)
                  for j, (blk, s) in enumerate(zip(self._blocks(), self.offsets[:-1]))]
         while len(parts) > 1:  # binary tree of merges: O(log blocks) depth, O(n) per message
             parts = [mrg(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
@@ -198,7 +210,7 @@ class DaskEngine:
         self.passes += 1
         app = dask.delayed(_apply_rows, pure=True)
         args = self._shared(args)
-        parts = [app(fn, blk, int(s), args, cols) for blk, s in zip(self._blocks(), self.offsets[:-1])]
+        parts = [app(fn, blk, int(s), args, cols, self.scale) for blk, s in zip(self._blocks(), self.offsets[:-1])]
         return np.concatenate(self._compute(parts))
 
     def take(self, idx) -> np.ndarray:
@@ -211,7 +223,7 @@ class DaskEngine:
         idx = np.asarray(idx, dtype=np.int64)
         if self.source is not None and not self.persisted:
             try:
-                return np.asarray(self.source[idx], dtype=np.float64)
+                return np.asarray(self.source[idx], dtype=np.float64) * self.scale
             except OSError:  # the client cannot see the files: let the workers read them
                 pass
-        return np.asarray(self._compute(self.X[idx]), dtype=np.float64)
+        return np.asarray(self._compute(self.X[idx]), dtype=np.float64) * self.scale

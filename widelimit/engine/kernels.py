@@ -41,7 +41,8 @@ def median_rows(c, b, lam, geometric, eps_r, w, stats, VT, rows_out):  # pragma:
     ``lam`` is unused for the geometric median; ``w`` is empty for unit weights; with
     ``stats`` the weighted sums of ``x - b`` are returned as well; if ``VT`` (``(p, n)``) has
     rows, ``rows_out[i] = [r_i, VT (x_i - b) / r_i]``.
-    Returns ``(value, g, a, A, B, rmin, imin, w0, c0, dsum, rmax)``.
+    Returns ``(value, g, a, A, B, rmin, imin, w0, c0, dsum, rmax, a_in)`` (``a_in``: the weight of the
+    points within ``lam``, whose curvature does not cancel).
     """
     m, n = c.shape
     p = VT.shape[0]
@@ -51,6 +52,7 @@ def median_rows(c, b, lam, geometric, eps_r, w, stats, VT, rows_out):  # pragma:
     d = np.empty(n)
     value = 0.0
     a = 0.0
+    a_in = 0.0
     A = 0.0
     B = 0.0
     w0 = 0.0
@@ -86,6 +88,7 @@ def median_rows(c, b, lam, geometric, eps_r, w, stats, VT, rows_out):  # pragma:
             else:
                 cc = 1.0
                 value += wi * r2
+                a_in += wi
             cw = wi * cc
             a += cw
             A += cw * r2
@@ -104,7 +107,7 @@ def median_rows(c, b, lam, geometric, eps_r, w, stats, VT, rows_out):  # pragma:
                 for j in range(n):
                     s += d[j] * VT[k, j]
                 rows_out[i, k + 1] = s * inv
-    return value, g, a, A, B, rmin, imin, w0, c0, dsum, rmax
+    return value, g, a, A, B, rmin, imin, w0, c0, dsum, rmax, a_in
 
 
 @nb.njit(**_JIT)
@@ -165,7 +168,8 @@ def solution_rows(c, b, lam, W, z_out, start, ray, lead, single):  # pragma: no 
                 emax = ee
             zn = z * np.sqrt(nrm2)
             pen += zn
-            comp += zn * (1.0 - ee / lam2)
+            q = np.sqrt(ee) / lam  # not ee / lam^2: lam^2 under/overflows for extreme lam
+            comp += zn * (1.0 - q * q)
             if zn > 0:
                 width += 1
     return rec, esum, emax, hub, comp, pen, width

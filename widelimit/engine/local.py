@@ -30,11 +30,13 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from .fingerprint import _hashed_chunk
 
 __all__ = [
     "CHUNK_BYTES", "chunk_rows",
@@ -100,9 +102,17 @@ class NonFiniteRow(ValueError):
         return (NonFiniteRow, (self.row, self.what))
 
 
+class FloatOverflow(ValueError):
+    """Finite data whose squares or sums left the float64 range (the solvers rescale and retry once)."""
+
+
 def raise_nonfinite(chunk: np.ndarray, start: int) -> None:
     """Raise :class:`NonFiniteRow` for the first row of ``chunk`` (global row ``start + i``) that is not finite."""
     ok = np.isfinite(chunk).all(axis=1)
+    if ok.all():  # finite data whose squares or sums left the float64 range
+        big = float(np.abs(chunk).max()) if chunk.size else 0.0
+        raise FloatOverflow(f"X: float64 overflow in rows {start}..{start + chunk.shape[0] - 1} (entries up to "
+                            f"{big:.3g}): the rows differ in magnitude by more than about 1e150")
     i = int(np.flatnonzero(~ok)[0])
     raise NonFiniteRow(start + i, "NaN" if np.isnan(chunk[i]).any() else "Inf")
 
@@ -167,8 +177,13 @@ class LocalEngine:
     """
 
     def __init__(self, X, rows: int | None = None, progress: ProgressFn | None = None, prefetch: bool | None = None,
-                 offset: int = 0, threads: int | None = None):
+                 offset: int = 0, threads: int | None = None, scale: float = 1.0):
         self.X = X
+        if isinstance(X, ScaledRows):  # read the stored rows, scale each chunk after hashing it
+            X, scale = X.base, X.factor * scale
+        self.base = X
+        self.scale = float(scale)
+        self.fingerprint = None
         self.offset = int(offset)
         self.N, self.n = int(X.shape[0]), int(X.shape[1])
         self.rows = int(rows or chunk_rows(self.n))
@@ -191,7 +206,7 @@ class LocalEngine:
         return e
 
     def _load(self, s):
-        c = np.asarray(self.X[s : min(self.N, s + self.rows)])
+        c = np.asarray(self.base[s : min(self.N, s + self.rows)])
         return c if c.dtype in (np.float32, np.float64) else c.astype(np.float64)
 
     def _chunks(self):
@@ -232,19 +247,36 @@ class LocalEngine:
                 futs[i] = None
                 yield e, res
 
-    def reduce(self, fn, merge, *args, extras=(), stage: str | None = None):
+    def reduce(self, fn, merge, *args, extras=(), stage: str | None = None, fingerprint: bool = False):
         """``merge`` of ``fn(chunk, start, *args, *extra_blocks)`` over all row chunks (one pass).
 
         ``extras`` are row-aligned arrays (weights ``(N,)``, codes ``(N, k)``,
         dense or scipy.sparse, or ``None``) sliced like the chunk. Partial results are
-        merged in row order whatever the number of threads.
+        merged in row order whatever the number of threads. With ``fingerprint=True`` the
+        pass also hashes every row as stored (:mod:`widelimit.engine.fingerprint`) and sets
+        :attr:`fingerprint`.
         """
+        if fingerprint:
+            from .fingerprint import finish, hashed
+
+            hfn, hmerge = hashed(fn, merge)
+            lanes, out = self.reduce(hfn, hmerge, *args, extras=extras, stage=stage)
+            self.fingerprint = finish(lanes, (self.N, self.n))  # of this block only when offset > 0
+            return out
         self.passes += 1
         stage = stage or self.stage
         off = self.offset
+        f = self.scale
 
         def part(s, c):
             e = s + c.shape[0]
+            if f != 1.0:  # the chunk as stored goes to the hash (if any) first, then is scaled
+                if isinstance(fn, partial) and fn.func is _hashed_chunk:
+                    from .fingerprint import _lanes
+
+                    return _lanes(c, off + s), fn.args[0](c * f, off + s, *args,
+                                                          *[None if x is None else x[s:e] for x in extras])
+                c = c * f
             return fn(c, off + s, *args, *[None if x is None else x[s:e] for x in extras])
 
         acc = None
@@ -272,7 +304,7 @@ class LocalEngine:
         except NonFiniteRow as err:
             if self.offset:  # one block of a larger matrix: the caller knows where the row lives
                 raise
-            raise nonfinite_error(self.X, err) from None
+            raise nonfinite_error(self.base, err) from None
         return acc
 
     def map_rows(self, fn, *args, cols: int | None = None, stage: str | None = None) -> np.ndarray:
@@ -285,27 +317,56 @@ class LocalEngine:
         out = np.empty(self.N if cols is None else (self.N, cols))
         off = self.offset
 
+        f = self.scale
+
         def work(s0, e0):
             for s in range(s0, e0, self.rows):
                 c = self._load(s)
-                out[s : s + c.shape[0]] = fn(c, off + s, *args)
+                out[s : s + c.shape[0]] = fn(c if f == 1.0 else c * f, off + s, *args)
 
         try:
             if not self.parallel:
                 for s, c in self._chunks():
-                    out[s : s + c.shape[0]] = fn(c, off + s, *args)
+                    out[s : s + c.shape[0]] = fn(c if f == 1.0 else c * f, off + s, *args)
             else:
                 for _e, _ in self._tasks(work):
                     pass
         except NonFiniteRow as err:
             if self.offset:
                 raise
-            raise nonfinite_error(self.X, err) from None
+            raise nonfinite_error(self.base, err) from None
         return out
 
     def take(self, idx) -> np.ndarray:
         """Rows ``idx`` (sorted or not) as float64 (random access; not counted as a pass)."""
-        return np.asarray(self.X[np.asarray(idx)], dtype=np.float64)
+        rows = np.asarray(self.base[np.asarray(idx)], dtype=np.float64)
+        return rows if self.scale == 1.0 else rows * self.scale
+
+
+class ScaledRows:
+    """The rows of ``X`` times ``factor``, an exact power of two, read lazily (the solvers' normalisation).
+
+    Multiplying by a power of two is exact in floating point (away from overflow and
+    subnormals), so a computation on the scaled rows is the same computation on ``X`` in other
+    units (docs/theory_rounding.md). The engines read ``base`` and scale each chunk after
+    hashing it, so the fingerprint is that of ``X`` itself.
+    """
+
+    def __init__(self, X, factor: float):
+        self.base, self.factor = X, float(factor)
+        self.shape = tuple(int(d) for d in X.shape)
+        self.dtype = np.dtype(X.dtype)
+        self.ndim = 2
+
+    @property
+    def concurrent_reads(self) -> bool:
+        return isinstance(self.base, np.ndarray) or bool(getattr(self.base, "concurrent_reads", False))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, idx) -> np.ndarray:
+        return np.asarray(self.base[idx], dtype=np.float64) * self.factor
 
 
 _BLAS = None

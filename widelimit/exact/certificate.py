@@ -31,11 +31,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from .._validation import check_lam, row_norms
+from .._validation import check_lam, check_tol, row_norms
 from .median import MedianResult, centered, huber_median
 from .objective import _check_triple, _matmul_rows, huber_h
 from ..engine import engine_for
-from ..engine.local import raise_nonfinite, scratch
+from ..engine.fingerprint import mismatch_error
+from ..engine.local import ScaledRows, raise_nonfinite, scratch
+from .scaling import normaliser, scale_median, scaled_lam, unscale_certificate
+from .median_bound import ETA, U, check_consistent, gamma, sum_depth
 
 __all__ = ["Certificate", "verify"]
 
@@ -68,10 +71,16 @@ class Certificate:
     max_residual_norm : float
         ``max_i ||e_i||``; ``dual_min >= 0`` iff this is ``<= lam``.
     certified : bool
-        ``gap <= tol * max(value, tiny)`` (plus ``atol``).
+        ``gap + rounding_error <= tol * max(value, tiny) + atol``: a proof under the
+        floating-point model of docs/theory_rounding.md.
     tol, atol : float
     n_points, dim, width : int
     lam : float
+    rounding_error : float
+        Rigorous bound on ``|value - exact objective of the candidate|`` (``lower_bound`` is
+        already lowered by its own rounding bound).
+    fingerprint : str or None
+        Content fingerprint of the data the certificate was computed on (the median's).
     """
 
     value: float
@@ -93,6 +102,8 @@ class Certificate:
     dim: int
     width: int
     lam: float
+    rounding_error: float = 0.0
+    fingerprint: str | None = None
 
     def as_dict(self) -> dict:
         """Plain-Python dict (JSON-serialisable)."""
@@ -126,7 +137,8 @@ def _cert_chunk(c, s, W, b, lam, norms, count, slot, n_multi, Zc):
     z = Zc.tocoo()
     c_row, c_col, c_val = z.row, z.col, z.data * norms[z.col]
     one = count[c_col] == 1
-    comp_single = float(np.sum(c_val[one] * (1.0 - ee[c_row[one]] / (lam * lam))))
+    q = np.sqrt(ee[c_row[one]]) / lam
+    comp_single = float(np.sum(c_val[one] * (1.0 - q * q)))
     EtZ = np.zeros((n_multi, n))
     m = ~one
     if m.any():
@@ -161,33 +173,69 @@ def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float,
     engine = engine_for(X, progress)
     engine.stage = "certificate"
     rec, esum, emax, EtZ, hub, comp_single = engine.reduce(
-        _cert_chunk, _merge_cert, W, b, lam, norms, count, slot, 0 if multi is None else multi.size, extras=(Z,))
+        _cert_chunk, _merge_cert, W, b, lam, norms, count, slot, 0 if multi is None else multi.size, extras=(Z,),
+        fingerprint=median.fingerprint is not None)
+    if median.fingerprint is not None and engine.fingerprint != median.fingerprint:
+        raise mismatch_error("median", median.fingerprint, engine.fingerprint)
     pen = 2.0 * lam * float(colsum.sum())
     if sparse:
         cs = colsum[multi]
         live = cs > 0
-        comp_multi = float(np.sum(cs[live] - np.einsum("ij,ij->i", EtZ[live], EtZ[live]) / (lam * lam * cs[live])))
+        comp_multi = float(np.sum(cs[live] - _sq_over_lam(EtZ[live], lam) / cs[live]))
         comp = (lam / N) * (comp_single + comp_multi)
     else:
         EtZ *= norms[:, None]
         live = colsum > 0
-        comp = (lam / N) * float(
-            np.sum(colsum[live] - np.einsum("ij,ij->i", EtZ[live], EtZ[live]) / (lam * lam * colsum[live]))
-        )
+        comp = (lam / N) * float(np.sum(colsum[live] - _sq_over_lam(EtZ[live], lam) / colsum[live]))
+    kmax = int(np.diff(Z.indptr).max()) if sparse and N else k
     return make_certificate(N, n, rec, pen, esum, emax, hub, comp, int(np.count_nonzero(colsum > 0)), lam, median,
-                            tol, atol)
+                            tol, atol, depth=sum_depth(engine) + kmax)
 
 
-def make_certificate(N, n, rec, pen, esum, emax, hub, comp, width, lam, median: MedianResult, tol, atol) -> Certificate:
+def _sq_over_lam(E, lam) -> np.ndarray:
+    """``||E_d||^2 / lam^2`` row by row, without forming ``lam^2`` (which under/overflows for extreme ``lam``)."""
+    Q = E / lam
+    return np.einsum("ij,ij->i", Q, Q)
+
+
+def value_rounding(N, rec, pen, emax, hub, lam, depth) -> float:
+    r"""Rigorous bound on ``|value - exact objective|`` of a candidate whose sums were computed in float64.
+
+    With ``gamma = gamma_depth`` (docs/theory_rounding.md), each residual ``e_i = x_i - b - z_i W``
+    is computed to within ``gamma (r_i + sum_d z_id ||w_d||)`` in norm, so
+    ``|fl(||e_i||^2) - ||e_i||^2| <= gamma ||e_i||^2 + 2 ||e_i|| delta_i + delta_i^2``; summed with
+    ``sum_i r_i <= sqrt(N hub) + hub / lam`` (``r <= sqrt(h(r))`` for ``r <= lam``, else
+    ``r <= h(r) / lam``) and ``sum_i sum_d z_id ||w_d|| = pen / (2 lam)``.
+    """
+    g = gamma(depth)
+    T = float(np.sqrt(N * max(hub, 0.0))) + hub / lam + pen / (2.0 * lam)
+    err = 2.0 * g * (rec + pen) + 4.0 * g * float(np.sqrt(emax)) * T + 4.0 * g * g * T * T + 8.0 * g * hub
+    err += 16.0 * N * depth * ETA * (1.0 + T)  # underflow of the products (subnormal sums are exact)
+    return err / N + 2.0 * U * (rec + pen) / N
+
+
+def make_certificate(N, n, rec, pen, esum, emax, hub, comp, width, lam, median: MedianResult, tol, atol, *,
+                     depth: int) -> Certificate:
     """The :class:`Certificate` from a candidate's sums over the data.
 
     ``rec = sum ||e_i||^2``, ``pen = 2 lam sum_d ||Z_d||_1`` (unit atoms), ``esum = sum e_i``,
     ``emax = max ||e_i||^2``, ``hub = sum h(||x_i - b||)`` and ``comp = <G, Q>``; ``median``
-    supplies the global lower bound.
+    supplies the global lower bound; ``depth`` bounds the roundings of the sums
+    (:func:`widelimit.exact.median_bound.sum_depth` plus the atoms per point).
+
+    Raises
+    ------
+    InconsistentBound
+        If the objective lies below the lower bound by more than its rounding error: then
+        the median is not of these data, and nothing is certified.
     """
     value = (rec + pen) / N
     lb = median.lower_bound
-    gap = max(0.0, value - lb)
+    err = value_rounding(N, rec, pen, emax, hub, lam, depth)
+    check_consistent(value, err, lb, "the candidate's objective",
+                     "; the median was computed on other data (or with another lam)")
+    gap = value - lb
+    q = float(np.sqrt(emax)) / lam
     return Certificate(
         value=value,
         reconstruction=rec / N,
@@ -198,16 +246,18 @@ def make_certificate(N, n, rec, pen, esum, emax, hub, comp, width, lam, median: 
         gap=gap,
         rel_gap=gap / max(abs(value), 1e-300),
         bias_stationarity=float(np.linalg.norm(esum / N)),
-        dual_min=(lam / N) * (1.0 - emax / (lam * lam)),
+        dual_min=(lam / N) * (1.0 - q * q),
         complementarity=comp,
         max_residual_norm=float(np.sqrt(emax)),
-        certified=bool(gap <= tol * max(abs(value), 1e-300) + atol),
+        certified=bool(gap + err <= tol * max(abs(value), 1e-300) + atol),
         tol=tol,
         atol=atol,
         n_points=N,
         dim=n,
         width=width,
         lam=lam,
+        rounding_error=err,
+        fingerprint=median.fingerprint,
     )
 
 
@@ -253,8 +303,22 @@ def verify(X, W, Z, b, *, lam, tol: float = 1e-9, atol: float = 0.0, median: Med
     passes plus one.
     """
     X, W, Z, b, lam = _check_triple(X, W, Z, b, lam)
+    tol, atol = check_tol(tol, "tol"), check_tol(atol, "atol")
     if median is None:
-        median = huber_median(X, lam=lam, progress=progress, checkpoint=checkpoint)
-    elif median.kind != "huber" or median.lam != check_lam(lam):
+        pass
+    elif not isinstance(median, MedianResult) or median.kind != "huber" or median.lam != check_lam(lam):
         raise ValueError("median must be a Huber median computed with the same lam")
-    return _certificate(X, W, Z, b, lam, median, float(tol), float(atol), progress)
+    elif median.fingerprint is None:
+        raise ValueError("median carries no data fingerprint; recompute it with huber_median(X, lam=lam)")
+    f = normaliser(X)  # data far from unit magnitude: certified as f X (f an exact power of two)
+    if f == 1.0:
+        if median is None:
+            median = huber_median(X, lam=lam, progress=progress, checkpoint=checkpoint)
+        return _certificate(X, W, Z, b, lam, median, tol, atol, progress)
+    lam_f = scaled_lam(lam, f)
+    Xf = ScaledRows(X, f)
+    median = (huber_median(Xf, lam=lam_f, progress=progress, checkpoint=checkpoint) if median is None
+              else scale_median(median, f, lam_f))
+    atol_f = min(atol * f * f, float(np.finfo(np.float64).max))
+    cert = _certificate(Xf, W, Z * f, b * f, lam_f, median, tol, atol_f, progress)
+    return unscale_certificate(cert, f, lam, atol)

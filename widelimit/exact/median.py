@@ -45,13 +45,19 @@ import numpy as np
 import hashlib
 import json
 
-from .._validation import _finite_chunk, check_data, check_lam, check_vector, check_weights
+from .._validation import _finite_chunk, check_data, check_lam, check_tol, check_vector, check_weights
+from .collinear import collinear_fit, project_chunk, solve_1d
+from .newton import line_min, newton_direction
+from .median_bound import ETA, check_consistent, gamma, lower_bound, norm, sum_depth
+from .scaling import full_normaliser, normaliser, scaled_lam, unscale_median
+from ..engine.fingerprint import mismatch_error
 from ..engine.kernels import median_rows
 from ..engine import engine_for
 from ..engine.local import (
+    FloatOverflow,
     LocalEngine,
     Progress,
-    data_fingerprint,
+    ScaledRows,
     load_checkpoint,
     one_blas_thread,
     raise_nonfinite,
@@ -75,9 +81,11 @@ class MedianResult:
     value : float
         Objective at ``point`` (weighted mean over points).
     lower_bound : float
-        Certified lower bound on the minimum value (from a dual-feasible point).
+        Certified lower bound on the exact minimum value of the data as stored (from a dual
+        point, lowered by a rigorous bound on the rounding error: docs/theory_rounding.md).
     gap : float
-        ``value - lower_bound`` (>= 0): a bound on the suboptimality of ``point``.
+        ``value - lower_bound``: a bound on the suboptimality of ``point`` (never clipped; a
+        negative gap beyond the rounding error raises instead).
     segment : ndarray (2, n)
         Endpoints of the optimal set when the data are collinear (equal rows
         when the optimum is unique); for non-collinear data the optimum is
@@ -94,6 +102,12 @@ class MedianResult:
         ``"huber"`` or ``"geometric"``.
     lam : float or None
         The threshold of the Huber median.
+    fingerprint : str or None
+        Content fingerprint of the data it was computed on (XXH3-128 of every row, taken in the
+        first pass: :mod:`widelimit.engine.fingerprint`); :func:`widelimit.verify` refuses a
+        median whose fingerprint is not that of its data.
+    rounding : float
+        What the last pass's bound was lowered by for floating-point rounding.
     """
 
     point: np.ndarray
@@ -108,6 +122,9 @@ class MedianResult:
     kind: str
     lam: float | None = None
     history: list = field(default_factory=list, repr=False)
+    fingerprint: str | None = None
+    rounding: float = 0.0
+    radius: float = 0.0  #: max_i ||x_i - point|| (as computed)
 
     @property
     def rel_gap(self) -> float:
@@ -138,6 +155,8 @@ class _Pass:
     c0: np.ndarray | None = None  # geometric: sum over coinciding points of w_i (x_i - b)
     dsum: np.ndarray | None = None  # with stats: sum_i w_i (x_i - b) (gives the weighted mean)
     xmax: float = 0.0  # with stats: an upper bound on max_i ||x_i|| (the data scale)
+    rmax: float = 0.0  # max_i ||x_i - b|| (as computed)
+    a_in: float = 0.0  # Huber: sum of the weights of the points within lam of b
 
 
 def centered(c, b, slot: str = "a") -> np.ndarray:
@@ -171,7 +190,7 @@ def _pass_chunk(c, s, b, lam, kind, eps_r, stats, tap, w):
     m, n = c.shape
     VT = _NO_V.reshape(0, n) if tap is None else tap.VT
     rows = np.empty((m, VT.shape[0] + 1)) if tap is not None else _NO_V
-    value, g, a, A, B, rmin, imin, w0, c0, dsum, rmax = median_rows(
+    value, g, a, A, B, rmin, imin, w0, c0, dsum, rmax, a_in = median_rows(
         c, b, 0.0 if lam is None else float(lam), kind == "geometric", float(eps_r),
         _NO_W if w is None else w, bool(stats), VT, rows)
     if not np.isfinite(value):
@@ -179,9 +198,9 @@ def _pass_chunk(c, s, b, lam, kind, eps_r, stats, tap, w):
     if tap is not None:
         tap.store(rows, s)
     if not stats:
-        return _Pass(value, g, a, A, B, rmin, s + int(imin), w0, c0)
-    xmax = float(rmax) + float(np.linalg.norm(b))  # ||x_i|| <= ||x_i - b|| + ||b||
-    return _Pass(value, g, a, A, B, rmin, s + int(imin), w0, c0, dsum, xmax)
+        return _Pass(value, g, a, A, B, rmin, s + int(imin), w0, c0, None, 0.0, float(rmax), a_in)
+    xmax = float(rmax) + norm(b)  # ||x_i|| <= ||x_i - b|| + ||b||
+    return _Pass(value, g, a, A, B, rmin, s + int(imin), w0, c0, dsum, xmax, float(rmax), a_in)
 
 
 def _merge_pass(p: _Pass, q: _Pass) -> _Pass:
@@ -189,7 +208,7 @@ def _merge_pass(p: _Pass, q: _Pass) -> _Pass:
     near = p if (p.rmin, p.imin) <= (q.rmin, q.imin) else q
     dsum = None if p.dsum is None else p.dsum + q.dsum
     return _Pass(p.value + q.value, p.g + q.g, p.a + q.a, p.A + q.A, p.B + q.B, near.rmin, near.imin,
-                 p.w0 + q.w0, p.c0 + q.c0, dsum, max(p.xmax, q.xmax))
+                 p.w0 + q.w0, p.c0 + q.c0, dsum, max(p.xmax, q.xmax), max(p.rmax, q.rmax), p.a_in + q.a_in)
 
 
 def _pass(X, w, b, lam, kind, eps_r, engine=None):
@@ -198,179 +217,14 @@ def _pass(X, w, b, lam, kind, eps_r, engine=None):
     return engine.reduce(_pass_chunk, _merge_pass, b, lam, kind, eps_r, False, None, extras=(w,))
 
 
-def _lower_bound(p: _Pass, W: float, mean_minus_b: np.ndarray, lam, kind) -> float:
-    """Certified lower bound on ``min_b sum_i w_i phi(||x_i - b||)`` (not yet divided by W)."""
-    if kind == "huber":
-        gb = p.g / W
-        ng = float(np.linalg.norm(gb))
-        s_max = lam / (lam + ng)  # ||y_i - gbar|| <= lam + ||gbar||
-        P1 = p.A - W * float(gb @ mean_minus_b)
-        P2 = p.B - W * ng * ng
-        s = s_max if P2 <= 0 else min(s_max, max(0.0, P1 / P2))
-        return 2.0 * s * P1 - s * s * max(P2, 0.0)
-    # geometric: coinciding points take the subgradient that best cancels the rest
-    gr = p.g
-    ngr = float(np.linalg.norm(gr))
-    v = -gr / max(p.w0, ngr) if p.w0 > 0 and ngr > 0 else np.zeros_like(gr)
-    g = gr + p.w0 * v
-    gb = g / W
-    s = 1.0 / (1.0 + float(np.linalg.norm(gb)))
-    P1 = p.A + float(v @ p.c0) - W * float(gb @ mean_minus_b)
-    return max(0.0, s * P1)
-
-
 def _grad(p: _Pass, kind) -> np.ndarray:
     """``-grad`` of ``sum w phi`` (times 1/2 for Huber), with the best subgradient at coinciding points."""
     if kind == "huber" or p.w0 == 0.0:
         return p.g
-    ng = float(np.linalg.norm(p.g))
+    ng = norm(p.g)
     if ng <= p.w0:
         return np.zeros_like(p.g)
     return p.g * (1.0 - p.w0 / ng)
-
-
-# --------------------------------------------------------------------------------------
-# collinear data: exact 1-D solution
-# --------------------------------------------------------------------------------------
-
-
-def _solve_1d(t, w, lam, kind):
-    """Exact optimal interval ``[lo, hi]`` of ``sum_i w_i phi(|t - t_i|)`` over t."""
-    order = np.argsort(t, kind="stable")
-    ts = t[order]
-    ws = np.ones_like(ts) if w is None else w[order]
-    W = float(ws.sum())
-    if kind == "geometric":
-        cw = np.cumsum(ws)
-        k = int(np.searchsorted(cw, 0.5 * W - 1e-12 * W))  # first index with cw >= W/2
-        k = min(k, ts.size - 1)
-        lo = ts[k]
-        hi = ts[k + 1] if (abs(cw[k] - 0.5 * W) <= 1e-12 * W and k + 1 < ts.size) else lo
-        return float(lo), float(hi)
-    cw = np.concatenate([[0.0], np.cumsum(ws)])
-    cwt = np.concatenate([[0.0], np.cumsum(ws * ts)])
-    bp = np.unique(np.concatenate([ts - lam, ts + lam]))
-
-    def dF(x):  # half the derivative: sum_i w_i clip(x - t_i, -lam, lam)
-        i_lo = np.searchsorted(ts, x - lam, side="right")  # t_i <= x - lam: clipped at +lam
-        i_hi = np.searchsorted(ts, x + lam, side="left")  # t_i >= x + lam: clipped at -lam
-        wm = cw[i_hi] - cw[i_lo]
-        sm = cwt[i_hi] - cwt[i_lo]
-        return wm * x - sm + lam * (cw[i_lo] - (W - cw[i_hi]))
-
-    F = dF(bp)
-    tol = 1e-12 * lam * W
-    k_lo = int(np.argmax(F >= -tol))
-    if abs(F[k_lo]) <= tol or k_lo == 0:
-        lo = bp[k_lo]
-    else:
-        x0, x1, f0, f1 = bp[k_lo - 1], bp[k_lo], F[k_lo - 1], F[k_lo]
-        lo = x0 + (x1 - x0) * (-f0) / (f1 - f0)
-    k_hi = int(np.flatnonzero(F <= tol)[-1])
-    if abs(F[k_hi]) <= tol or k_hi == bp.size - 1:
-        hi = bp[k_hi]
-    else:
-        x0, x1, f0, f1 = bp[k_hi], bp[k_hi + 1], F[k_hi], F[k_hi + 1]
-        hi = x0 + (x1 - x0) * (-f0) / (f1 - f0)
-    lo, hi = float(lo), float(hi)
-    if hi < lo:  # unique optimum: the two interpolations agree up to rounding
-        lo = hi = 0.5 * (lo + hi)
-    return lo, hi
-
-
-def _line_of(P, tol_abs):
-    """Try to fit a line through the rows of ``P``: returns (origin, direction) or None if not collinear."""
-    o = P[0]
-    D = P - o
-    d2 = np.einsum("ij,ij->i", D, D)
-    j = int(np.argmax(d2))
-    if d2[j] <= tol_abs * tol_abs:
-        return o, None  # all identical so far
-    u = D[j] / np.sqrt(d2[j])
-    off = D - np.outer(D @ u, u)
-    if np.sqrt(np.einsum("ij,ij->i", off, off)).max() > tol_abs:
-        return None
-    return o, u
-
-
-def _far_chunk(c, s, o):
-    """The row of a block farthest from ``o``: ``(distance, row, x - o)``."""
-    D = c - o
-    d = np.sqrt(np.einsum("ij,ij->i", D, D))
-    j = int(np.argmax(d))
-    return float(d[j]), s + j, D[j]
-
-
-def _merge_far(p, q):
-    return p if (p[0], -p[1]) >= (q[0], -q[1]) else q
-
-
-def _offline_chunk(c, s, o, u):
-    """Largest distance of a block's rows from the line ``o + t u``."""
-    D = c - o
-    off = D - np.outer(D @ u, u)
-    return float(np.sqrt(np.einsum("ij,ij->i", off, off)).max())
-
-
-def _project_chunk(c, s, o, u):
-    return (c - o) @ u
-
-
-def _newton_step(Bm, g, floor):
-    """``d`` solving ``Bm d = g`` with the eigenvalues of the symmetric ``Bm`` raised to at least ``floor``.
-
-    A Cholesky factorisation of ``Bm`` (n^3 / 3 flops) when its smallest pivot clears ``floor``;
-    the eigendecomposition (several times dearer, which matters for n in the thousands) only
-    when ``Bm`` is nearly singular or indefinite.
-    """
-    from scipy.linalg import LinAlgError, cho_factor, cho_solve
-
-    try:
-        c, low = cho_factor(Bm, check_finite=False)
-        if np.diag(c).min() ** 2 >= floor:
-            return cho_solve((c, low), g, check_finite=False)
-    except LinAlgError:
-        pass
-    mu, V = np.linalg.eigh(Bm)
-    return V @ ((V.T @ g) / np.maximum(mu, floor))
-
-
-def _line_min(Xs, ws, b, d, lam, kind) -> float:
-    """``argmin_{t in [0, 1]}`` of the weighted objective of the rows ``Xs`` at ``b + t d``.
-
-    The objective is convex in ``t``; bounded Brent search to a relative ``1e-12`` in ``t``
-    (about 50 evaluations of O(m n) each, on the subsample held in memory).
-    """
-    from scipy.optimize import minimize_scalar
-
-    D0 = Xs - b
-
-    def f(t):
-        r = np.sqrt(np.einsum("ij,ij->i", D0 - t * d, D0 - t * d))
-        return float(ws @ (np.where(r <= lam, r * r, 2.0 * lam * r - lam * lam) if kind == "huber" else r))
-
-    res = minimize_scalar(f, bounds=(0.0, 1.0), method="bounded", options={"xatol": 1e-12, "maxiter": 200})
-    return float(res.x) if f(float(res.x)) < f(0.0) else 0.0
-
-
-def _collinear(engine, rng_idx, tol_abs):
-    """Detect data on one line (or one point): (origin, unit direction or None), or None."""
-    N = engine.N
-    if N > rng_idx.size:  # a random subsample that is not collinear rules it out cheaply
-        if _line_of(engine.take(rng_idx), tol_abs) is None:
-            return None
-    fit = _line_of(engine.take(np.arange(min(N, 4096))), tol_abs)
-    if fit is None:
-        return None
-    o, u = fit
-    if u is None:  # the first rows coincide: the direction is that of the farthest point
-        d, _i, D = engine.reduce(_far_chunk, _merge_far, o, stage="collinear")
-        if d <= tol_abs:
-            return o, None
-        u = D / d
-    if engine.reduce(_offline_chunk, max, o, u, stage="collinear") > tol_abs:
-        return None
-    return o, u
 
 
 # --------------------------------------------------------------------------------------
@@ -378,7 +232,7 @@ def _collinear(engine, rng_idx, tol_abs):
 # --------------------------------------------------------------------------------------
 
 
-_CKPT_VERSION = 1
+_CKPT_VERSION = 2
 
 #: Secant pairs of the last iterations that correct the subsample Newton matrix (BFGS updates).
 SECANT_PAIRS = 2
@@ -388,12 +242,26 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
     """Solve a median problem on validated data ``X`` with validated weights ``w`` (or None).
 
     When the passes run on several threads, BLAS runs on one in between (see
-    :func:`widelimit.engine.local.one_blas_thread`).
+    :func:`widelimit.engine.local.one_blas_thread`). Data far from unit magnitude are solved
+    as ``f X`` with an exact power of two ``f`` (:mod:`widelimit.exact.scaling`).
     """
-    if getattr(engine_for(X), "threads", 1) > 1:
-        with one_blas_thread():
-            return _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap)
-    return _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap)
+    def run(f):
+        Xf, lam_f = (X, lam) if f == 1.0 else (ScaledRows(X, f), None if lam is None else scaled_lam(lam, f))
+        if getattr(engine_for(X), "threads", 1) > 1:
+            with one_blas_thread():
+                res = _solve_passes(Xf, lam_f, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap)
+        else:
+            res = _solve_passes(Xf, lam_f, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap)
+        return res if f == 1.0 else unscale_median(res, f, lam)
+
+    f = normaliser(X)
+    try:
+        return run(f)
+    except FloatOverflow:  # the sampled rows missed the largest: scale from all of them, once
+        f_all = full_normaliser(X)
+        if f_all == f:
+            raise
+        return run(f_all)
 
 
 def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None, checkpoint=None, tap=None):
@@ -422,7 +290,7 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
     if checkpoint is not None:
         problem = {
             "version": _CKPT_VERSION, "kind": kind, "lam": lam, "tol": tol, "xtol": xtol, "max_iter": max_iter,
-            "hess_rows": hess_rows, "seed": seed, "data": data_fingerprint(X),
+            "hess_rows": hess_rows, "seed": seed, "shape": [N, n],
             "weights": None if w is None else hashlib.sha1(w.tobytes()).hexdigest(),
         }
         state = load_checkpoint(checkpoint)
@@ -435,22 +303,38 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
         tap = None
     tap_now = False
 
-    # Floating-point slack: the bound is lowered by the rounding level of N-term float64 sums,
-    # so that it stays a lower bound of the exact minimum, and convergence allows for it.
+    # rounding level of the sums (for the step tests); the bounds subtract a rigorous bound instead
     round_rel = 8 * _EPS * np.sqrt(N)
+    K = sum_depth(engine)
+    gK = gamma(K)
+    mean = None
+    e_mean = 0.0  # bound on the rounding error of `mean` (norm)
+    err_now = 0.0  # what the last bound was lowered by for rounding (median_bound.lower_bound)
+    best_lb = [-np.inf]
 
     def certify(b, stage="newton", stats=False):
+        """Value and rigorous lower bound at ``b`` (one pass; the first pass also hashes every row)."""
+        nonlocal err_now
         engine.stage = stage
         use_tap = tap is not None and tap_now
         p = engine.reduce(_pass_chunk, _merge_pass, b, lam, kind, eps_r, stats, tap if use_tap else None,
-                          extras=(w,))
+                          extras=(w,), fingerprint=stats)
         if use_tap:
             tap.point = np.array(b, copy=True)
-        mb = p.dsum / W if stats else mean - b
-        lb = _lower_bound(p, W, mb, lam, kind) / W
-        return p, p.value / W, lb - round_rel * abs(lb)
+        if stats:
+            mb = p.dsum / W
+            e_mb = 4.0 * gK * (p.rmax + norm(mb))
+        else:
+            mb = mean - b
+            e_mb = e_mean + 4.0 * gK * (norm(mean) + norm(b))
+        lb, err_now = lower_bound(p, W, mb, e_mb, lam, kind, K)
+        val = p.value / W
+        best_lb[0] = max(best_lb[0], lb)  # every bound seen is a bound of the same minimum
+        check_consistent(val, 4.0 * gK * val + 4.0 * N * ETA / W, best_lb[0], "the median's objective")
+        return p, val, max(lb, 0.0)  # the objective is >= 0
 
-    tol = max(tol, 4 * round_rel)
+    def done(gap, val):  # the requested tolerance, floored at the rounding level of the bound
+        return gap <= max(tol * max(val, 1e-300), 4.0 * err_now)
 
     Xs = engine.take(sub)  # the Newton matrix's subsample (random access, not a pass)
     if not np.isfinite(Xs).all():  # streamed data are checked as they are read: find the first bad row
@@ -472,13 +356,21 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
         # the data scale (it also checks that every row is finite)
         p, val, lb = certify(b, "mean", stats=True)
         mean = b + p.dsum / W
+        e_mean = 4.0 * gK * (p.rmax + norm(b))
         tol_abs = 64.0 * dtype_eps * max(p.xmax, 1e-300)  # rounding level of distances between rows
-        line = _collinear(engine, sub, tol_abs)
+        line = collinear_fit(engine, sub, tol_abs)
         report("mean", val, lb)
     else:
+        # resume: one certifying pass at the saved point re-reads (and hashes) every row, so
+        # nothing saved is trusted unless the data are the very data it was computed on
         meta, arr = state
-        mean = arr["mean"]
+        b = arr["b"]
+        p, val, lb = certify(b, "resume", stats=True)
+        if engine.fingerprint != meta["fingerprint"]:
+            raise mismatch_error(f"{checkpoint}: the checkpoint", meta["fingerprint"], engine.fingerprint)
+        mean, e_mean = arr["mean"], float(meta["e_mean"])
         line = None
+    fingerprint = engine.fingerprint
 
     if line is not None:
         o, u = line
@@ -486,19 +378,25 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
             b = o.copy()
             seg = np.stack([b, b])
         else:
-            t = engine.map_rows(_project_chunk, o, u, stage="collinear")
-            lo, hi = _solve_1d(t, w, lam, kind)
+            t = engine.map_rows(project_chunk, o, u, stage="collinear")
+            lo, hi = solve_1d(t, w, lam, kind)
             seg = np.stack([o + lo * u, o + hi * u])
             b = o + 0.5 * (lo + hi) * u
         tap_now = True
+        lb0 = lb
         p, val, lb = certify(b, "certificate")
         report("certificate", val, lb)
-        gap = max(0.0, val - lb)
-        return MedianResult(
-            point=b, value=val, lower_bound=lb, gap=gap, segment=seg, n_passes=engine.passes, n_iter=0,
-            converged=gap <= tol * max(val, 1e-300),
-            method="collinear-exact", kind=kind, lam=lam_out,
-        )
+        gap = val - lb
+        if done(gap, val):
+            return MedianResult(
+                point=b, value=val, lower_bound=lb, gap=gap, segment=seg, n_passes=engine.passes, n_iter=0,
+                converged=True, method="collinear-exact", kind=kind, lam=lam_out,
+                fingerprint=fingerprint, rounding=err_now, radius=p.rmax,
+            )
+        # safeguard: collinear only to the data's precision (float32: up to ~64 eps |x| off the line), and
+        # the 1-D optimum is not certified: polish it with the Newton iterations below
+        lb = max(lb, lb0)
+        tap_now = False
 
     scale = max(1e-300, float(np.sqrt(np.mean(np.sum((Xs - Xs.mean(0)) ** 2, axis=1)))))
     if state is None:
@@ -508,11 +406,9 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
         prev_step = 0.0
         passes0 = 0
         pairs = np.zeros((0, 2, n))  # secant pairs (step, change of the gradient) of the last iterations
-    else:
-        b = arr["b"]
-        p = _Pass(meta["value"], arr["g"], meta["a"], meta["A"], meta["B"], meta["rmin"], meta["imin"],
-                  meta["w0"], arr["c0"])
-        val, lb, it, small_step = meta["val"], meta["lb"], meta["it"], meta["small_step"]
+    else:  # the saved bound is valid: it was computed on these data (same fingerprint)
+        lb = max(lb, meta["lb"])
+        it, small_step = meta["it"], meta["small_step"]
         prev_step = float(meta.get("prev_step", 0.0))
         pairs = arr["pairs"] if "pairs" in arr else np.zeros((0, 2, n))
         history = [tuple(h) for h in arr["history"].tolist()]
@@ -522,58 +418,35 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
         if checkpoint is None:
             return
         save_checkpoint(checkpoint, {
-            "problem": problem, "val": val, "lb": lb, "it": it, "small_step": bool(small_step), "prev_step": prev_step,
-            "passes": passes0 + engine.passes, "value": p.value, "a": p.a, "A": p.A, "B": p.B,
-            "rmin": p.rmin, "imin": int(p.imin), "w0": p.w0,
-        }, {"mean": mean, "b": b, "g": p.g, "c0": p.c0, "history": np.asarray(history, dtype=np.float64),
-            "pairs": pairs})
+            "problem": problem, "fingerprint": fingerprint, "e_mean": e_mean, "lb": lb, "it": it,
+            "small_step": bool(small_step), "prev_step": prev_step, "passes": passes0 + engine.passes,
+        }, {"mean": mean, "b": b, "history": np.asarray(history, dtype=np.float64), "pairs": pairs})
 
     save()
     report("newton", val, lb)
     converged = False
+    precise = n <= 64  # Newton matrix in float64 (cheap for small n)
     while it < max_iter:
-        gap = max(0.0, val - lb)
-        if gap <= tol * max(val, 1e-300) and small_step:
+        gap = val - lb
+        if done(gap, val) and small_step:
             converged = True
             break
-        if kind == "geometric" and p.w0 > 0 and float(np.linalg.norm(p.g)) <= p.w0:
+        if kind == "geometric" and p.w0 > 0 and norm(p.g) <= p.w0:
             converged = True  # 0 is in the subdifferential: b is an optimal data point
             break
         it += 1
         tap_now = gap <= np.sqrt(tol) * max(val, 1e-300)  # the next pass may be the last one
         gdir = _grad(p, kind)
-        # Newton step with the subsample Newton matrix:  (a I - M) d = g
-        D = Xs - b
-        r = np.sqrt(np.einsum("ij,ij->i", D, D))
-        if kind == "huber":
-            act = r > lam
-            coef = np.where(act, lam / np.where(act, r, 1.0) ** 3, 0.0)
-        else:
-            act = r > eps_r
-            coef = np.where(act, 1.0 / np.where(act, r, 1.0) ** 3, 0.0)
-        cw = ws_sub * coef * (W / wsum_sub)
-        # the subsample's Newton matrix is an approximation anyway (its sampling error is about
-        # 1/sqrt(m)): float32 products halve its cost and change nothing that is certified
-        cmax = float(cw.max()) if cw.size and cw.max() > 0 else 1.0  # keep float32 in range (1/r^3 can be huge)
-        D32 = D.astype(np.float32)
-        M = ((D32 * (cw / cmax).astype(np.float32)[:, None]).T @ D32).astype(np.float64) * cmax
-        a = p.a
-        # Newton matrix a I - M, corrected by BFGS updates with the secant pairs of the last steps:
-        # exact curvature along recent steps turns the subsample's linear rate superlinear
-        Bm = a * np.eye(n) - 0.5 * (M + M.T)
-        for s_, y_ in pairs:
-            sy = float(s_ @ y_)
-            Bs = Bm @ s_
-            sBs = float(s_ @ Bs)
-            if sy > 1e-12 * np.linalg.norm(s_) * np.linalg.norm(y_) and sBs > 0:
-                Bm += np.outer(y_, y_) / sy - np.outer(Bs, Bs) / sBs
-        d = _newton_step(0.5 * (Bm + Bm.T), gdir, 1e-9 * a)
+        a = p.a  # curvature of the majoriser (the isotropic part of the Newton matrix)
+        # Newton step with the subsample Newton matrix (a I - M, secant-corrected): Bm d = g
+        d = newton_direction(Xs, ws_sub * (W / wsum_sub), b, lam, kind, eps_r, p.a, p.a_in, pairs, gdir, precise)
+
         if not np.isfinite(d).all():  # a degenerate Newton matrix: take the majorise-minimise direction
             d = gdir / a
         trial = b + d
         pt, vt, lbt = certify(trial)
-        ok = vt < val or (vt <= val * (1 + 8 * round_rel) and np.linalg.norm(_grad(pt, kind)) < np.linalg.norm(gdir))
-        if not ok and kind == "geometric" and p.w0 == 0 and p.rmin < np.linalg.norm(d):
+        ok = vt < val or (vt <= val * (1 + 8 * round_rel) and norm(_grad(pt, kind)) < norm(gdir))
+        if not ok and kind == "geometric" and p.w0 == 0 and p.rmin < norm(d):
             # converging onto a data point: try it
             trial = engine.take([p.imin])[0].copy()
             pt, vt, lbt = certify(trial)
@@ -583,7 +456,7 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
             # singular when most points are beyond lam, e.g. nearly collinear data whose optimum
             # sits at such a crossing). Minimise along d on the in-memory subsample (exact when it
             # is all of X), then check the step on all data.
-            t = _line_min(Xs, ws_sub, b, d, lam, kind)
+            t = line_min(Xs, ws_sub, b, d, lam, kind)
             if 0.0 < t < 1.0:
                 full = (trial, pt, vt, lbt)
                 trial = b + t * d
@@ -599,20 +472,20 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
             pt, vt, lbt = certify(trial)
             ok = vt < val
         if not ok:
+            precise = True  # the float32 Newton matrix may be what failed
             # majorise-minimise step: never increases the value
             if kind == "huber" or p.w0 == 0:
                 mm = b + gdir / a
             else:  # Vardi-Zhang step for a point coinciding with b
-                ng = float(np.linalg.norm(p.g))
+                ng = norm(p.g)
                 mm = b + (1.0 - min(1.0, p.w0 / ng)) * p.g / a
             pt, vt, lbt = certify(mm)
             if vt > val:  # rounding level: nothing left to gain
                 small_step = True
-                gap = max(0.0, val - lb)
-                converged = gap <= tol * max(val, 1e-300)
+                converged = done(val - lb, val)
                 break
             trial = mm
-        step = float(np.linalg.norm(trial - b))
+        step = norm(trial - b)
         pair = np.stack([trial - b, gdir - _grad(pt, kind)])[None]  # (s, y): y = change of the gradient
         pairs = np.concatenate([pairs, pair])[-SECANT_PAIRS:]
         b, p, val, lb = trial, pt, vt, max(lb, lbt)  # any dual bound seen is valid
@@ -623,11 +496,12 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
         prev_step = step
         save()
         report("newton", val, lb)
-    gap = max(0.0, val - lb)
-    converged = converged or gap <= tol * max(val, 1e-300)
+    gap = val - lb
+    converged = converged or done(gap, val)
     return MedianResult(
         point=b, value=val, lower_bound=lb, gap=gap, segment=np.stack([b, b]), n_passes=passes0 + engine.passes,
         n_iter=it, converged=converged, method="newton", kind=kind, lam=lam_out, history=history,
+        fingerprint=fingerprint, rounding=err_now, radius=p.rmax,
     )
 
 
@@ -681,8 +555,8 @@ def huber_median(X, *, lam, weights=None, tol=1e-12, xtol=1e-10, max_iter=100, h
         a resume).
     """
     X = check_data(X, finite=False)  # the first pass checks every row (and names the first bad one)
-    return _solve(X, check_lam(lam), check_weights(weights, X.shape[0]), "huber", tol, xtol, max_iter, hess_rows,
-                  seed, progress, checkpoint)
+    return _solve(X, check_lam(lam), check_weights(weights, X.shape[0]), "huber", check_tol(tol, "tol"),
+                  check_tol(xtol, "xtol"), max_iter, hess_rows, seed, progress, checkpoint)
 
 
 def geometric_median(X, *, weights=None, tol=1e-12, xtol=1e-10, max_iter=100, hess_rows=4096, seed=0,
@@ -695,8 +569,8 @@ def geometric_median(X, *, weights=None, tol=1e-12, xtol=1e-10, max_iter=100, he
     evenly (e.g. two points). See :func:`huber_median` for the parameters.
     """
     X = check_data(X, finite=False)
-    return _solve(X, None, check_weights(weights, X.shape[0]), "geometric", tol, xtol, max_iter, hess_rows, seed,
-                  progress, checkpoint)
+    return _solve(X, None, check_weights(weights, X.shape[0]), "geometric", check_tol(tol, "tol"),
+                  check_tol(xtol, "xtol"), max_iter, hess_rows, seed, progress, checkpoint)
 
 
 def huber_value(X, b, *, lam, weights=None) -> float:

@@ -34,11 +34,18 @@ from ..engine.local import raise_nonfinite
 __all__ = ["RayGroups", "group_rays", "default_ray_tol"]
 
 _WITHIN_RTOL = 1e-12
+#: Runs of at most this many keys are tested for tightness all at once (:func:`_tight_short_runs`).
+_SHORT_RUN = 64
 
 
 def default_ray_tol(dtype) -> float:
-    """Default direction tolerance: ``1e-8`` for float64 data, ``1e-4`` for float32 (and float16)."""
-    return 1e-8 if np.dtype(dtype) == np.float64 else 1e-4
+    """Direction tolerance of the data's precision: ``1e-8`` for float64 data, ``32 eps32 = 3.8e-6`` for float32.
+
+    A float32 point ``x`` is stored to a relative ``eps32 / 2`` per entry, so its direction from
+    the bias is known to about ``eps32 ||x|| / r``; ``32 eps32`` merges directions equal to that
+    precision for points not much closer to the bias than to the origin, and no more.
+    """
+    return 1e-8 if np.dtype(dtype) == np.float64 else 32.0 * float(np.finfo(np.float32).eps)
 
 
 @dataclass(frozen=True)
@@ -205,6 +212,39 @@ class KeysTap:
         return self.rows if self.point is not None and np.array_equal(self.point, b) else None
 
 
+def _tight_short_runs(st, en, K, unit, tol, step) -> np.ndarray:
+    """For each run ``[st, en)`` (short): whether every direction is within ``tol`` of the run's first.
+
+    The same test as ``tight`` in :func:`_group_rays`, for many short runs at once (vectorised
+    in batches of about ``step`` rows): a Python loop over thousands of two-point runs
+    (small ``tol``, many directions) cost more than the rest of the grouping.
+    """
+    out = np.zeros(st.size, dtype=bool)
+    lens = en - st
+    r0 = 0
+    while r0 < st.size:
+        r1 = r0 + max(1, int(np.searchsorted(np.cumsum(lens[r0:]), step, side="right")))
+        s_st, s_len = st[r0:r1], lens[r0:r1]
+        rid = np.repeat(np.arange(s_st.size), s_len)
+        first = np.repeat(s_st, s_len)
+        idx = first + (np.arange(int(s_len.sum())) - np.repeat(np.cumsum(s_len) - s_len, s_len))
+        ok = np.all(np.abs(K[idx] - K[first]) <= tol, axis=1)  # the cheap screen on the projections
+        run_ok = np.ones(s_st.size, dtype=bool)
+        np.logical_and.at(run_ok, rid, ok)
+        cand = run_ok[rid]
+        if cand.any():
+            U = unit(idx[cand])
+            heads = np.flatnonzero(idx[cand] == first[cand])  # each run's first member, in run order
+            U0 = U[np.repeat(heads, s_len[run_ok])]
+            close = np.linalg.norm(U - U0, axis=1) <= tol
+            ok_c = np.ones(int(run_ok.sum()), dtype=bool)
+            np.logical_and.at(ok_c, np.repeat(np.arange(ok_c.size), s_len[run_ok]), close)
+            run_ok[np.flatnonzero(run_ok)] = ok_c
+        out[r0:r1] = run_ok
+        r0 = r1
+    return out
+
+
 def _group_rays(X, b, lam, tol, signed, seed, rk=None) -> RayGroups:
     """:func:`group_rays` on validated input (``rk``: the ``[r, keys]`` rows at ``b`` if already known)."""
     N, n = X.shape
@@ -254,8 +294,14 @@ def _group_rays(X, b, lam, tol, signed, seed, rk=None) -> RayGroups:
                 return False
         return True
 
-    for st, en in zip(starts[~single], ends[~single]):
-        if tight(st, en):  # a tight run: one ray
+    m_st, m_en = starts[~single], ends[~single]
+    is_tight = np.zeros(m_st.size, dtype=bool)
+    short = (m_en - m_st) <= _SHORT_RUN
+    is_tight[short] = _tight_short_runs(m_st[short], m_en[short], K, unit, tol, chunk_rows(n))
+    for j in np.flatnonzero(~short):
+        is_tight[j] = tight(m_st[j], m_en[j])
+    for st, en, t in zip(m_st, m_en, is_tight):
+        if t:  # a tight run: one ray
             label[st:en] = label_next
             leader_of.append(int(st))
             label_next += 1

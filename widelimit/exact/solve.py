@@ -14,19 +14,23 @@ certifies it with :func:`widelimit.verify`'s machinery.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..engine.kernels import solution_rows
-from .._validation import check_data, check_lam, chunk_rows
-from .certificate import Certificate, _certificate, make_certificate
+from .._validation import check_data, check_lam, check_tol, chunk_rows
+from .certificate import Certificate, _certificate, _sq_over_lam, make_certificate
+from .median_bound import sum_depth
 from .median import MedianResult
 from .median import _solve as _median
 from .rays import KeysTap, RayGroups, _group_rays, default_ray_tol
 from ..engine import engine_for
-from ..engine.local import LocalEngine, one_blas_thread, raise_nonfinite
+from ..engine.local import LocalEngine, ScaledRows, one_blas_thread, raise_nonfinite
+from ..engine.fingerprint import mismatch_error
+from .scaling import normaliser, scale_median, scaled_lam, unscale_certificate, unscale_median
 
 __all__ = ["WideLimitSolution", "solve"]
 
@@ -198,8 +202,9 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
         Sparsity parameter (SAELens ``l1_coefficient = 2 lam``).
     ray_tol : float, optional
         Directions ``u_i, u_j`` (unit vectors from the bias) within ``ray_tol`` of a
-        ray's leader share its atom. Default: ``1e-8`` for float64 data,
-        ``1e-4`` for float32. A tolerance that merges genuinely different
+        ray's leader share its atom. Default: the data's precision (``1e-8`` for
+        float64 data, ``32 eps32 = 3.8e-6`` for float32), lowered where merging
+        could cost more than a tenth of ``tol`` (:func:`auto_ray_tol`). A tolerance that merges genuinely different
         directions is allowed: ``value`` is then the true objective of the
         returned triple and ``excess`` the loss it adds.
     tol : float
@@ -236,13 +241,36 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     """
     X = check_data(X, finite=False)  # the median's first pass checks every row
     lam = check_lam(lam)
-    tol_dir = default_ray_tol(X.dtype) if ray_tol is None else float(ray_tol)
-    if not (tol_dir >= 0 and np.isfinite(tol_dir)):
-        raise ValueError(f"ray_tol must be a finite number >= 0, got {ray_tol!r}")
+    tol = check_tol(tol, "tol")
+    tol_dir = None if ray_tol is None else check_tol(ray_tol, "ray_tol")
+    f = normaliser(X)  # data far from unit magnitude: solved as f X, f an exact power of two
+    Xf, lam_f = (X, lam) if f == 1.0 else (ScaledRows(X, f), scaled_lam(lam, f))
+    if median is not None and f != 1.0:
+        median = scale_median(median, f, lam_f)
     if getattr(engine_for(X), "threads", 1) > 1:  # the passes' threads use the cores; BLAS in between one
         with one_blas_thread():
-            return _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median)
-    return _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median)
+            sol = _solve_exact(Xf, lam_f, tol_dir, tol, signed, progress, checkpoint, median)
+    else:
+        sol = _solve_exact(Xf, lam_f, tol_dir, tol, signed, progress, checkpoint, median)
+    if f == 1.0:
+        return sol
+    return dataclasses.replace(
+        sol, value=sol.value / f / f, bias=sol.bias / f, bias_segment=sol.bias_segment / f,
+        code_values=sol.code_values / f, certificate=unscale_certificate(sol.certificate, f, lam, 0.0),
+        median=unscale_median(sol.median, f, lam), lam=lam, excess=sol.excess / f / f)
+
+
+def auto_ray_tol(dtype, lam, radius, tol) -> float:
+    r"""The default direction tolerance: the data's precision, capped by what the certificate can afford.
+
+    Merging a point at distance ``r`` onto an atom at angle ``theta`` from its direction adds at
+    most ``r^2 theta^2`` to its objective (about ``2 lam r``); a group has radius ``2 ray_tol``, so
+    ``ray_tol = sqrt(tol lam / (40 R))`` (``R`` the largest distance from the bias) keeps the
+    excess below a tenth of ``tol`` times the value. The precision part is
+    :func:`~widelimit.exact.rays.default_ray_tol`.
+    """
+    cap = float(np.sqrt(0.025 * tol * lam / max(radius, lam)))
+    return min(default_ray_tol(dtype), cap)
 
 
 def _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median=None) -> WideLimitSolution:
@@ -252,18 +280,30 @@ def _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median=None
         if median.kind != "huber" or median.lam != lam or median.point.shape != (X.shape[1],):
             raise ValueError(f"median: a Huber median at lam={lam!r} of {X.shape[1]}-dimensional data is needed, "
                              f"got a {median.kind} median at lam={median.lam!r}")
+        if median.fingerprint is None:
+            raise ValueError("median carries no data fingerprint; recompute it with huber_median(X, lam=lam)")
         tap, med = None, median
     else:
         tap = KeysTap(X.shape[0], X.shape[1], signed) if isinstance(engine_for(X), LocalEngine) else None
         med = _median(X, lam, None, "huber", min(1e-11, 0.01 * tol), 1e-10, 100, 4096, 0, progress, checkpoint, tap)
+    if tol_dir is None:
+        tol_dir = auto_ray_tol(X.dtype, lam, med.radius, tol)
     b, groups, passes = _narrowest_bias(X, med, lam, tol_dir, signed, tap)
     del tap
-    # atoms keep float32 for float32 data (as scikit-learn estimators do): the certificate
-    # below evaluates the returned float32 atoms in float64, so it stays rigorous
-    dtype = np.float32 if X.dtype == np.float32 else np.float64
+    # atoms keep float32 for float32 data (as scikit-learn estimators do) when that costs nothing
+    # the certificate can see: rounding each entry to float32 moves a unit atom by at most eps32 / 2, an
+    # angle below eps32, which adds up to r^2 eps32^2 to a point's objective of about 2 lam r; for small
+    # lam / r the atoms are float64.
+    # The certificate evaluates the returned atoms in float64 either way, so it stays rigorous.
+    dtype = np.float64
+    if X.dtype == np.float32:
+        R = float(groups.radii.max()) if groups.radii.size else 0.0
+        angle = float(np.finfo(np.float32).eps)
+        if angle * angle * R <= 0.1 * tol * lam:
+            dtype = np.float32
     engine = engine_for(X, progress)
     if not signed and isinstance(engine, LocalEngine):
-        Wd, z, cert = _build_and_certify(engine, groups, lam, med, tol, dtype)
+        Wd, z, cert = _build_and_certify(engine, groups, lam, med, tol, dtype, check=median is not None)
         passes += 1
     else:
         passes += 3  # atoms (random access), codes, certificate
@@ -304,7 +344,7 @@ def _merge_solution(p, q):
     return (p[0] + q[0], p[1] + q[1], max(p[2], q[2]), p[3] + q[3], p[4] + q[4], p[5] + q[5], p[6] + q[6])
 
 
-def _build_and_certify(engine, groups: RayGroups, lam, med, tol, dtype):
+def _build_and_certify(engine, groups: RayGroups, lam, med, tol, dtype, check=False):
     """Atoms, codes and certificate of the narrowest solution in one pass over X.
 
     Equivalent to ``groups.atoms``, ``groups.code_values`` and :func:`widelimit.verify`'s
@@ -325,7 +365,9 @@ def _build_and_certify(engine, groups: RayGroups, lam, med, tol, dtype):
     single[leaders[count == 1]] = True
     engine.stage = "certificate"
     rec, esum, emax, hub, comp, pen, width = engine.reduce(
-        _solution_chunk, _merge_solution, b, lam, W, z, extras=(rays, lead, single))
+        _solution_chunk, _merge_solution, b, lam, W, z, extras=(rays, lead, single), fingerprint=check)
+    if check and engine.fingerprint != med.fingerprint:  # a median handed in: it must be of these data
+        raise mismatch_error("median", med.fingerprint, engine.fingerprint)
     # points on shared rays, grouped by ray (a ray split across two batches is carried over)
     multi = np.flatnonzero((rays >= 0) & ~single)
     multi = multi[np.argsort(rays[multi], kind="stable")]
@@ -333,7 +375,8 @@ def _build_and_certify(engine, groups: RayGroups, lam, med, tol, dtype):
     step = chunk_rows(n)
 
     def settle(cs, ez):
-        return float(cs - (ez @ ez) / (lam * lam * cs)) if cs > 0 else 0.0
+        q = ez / lam
+        return float(cs - (q @ q) / cs) if cs > 0 else 0.0
 
     for a0 in range(0, multi.size, step):
         idx = multi[a0 : a0 + step]
@@ -361,14 +404,14 @@ def _build_and_certify(engine, groups: RayGroups, lam, med, tol, dtype):
             width += int(carry[1] > 0)
         done, ezd = cs[:-1], ez[:-1]  # rays complete in this batch
         live = done > 0
-        comp += float(np.sum(done[live] - np.einsum("ij,ij->i", ezd[live], ezd[live]) / (lam * lam * done[live])))
+        comp += float(np.sum(done[live] - _sq_over_lam(ezd[live], lam) / done[live]))
         width += int(np.count_nonzero(live))
         carry = (atom[starts[-1]], cs[-1], ez[-1])
     if carry is not None:
         comp += settle(carry[1], carry[2])
         width += int(carry[1] > 0)
     cert = make_certificate(N, n, rec, 2.0 * lam * pen, esum, emax, hub, (lam / N) * comp, width, lam, med,
-                            tol, 0.0)
+                            tol, 0.0, depth=sum_depth(engine) + 1)
     return W, z, cert
 
 

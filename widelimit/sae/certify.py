@@ -302,6 +302,9 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
     -------
     SAECertificate
     """
+    from .._validation import check_tol
+
+    tol, coding_tol, kkt_tol = check_tol(tol, "tol"), check_tol(coding_tol, "coding_tol"), check_tol(kkt_tol, "kkt_tol")
     import torch
 
     from .._runtime import resolve_device

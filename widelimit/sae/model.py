@@ -757,6 +757,15 @@ def load_sae(path, *, norm_scaling_factor: float | None = None) -> SAE:
         (a ``ValueError``) naming the file and tensor for anything missing,
         mis-shaped, unreadable or unsupported. Nothing is unpickled.
     """
+    if norm_scaling_factor is not None:
+        import math
+
+        try:
+            ok = math.isfinite(float(norm_scaling_factor)) and float(norm_scaling_factor) > 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"norm_scaling_factor must be a finite number > 0, got {norm_scaling_factor!r}")
     p = Path(path)
     if not p.exists():
         raise SAEFormatError(f"{p}: no such file or folder")

@@ -1,0 +1,382 @@
+"""Numerical soundness (issue 13): nothing can make widelimit certify a false statement.
+
+A table of the issue's reproducers 1, 2, 3, 6 and 11 (each must give the right answer or a
+one-line error), then property tests: scale-equivariance from 1e-150 to 1e150, ties, and the
+rounding-aware lower bound checked against an independent 60-digit (mpmath) evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import widelimit as wl
+from widelimit.cli import main
+from widelimit.exact.median_bound import InconsistentBound
+
+
+def _stale_pair():
+    """The issue's data: B is A with rows 100..299 scaled by 20 (same shape, same first/last rows)."""
+    r = np.random.default_rng(5)
+    A = r.standard_normal((400, 4))
+    B = A.copy()
+    B[100:300] *= 20
+    return A, B
+
+
+def _fans(dtype=np.float64, m=3000, spread=9e-6, seed=0):
+    """Two antipodal fans of m points each in 2-D around +u and -u, angular spread ``spread``."""
+    r = np.random.default_rng(seed)
+    th = r.uniform(-spread / 2, spread / 2, 2 * m)
+    th[m:] += np.pi
+    rad = r.uniform(1.0, 3.0, 2 * m)
+    return (rad[:, None] * np.c_[np.cos(th), np.sin(th)]).astype(dtype)
+
+
+def _one_line_error(capsys, argv, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("widelimit "), err
+    for s in needles:
+        assert s in err, err
+    return err
+
+
+# --------------------------------------------------------------------------------------
+# the reproducers
+# --------------------------------------------------------------------------------------
+
+
+def test_1_stale_checkpoint_on_the_cli_is_an_error_naming_both(tmp_path, capsys):
+    A, B = _stale_pair()
+    d, ck = tmp_path / "d.npz", tmp_path / "ck.npz"
+    np.savez(d, x=B)
+    assert main(["bound", str(d), "--lam", "1", "--checkpoint", str(ck), "--json", "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["lower_bound"] == pytest.approx(wl.huber_median(B, lam=1.0).lower_bound, rel=1e-12)
+    np.savez(d, x=A)  # same file name, same shape, same first and last 64 rows
+    err = _one_line_error(capsys, ["bound", str(d), "--lam", "1", "--checkpoint", str(ck), "--json", "--no-progress"],
+                          "computed on other data")
+    fa = wl.huber_median(A, lam=1.0).fingerprint
+    fb = wl.huber_median(B, lam=1.0).fingerprint
+    assert fa != fb and fa in err and fb in err  # names both
+
+
+def test_1_stale_checkpoint_through_the_api(tmp_path):
+    A, B = _stale_pair()
+    ck = tmp_path / "ck.npz"
+    wl.huber_median(B, lam=1.0, checkpoint=ck)
+    sol = wl.solve(A, lam=1.0)
+    with pytest.raises(ValueError, match="computed on other data"):
+        wl.verify(A, sol.dictionary, sol.sparse_codes, sol.bias, lam=1.0, checkpoint=ck)
+    # the same data resume to the answer of an uninterrupted run (after one certifying pass)
+    again = wl.huber_median(B, lam=1.0, checkpoint=ck)
+    ref = wl.huber_median(B, lam=1.0)
+    assert again.value == ref.value and again.lower_bound == ref.lower_bound and again.fingerprint == ref.fingerprint
+
+
+def test_fingerprint_sees_every_row_and_not_the_chunking():
+    from widelimit.engine.fingerprint import _keep, _none, fingerprint_of
+    from widelimit.engine.local import LocalEngine
+
+    X = np.random.default_rng(1).standard_normal((5000, 3))
+    f = fingerprint_of(X)
+    for i in (0, 2500, 4999):  # any single row, one ulp
+        Y = X.copy()
+        Y[i, 1] = np.nextafter(Y[i, 1], np.inf)
+        assert fingerprint_of(Y) != f
+    assert fingerprint_of(X[::-1].copy()) != f  # the order of the rows counts
+    assert fingerprint_of(X.astype(np.float32)) != f
+    for rows in (1, 7, 999):
+        e = LocalEngine(X, rows=rows)
+        e.reduce(_none, _keep, fingerprint=True)
+        assert e.fingerprint == f
+
+
+def test_fingerprint_kernel_is_xxh64():
+    """The numba XXH64 against the real xxhash library, every tail length of a row."""
+    import xxhash
+
+    from widelimit.engine.fingerprint import row_hashes
+
+    rng = np.random.default_rng(2)
+    for n in range(1, 20):
+        for dt in (np.float32, np.float64):
+            X = rng.standard_normal((3, n)).astype(dt)
+            got = [int(h) for h in row_hashes(X, 41)]
+            assert got == [xxhash.xxh64_intdigest(X[i].tobytes(), seed=41 + i) for i in range(3)]
+
+
+def test_2_median_of_other_data_is_refused_and_inconsistency_is_an_error():
+    A, B = _stale_pair()
+    sol = wl.solve(A, lam=1.0)
+    mB = wl.huber_median(B, lam=1.0)
+    with pytest.raises(ValueError, match="median was computed on other data"):
+        wl.verify(A, sol.dictionary, sol.sparse_codes, sol.bias, lam=1.0, median=mB)
+    # even with A's fingerprint, a bound above the objective is reported, never clipped
+    forged = dataclasses.replace(sol.median, lower_bound=mB.lower_bound)
+    with pytest.raises(InconsistentBound, match="below the certified lower bound"):
+        wl.verify(A, sol.dictionary, sol.sparse_codes, sol.bias, lam=1.0, median=forged)
+    with pytest.raises(ValueError, match="no data fingerprint"):
+        wl.verify(A, sol.dictionary, sol.sparse_codes, sol.bias, lam=1.0,
+                  median=dataclasses.replace(sol.median, fingerprint=None))
+    ok = wl.verify(A, sol.dictionary, sol.sparse_codes, sol.bias, lam=1.0, median=sol.median)
+    assert ok.certified and ok.gap == ok.value - ok.lower_bound  # not clipped
+
+
+@pytest.mark.parametrize("name", ["tol", "atol"])
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), -1.0])
+def test_3_tolerances_are_validated(name, bad):
+    A, _ = _stale_pair()
+    sol = wl.solve(A, lam=1.0)
+    with pytest.raises(ValueError, match=rf"^{name} must be a finite number >= 0"):
+        wl.verify(A, sol.dictionary, sol.sparse_codes, sol.bias, lam=1.0, median=sol.median, **{name: bad})
+    if name == "tol":
+        with pytest.raises(ValueError, match="^tol must be"):
+            wl.solve(A, lam=1.0, tol=bad)
+        with pytest.raises(ValueError, match="^tol must be"):
+            wl.huber_median(A, lam=1.0, tol=bad)
+        with pytest.raises(ValueError, match="^ray_tol must be"):
+            wl.solve(A, lam=1.0, ray_tol=bad)
+
+
+def test_3_cli_tolerances_exit_2(tmp_path, capsys):
+    from widelimit.sae.model import orthogonal_rays_sae, save_saelens
+
+    X, sae = orthogonal_rays_sae(0.5, seed=9)
+    save_saelens(sae, tmp_path / "sae")
+    np.save(tmp_path / "acts.npy", X.astype(np.float32))
+    base = ["certify", str(tmp_path / "sae"), str(tmp_path / "acts.npy"), "--lam", "0.5", "--device", "cpu"]
+    for flag, bad in (("--tol", "inf"), ("--tol", "-1"), ("--tol", "nan"), ("--coding-tol", "inf")):
+        _one_line_error(capsys, base + [flag, bad], flag[2:].replace("-", "_") + " must be a finite number >= 0")
+    _one_line_error(capsys, base + ["--norm-scaling-factor", "-1"], "norm_scaling_factor must be a finite number > 0")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("c", [1e19, 1e154, 1e-150])
+def test_6_extreme_scales_are_solved_and_certified(dtype, c):
+    X = np.random.default_rng(0).standard_normal((300, 3))
+    X[:100] *= 0.3
+    if dtype == np.float32 and not (1e-30 < c < 1e30):
+        pytest.skip("outside the float32 range")
+    ref = wl.solve(X.astype(dtype).astype(np.float64) if dtype == np.float32 else X, lam=1.0)
+    Xc = (c * X).astype(dtype)
+    sol = wl.solve(Xc, lam=c * 1.0)
+    assert sol.certified and sol.certificate.rel_gap <= 1e-9
+    # float32 * c rounds the data again: then only to float32 accuracy
+    assert sol.value / c / c == pytest.approx(ref.value, rel=1e-13 if dtype == np.float64 else 1e-6)
+    assert sol.width == ref.width
+    cert = wl.verify(Xc, sol.dictionary, sol.sparse_codes, sol.bias, lam=c * 1.0, median=sol.median)
+    assert cert.certified and cert.value == pytest.approx(sol.value, rel=1e-12)
+
+
+def test_6_finite_data_whose_squares_overflow_are_rescaled():
+    """A row 2^1000 times the others, which the sampled rows miss: the median rescales from a full pass."""
+    X = np.random.default_rng(0).standard_normal((1000, 3))
+    sampled = set(np.unique(np.linspace(0, 999, 257).astype(np.int64)).tolist())
+    big = next(i for i in range(1000) if i not in sampled)
+    X[big] *= 2.0**1000
+    med = wl.huber_median(X, lam=1.0)
+    ref = wl.huber_median(X * 2.0**-1000, lam=2.0**-1000)  # the same problem in units 2^1000 times larger
+    assert med.converged and med.value / 2.0**1000 / 2.0**1000 == pytest.approx(ref.value, rel=1e-13)
+    np.testing.assert_allclose(med.point, ref.point * 2.0**1000, rtol=1e-12)
+
+
+@pytest.mark.parametrize("lam", [1e-200, 1e-100, 1e200])
+def test_6_tiny_and_huge_lam(lam):
+    X = np.random.default_rng(0).standard_normal((300, 3))
+    X[:100] *= 0.3
+    med = wl.huber_median(X, lam=lam)
+    assert med.converged and med.lower_bound <= med.value
+    if lam < 1:  # h(r) = 2 lam r - lam^2 for every point: 2 lam times the geometric median's value
+        geo = wl.geometric_median(X)
+        assert med.value == pytest.approx(2 * lam * geo.value, rel=1e-12)
+        assert med.lower_bound <= 2 * lam * geo.value and med.rel_gap <= 1e-10
+    else:  # every point within lam: the mean and the variance
+        np.testing.assert_allclose(med.point, X.mean(axis=0), rtol=0, atol=1e-14)
+        assert med.value == pytest.approx(np.mean(np.sum((X - X.mean(0)) ** 2, axis=1)), rel=1e-13)
+    sol = wl.solve(X, lam=lam)  # no ZeroDivisionError; an honest certificate
+    assert sol.lower_bound <= sol.value + sol.certificate.rounding_error
+    if lam > 1:
+        assert sol.certified and sol.width == 0
+    else:  # no float64 triple is within 1e-9 of the optimum: the residual rounding eps * r exceeds lam
+        assert not sol.certified
+
+
+def test_11_two_fans_are_certified(subtests=None):
+    for dtype in (np.float64, np.float32):
+        X = _fans(dtype)
+        for lam in (0.5, 2.0):
+            med = wl.huber_median(X, lam=lam)
+            assert med.converged and med.rel_gap <= 1e-9 and med.n_iter < 40, (dtype, lam, med.n_iter)
+            sol = wl.solve(X, lam=lam)
+            assert sol.certified and sol.certificate.rel_gap <= 1e-9, (dtype, lam)
+
+
+def test_11_float32_near_collinear_rays_are_not_merged():
+    """56 rays 1e-5 apart around one line: float32 storage must not merge them (width 56, as float64)."""
+    r = np.random.default_rng(4)
+    th = np.repeat(np.arange(28) * 1e-5, 10)
+    th = np.concatenate([th, th + np.pi])
+    rad = r.uniform(1.0, 3.0, th.size)
+    X = rad[:, None] * np.c_[np.cos(th), np.sin(th)]
+    w64 = wl.solve(X, lam=0.5)
+    w32 = wl.solve(X.astype(np.float32), lam=0.5)
+    assert w64.width == 56 and w32.width == 56
+    assert w32.certified and w32.certificate.rel_gap <= 1e-9
+
+
+def test_11_float32_small_lam_is_certified():
+    X = np.random.default_rng(0).standard_normal((300, 3)).astype(np.float32)
+    for lam in (1e-10, 1e-12):
+        sol = wl.solve(X, lam=lam)
+        assert sol.certified and sol.dictionary.dtype == np.float64  # float32 atoms could not be certified
+
+
+# --------------------------------------------------------------------------------------
+# properties
+# --------------------------------------------------------------------------------------
+
+
+def _exact_huber(X, b, lam, dps=60) -> mpmath.mpf:
+    """H(b) = mean_i h_lam(||x_i - b||) for the stored float data and point, in ``dps``-digit arithmetic."""
+    with mpmath.workdps(dps):
+        lam = mpmath.mpf(float(lam))
+        tot = mpmath.mpf(0)
+        for x in np.asarray(X, dtype=np.float64):
+            r = mpmath.sqrt(mpmath.fsum((mpmath.mpf(float(xi)) - mpmath.mpf(float(bi))) ** 2 for xi, bi in zip(x, b)))
+            tot += r * r if r <= lam else 2 * lam * r - lam * lam
+        return tot / len(X)
+
+
+def _small_points(draw, n_max=3):
+    N = draw(st.integers(1, 8))
+    n = draw(st.integers(1, n_max))
+    vals = draw(st.lists(st.integers(-4, 4), min_size=N * n, max_size=N * n))
+    return np.array(vals, dtype=np.float64).reshape(N, n)
+
+
+@st.composite
+def _tie_instances(draw):
+    """Small integer data (many ties: duplicated points, symmetric sets, points at distance lam) and lam."""
+    X = _small_points(draw)
+    lam = draw(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]))
+    scale = draw(st.sampled_from([1.0, 2.0**-490, 2.0**490, 1e-150, 1e150]))
+    return X * scale, lam * scale
+
+
+@settings(max_examples=60, deadline=None)
+@given(_tie_instances())
+def test_rounding_aware_bound_is_below_the_exact_optimum(inst):
+    """The certified bound (float64, rounding subtracted) <= the 60-digit optimum; and tight.
+
+    ``H_exact(point)`` is the exact objective at the returned float64 point; H is C^1 with a
+    Lipschitz gradient, so it exceeds the exact minimum by O(|point - b*|^2), far below the
+    rounding level: a bound above the optimum by a rounding error would show here.
+    """
+    X, lam = inst
+    med = wl.huber_median(X, lam=lam)
+    exact = _exact_huber(X, med.point, lam)
+    assert mpmath.mpf(med.lower_bound) <= exact
+    assert float(exact) - med.lower_bound <= 1e-9 * float(exact) + 1e-300
+    sol = wl.solve(X, lam=lam)
+    assert mpmath.mpf(sol.lower_bound) <= exact
+    assert sol.certified
+
+
+@st.composite
+def _scaled_instances(draw):
+    X = _small_points(draw, n_max=4) + np.asarray(draw(st.floats(-0.5, 0.5)))
+    e = draw(st.integers(-498, 498))
+    mant = draw(st.sampled_from([1.0, 1.5, 3.0 / 7.0]))
+    return X, draw(st.sampled_from([0.3, 1.0, 2.5])), mant * 2.0**e
+
+
+@settings(max_examples=40, deadline=None)
+@given(_scaled_instances())
+def test_scale_equivariance_float64(inst):
+    """solve(c X, c lam) = c^2 solve(X, lam) and certified, c from 1e-150 to 1e150 (powers of two: exactly)."""
+    X, lam, c = inst
+    ref = wl.solve(X, lam=lam)
+    sol = wl.solve(c * X, lam=c * lam)
+    assert sol.certified and ref.certified
+    exact_scaling = c == 2.0 ** np.round(np.log2(c))
+    assert sol.value / c / c == pytest.approx(ref.value, rel=1e-14 if exact_scaling else 1e-9, abs=1e-300)
+    np.testing.assert_allclose(sol.bias / c, ref.bias, rtol=0, atol=1e-7 * (1 + np.abs(X).max()))
+    assert sol.lower_bound / c / c <= ref.value * (1 + 1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(_scaled_instances())
+def test_scale_equivariance_float32(inst):
+    X, lam, c = inst
+    c = float(2.0 ** np.clip(np.round(np.log2(c) / 5), -99, 99))  # keep c X normal in float32 (1e-30..1e30)
+    X32 = X.astype(np.float32)
+    ref = wl.solve(X32, lam=lam)
+    sol = wl.solve((c * X32).astype(np.float32), lam=c * lam)  # exact: c is a power of two
+    assert sol.certified and ref.certified
+    assert sol.value / c / c == pytest.approx(ref.value, rel=1e-13, abs=1e-300)
+    assert sol.width == ref.width
+
+
+@st.composite
+def _within_lam_instances(draw):
+    """Every point within lam of the mean: the dual bound is tight (it equals the value up to rounding)."""
+    N = draw(st.integers(2, 9))
+    n = draw(st.integers(1, 4))
+    vals = draw(st.lists(st.floats(-1, 1, allow_subnormal=False), min_size=N * n, max_size=N * n))
+    scale = draw(st.sampled_from([1.0, 1e-150, 1e150, 3.0**-200]))
+    return np.array(vals).reshape(N, n) * scale, 10.0 * scale
+
+
+@settings(max_examples=80, deadline=None)
+@given(_within_lam_instances())
+def test_rounding_aware_bound_is_below_the_exact_variance(inst):
+    """With every point within lam the optimum is the variance, exactly a rational number of the stored data.
+
+    Here the float64 dual bound equals the computed value up to rounding, so without the
+    rounding bound it lands above the exact optimum for about half of the draws; with it, never.
+    """
+    from fractions import Fraction
+
+    X, lam = inst
+    med = wl.huber_median(X, lam=lam)
+    F = [[Fraction(float(v)) for v in row] for row in X]
+    N = len(F)
+    mean = [sum(col) / N for col in zip(*F)]
+    opt = sum(sum((v - m) ** 2 for v, m in zip(row, mean)) for row in F) / N
+    assert Fraction(med.lower_bound) <= opt
+    # and tight: to 1e-10 relatively, or to the rounding level of the data themselves, or of float64
+    # (a variance of data near 1e-237 is below the smallest subnormal, 2^-1074)
+    slack = Fraction(1e-12) * Fraction(float(np.abs(X).max())) ** 2 + Fraction(2) ** -1070
+    assert opt - Fraction(med.lower_bound) <= Fraction(1e-10) * opt + slack
+
+
+def test_short_runs_are_grouped_as_one_by_one(monkeypatch):
+    """The batched tightness test of short key runs gives the groups of the run-by-run test.
+
+    Float32 data at the precision-scaled ray_tol: thousands of two- and three-point runs, some
+    tight (repeated directions), some loose (distinct directions with close keys).
+    """
+    from widelimit.exact import rays
+
+    r = np.random.default_rng(6)
+    D = r.standard_normal((400, 5))
+    sel = r.integers(0, 400, 3000)
+    Rnd = r.standard_normal((3000, 5)) * 3
+    X = np.vstack([D[sel] * r.uniform(2, 4, (3000, 1)), Rnd])
+    X = X.astype(np.float32)
+    b = np.zeros(5)
+    tol = rays.default_ray_tol(np.float32) * 30
+    batched = rays._group_rays(X, b, 0.5, tol, False, 0)
+    monkeypatch.setattr(rays, "_SHORT_RUN", 0)
+    one_by_one = rays._group_rays(X, b, 0.5, tol, False, 0)
+    np.testing.assert_array_equal(batched.rays, one_by_one.rays)
+    # repeated directions were merged, distinct ones kept
+    assert batched.width == np.unique(sel).size + np.count_nonzero(np.linalg.norm(Rnd, axis=1) > 0.5)
