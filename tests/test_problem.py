@@ -107,3 +107,16 @@ def test_residual_passes_run_on_the_engine_for_sources(X, tmp_path):
     np.save(tmp_path / "s" / "1.npy", bad)
     with pytest.raises(ValueError, match=r"1\.npy.*row 7|row 107"):
         wl.sae_objective(wl.open_activations(tmp_path / "s"), W, Z, b, lam=1.5)
+
+
+def test_problem_fingerprint_is_the_content_hash_and_binds_its_certificates(X):
+    from widelimit.engine import fingerprint_of
+
+    prob = wl.Problem(X, lam=1.5)
+    assert prob.fingerprint == fingerprint_of(X)
+    Y = X.copy()
+    Y[17, 3] = np.nextafter(Y[17, 3], np.inf)  # one ulp in one entry
+    assert wl.Problem(Y, lam=1.5).fingerprint != prob.fingerprint
+    sol = prob.solve()
+    with pytest.raises(ValueError, match="other data"):
+        wl.verify(Y, sol.dictionary, sol.sparse_codes, sol.bias, lam=1.5, median=prob.bound())

@@ -82,7 +82,8 @@ def test_1_stale_checkpoint_through_the_api(tmp_path):
 
 
 def test_fingerprint_sees_every_row_and_not_the_chunking():
-    from widelimit.engine.fingerprint import _keep, _none, fingerprint_of
+    from widelimit.engine import fingerprint_of
+    from widelimit.engine.fingerprint import _keep, _none
     from widelimit.engine.local import LocalEngine
 
     X = np.random.default_rng(1).standard_normal((5000, 3))

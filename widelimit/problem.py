@@ -102,6 +102,15 @@ class Problem:
         """Dimension ``n`` of the points."""
         return int(self.data.shape[1])
 
+    @property
+    def fingerprint(self) -> str:
+        """The XXH64 content fingerprint of ``data`` (every byte of every row), taken in the median's first pass.
+
+        Every certificate made by this problem is checked against it: a median, a checkpoint
+        or a solution of other data is refused (docs/theory.md §3).
+        """
+        return self.bound().fingerprint
+
     def __repr__(self) -> str:
         return f"Problem(N={self.n_points}, n={self.dim}, lam={self.lam:g}, signed={self.signed})"
 

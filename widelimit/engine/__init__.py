@@ -16,9 +16,10 @@ from __future__ import annotations
 import weakref
 
 from .dask_engine import DaskEngine
+from .fingerprint import _keep, _none
 from .local import LocalEngine, Progress, ProgressFn, ScaledRows, is_dask_array
 
-__all__ = ["engine_for", "LocalEngine", "DaskEngine", "Progress"]
+__all__ = ["engine_for", "fingerprint_of", "LocalEngine", "DaskEngine", "Progress"]
 
 _ENGINES: dict = {}  # id(data) -> (weakref to data, engine)
 
@@ -47,3 +48,10 @@ def engine_for(X, progress: ProgressFn | None = None):
         except TypeError:  # not weak-referenceable: no reuse
             pass
     return engine.bind(progress)
+
+
+def fingerprint_of(X) -> str:
+    """The fingerprint of ``X`` by a pass of its own (use ``reduce(..., fingerprint=True)`` to get it for free)."""
+    engine = engine_for(X)
+    engine.reduce(_none, _keep, fingerprint=True, stage="fingerprint")
+    return engine.fingerprint

@@ -28,7 +28,7 @@ import numba as nb
 import numpy as np
 import xxhash
 
-__all__ = ["hashed", "finish", "fingerprint_of", "mismatch_error", "row_hashes"]
+__all__ = ["hashed", "finish", "mismatch_error", "row_hashes"]
 
 _P1 = np.uint64(11400714785074694791)
 _P2 = np.uint64(14029467366897019727)
@@ -151,15 +151,6 @@ def _none(c, s):
 
 def _keep(a, b):
     return None
-
-
-def fingerprint_of(X) -> str:
-    """The fingerprint of ``X`` by a pass of its own (use ``reduce(..., fingerprint=True)`` to get it for free)."""
-    from . import engine_for
-
-    engine = engine_for(X)
-    engine.reduce(_none, _keep, fingerprint=True, stage="fingerprint")
-    return engine.fingerprint
 
 
 def mismatch_error(what: str, expected: str, found: str) -> ValueError:
