@@ -72,7 +72,7 @@ class Certificate:
         ``max_i ||e_i||``; ``dual_min >= 0`` iff this is ``<= lam``.
     certified : bool
         ``gap + rounding_error <= tol * max(value, tiny) + atol``: a proof under the
-        floating-point model of docs/theory_rounding.md.
+        floating-point model of docs/theory.md §8.
     tol, atol : float
     n_points, dim, width : int
     lam : float
@@ -201,7 +201,7 @@ def _sq_over_lam(E, lam) -> np.ndarray:
 def value_rounding(N, rec, pen, emax, hub, lam, depth) -> float:
     r"""Rigorous bound on ``|value - exact objective|`` of a candidate whose sums were computed in float64.
 
-    With ``gamma = gamma_depth`` (docs/theory_rounding.md), each residual ``e_i = x_i - b - z_i W``
+    With ``gamma = gamma_depth`` (docs/theory.md §8), each residual ``e_i = x_i - b - z_i W``
     is computed to within ``gamma (r_i + sum_d z_id ||w_d||)`` in norm, so
     ``|fl(||e_i||^2) - ||e_i||^2| <= gamma ||e_i||^2 + 2 ||e_i|| delta_i + delta_i^2``; summed with
     ``sum_i r_i <= sqrt(N hub) + hub / lam`` (``r <= sqrt(h(r))`` for ``r <= lam``, else

@@ -82,7 +82,7 @@ class MedianResult:
         Objective at ``point`` (weighted mean over points).
     lower_bound : float
         Certified lower bound on the exact minimum value of the data as stored (from a dual
-        point, lowered by a rigorous bound on the rounding error: docs/theory_rounding.md).
+        point, lowered by a rigorous bound on the rounding error: docs/theory.md §8).
     gap : float
         ``value - lower_bound``: a bound on the suboptimality of ``point`` (never clipped; a
         negative gap beyond the rounding error raises instead).

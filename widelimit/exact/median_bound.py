@@ -14,7 +14,7 @@ At any ``b`` the clipped residuals minus their weighted mean, shrunk by ``s``, a
 ``y``; the bound is maximised over ``s`` in closed form from the sums of one pass.
 
 **Rounding.** The sums are float64 sums whose rounding error is bounded under the standard
-model ``fl(a op b) = (a op b)(1 + d)``, ``|d| <= u = 2^-53`` (docs/theory_rounding.md): a
+model ``fl(a op b) = (a op b)(1 + d)``, ``|d| <= u = 2^-53`` (docs/theory.md §8): a
 sum or dot product through at most ``K`` roundings of nonnegative terms is off by at most
 ``gamma_K = K u / (1 - K u)`` times its value. :func:`lower_bound` subtracts a bound on
 every error of the computed bound (the sums, the infeasibility of ``y`` and the final
