@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from .._runtime import default_threads  # noqa: F401  (re-exported: the engine's thread count)
 from .fingerprint import _hashed_chunk
 
 __all__ = [
