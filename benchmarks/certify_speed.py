@@ -211,7 +211,7 @@ def _child(args) -> None:
     w = dict(np.load(args.child_sae))
     import torch  # (loaded before the baseline is taken)
 
-    import widelimit  # noqa: F401
+    import widelimit  # noqa: F401,I001  (also loaded before the baseline)
 
     dev = args.child_device
     if args.child == "certify":  # load the compiled kernels before the baseline

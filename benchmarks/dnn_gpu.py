@@ -19,8 +19,6 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
-
 
 def main():
     import torch

@@ -391,21 +391,6 @@ def one_blas_thread():
 TASK_CHUNKS = 4
 
 
-def default_threads() -> int:
-    """Threads a pass over an in-memory array uses: ``WIDELIMIT_THREADS`` if set, else the usable cores (at most 8)."""
-    env = os.environ.get("WIDELIMIT_THREADS")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            raise ValueError(f"WIDELIMIT_THREADS must be a positive integer, got {env!r}") from None
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
-
-
 def data_fingerprint(X) -> list:
     """What identifies ``X`` for a checkpoint: shard names/sizes/mtimes, a Dask name, or a content hash."""
     if hasattr(X, "fingerprint"):
