@@ -1,6 +1,7 @@
 """DNN relaxation solver (widelimit.relax.dnn.solve_dnn) on the CPU and on CUDA: time and certified gap.
 
-Random instances of ``widelimit.relax.cones.make_instance("random", N, dim)``; the same
+Standard normal points (``widelimit.data.datasets.gaussian(N, dim)``, ``lam = 0.5``: the "random"
+family of the relaxation benchmark); the same
 tolerance on each device; the wide-limit optimum (``widelimit.solve``) is the reference the
 relaxation bounds from below.
 
@@ -24,7 +25,7 @@ def main():
     import torch
 
     import widelimit as wl
-    from widelimit.relax.cones import make_instance
+    from widelimit.data.datasets import gaussian
     from widelimit.relax.dnn import solve_dnn
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -45,10 +46,11 @@ def main():
             print(f"{dev}: not available, skipped", flush=True)
             continue
         for N in sizes:
-            inst = make_instance("random", N, args.dim, seed=0)
-            exact = wl.solve(inst.X, inst.lam).value
+            X, _ = gaussian(N, args.dim, seed=0)
+            lam = 0.5
+            exact = wl.solve(X, lam=lam).value
             t = time.perf_counter()
-            r = solve_dnn(inst.X, inst.lam, tol=args.tol, time_limit=args.time_limit, device=dev)
+            r = solve_dnn(X, lam=lam, tol=args.tol, time_limit=args.time_limit, device=dev)
             if dev.startswith("cuda"):
                 torch.cuda.synchronize()
             row = {"device": dev, "N": N, "dim": args.dim, "time_s": time.perf_counter() - t, "value": r.value,
