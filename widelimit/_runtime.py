@@ -1,8 +1,8 @@
-"""Torch device selection shared by the torch solvers (optimal coding, gradient dictionary learning)."""
+"""Runtime settings shared by the solvers: torch device selection and one thread limiter for torch, numba and BLAS."""
 
 from __future__ import annotations
 
-__all__ = ["resolve_device", "torch_dtype"]
+__all__ = ["resolve_device", "torch_dtype", "default_threads", "limit_threads", "with_thread_limit"]
 
 
 def resolve_device(device="auto"):
@@ -42,3 +42,112 @@ def torch_dtype(dtype):
         return table[dtype]
     except (KeyError, TypeError):
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}") from None
+
+
+# --------------------------------------------------------------------------------------
+# threads: one limiter for torch, numba and BLAS
+# --------------------------------------------------------------------------------------
+
+
+def default_threads() -> int:
+    """The thread count the solvers use: ``WIDELIMIT_THREADS`` if set, else the usable cores (at most 8),
+    or 1 when the 1-minute load average is at least twice the usable cores (other processes
+    already oversubscribe them).
+
+    One count for every pool (torch intra-op, numba, BLAS): the pools run one after the
+    other, so each may use every core, but not more (measured in
+    ``benchmarks/certify_speed.py``: one thread against this default).
+    """
+    import os
+
+    env = os.environ.get("WIDELIMIT_THREADS")
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"WIDELIMIT_THREADS must be a positive integer, got {env!r}")
+        return n
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    cores = max(1, min(8, cores))
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not available
+        load = 0.0
+    if cores > 1 and load >= 2 * cores:
+        # the cores are already oversubscribed by other processes: every barrier of a
+        # multi-threaded pool then waits for a descheduled thread (measured: one thread was
+        # 3x faster for certify_sae and the forward pass at a load of 16 on 2 cores)
+        return 1
+    return cores
+
+
+class limit_threads:
+    """Context manager: torch, numba and BLAS (OpenBLAS / MKL / OpenMP pools) on ``threads`` threads.
+
+    ``threads=None`` uses :func:`default_threads`, or keeps the setting of an enclosing
+    ``limit_threads`` (so a solver's default does not undo its caller's choice). On exit the
+    previous settings come back. :func:`with_thread_limit` applies it to a whole function.
+    The three pools oversubscribe the cores when each sizes itself independently (torch and
+    BLAS spin-wait after a call while numba's workers start); with one count for all of
+    them, each call gets the cores to itself.
+
+    >>> from widelimit._runtime import limit_threads
+    >>> with limit_threads(1):
+    ...     import torch; torch.get_num_threads()
+    1
+    """
+
+    _depth = 0  # open limit_threads contexts: a nested one with threads=None keeps the outer setting
+
+    def __init__(self, threads: int | None = None):
+        self.inherit = threads is None and limit_threads._depth > 0
+        if threads is None:
+            threads = default_threads()
+        if isinstance(threads, bool) or int(threads) != threads or int(threads) < 1:
+            raise ValueError(f"threads must be a positive integer, got {threads!r}")
+        self.threads = int(threads)
+        self._saved = None
+
+    def __enter__(self):
+        import numba
+        import torch
+        from threadpoolctl import threadpool_limits
+
+        limit_threads._depth += 1
+        if self.inherit:
+            return self
+        n = self.threads
+        self._saved = (torch.get_num_threads(), numba.get_num_threads())
+        torch.set_num_threads(n)
+        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+        self._blas_ctx = threadpool_limits(limits=n)  # every BLAS / OpenMP library loaded by now
+        return self
+
+    def __exit__(self, *exc):
+        import numba
+        import torch
+
+        limit_threads._depth -= 1
+        if self.inherit:
+            return False
+        self._blas_ctx.restore_original_limits()
+        torch.set_num_threads(self._saved[0])
+        numba.set_num_threads(self._saved[1])
+        return False
+
+
+def with_thread_limit(fn):
+    """Decorator: run ``fn`` inside ``limit_threads()`` (the default thread count, or the caller's)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with limit_threads():
+            return fn(*args, **kwargs)
+
+    return wrapper

@@ -33,6 +33,9 @@ def _add_certify(sub):
     p.add_argument("--coding-tol", type=float, default=1e-6, help="relative duality gap of the optimal coding per token")
     p.add_argument("--batch-size", type=int, default=4096, help="tokens per batch")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for torch, numba and BLAS (default: the usable cores, 1 on an overloaded machine)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (it goes to stderr)")
     p.add_argument("--norm-scaling-factor", type=float, default=None,
                    help="SAELens expected_average_only_in: the input scaling factor to fold into the weights")
     p.add_argument("--stability", action="store_true",
@@ -82,8 +85,14 @@ def _run_certify(args) -> int:
 
     sae = load_sae(args.sae, norm_scaling_factor=args.norm_scaling_factor)
     acts = load_activations(args.acts, key=args.key)
-    cert = certify_sae(acts, sae, lam=args.lam, l1_coefficient=args.l1_coefficient, tol=args.tol, coding_tol=args.coding_tol, batch_size=args.batch_size, device=args.device,
-                       stability=args.stability, same_width_steps=args.same_width_steps)
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    with progress_display(err, enabled=not args.no_progress and err.is_terminal) as cb:  # terminals only
+        cert = certify_sae(acts, sae, lam=args.lam, l1_coefficient=args.l1_coefficient, tol=args.tol,
+                           coding_tol=args.coding_tol, batch_size=args.batch_size, device=args.device,
+                           threads=args.threads, progress=cb, stability=args.stability,
+                           same_width_steps=args.same_width_steps)
     files = write_sae_certificate(cert, args.out) if args.out else []
     if args.json:
         d = cert.as_dict()

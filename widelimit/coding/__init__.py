@@ -1,8 +1,128 @@
-"""Certified optimal nonnegative codes for a fixed dictionary and bias (docs/theory.md §5).
+r"""Optimal codes for a fixed dictionary and bias, with a certified duality gap (theory.md §5).
 
-One entry point, :func:`optimal_codes`.
+One entry point, :func:`optimal_codes`, over three algorithms with the same
+problem and the same float64 certificate (the per-token lasso dual point, see
+:mod:`widelimit.coding.pdas`):
+
+* ``"cd"`` -- working-set coordinate descent on the Gram matrix, with gap-safe
+  screening, BLAS-3 correlations and Newton polishing (:mod:`widelimit.coding.cd`;
+  CPU, numba);
+* ``"working_set"`` -- torch working sets with batched active-set Newton steps
+  (:mod:`widelimit.coding.working_set`; CPU or CUDA);
+* ``"fista"`` -- accelerated projected gradient on the whole dictionary, float32
+  batches with float64 polishing (:mod:`widelimit.coding.pdas`; CPU or CUDA).
+
+``algorithm="auto"`` (:func:`choose_algorithm`) takes ``"cd"`` on the CPU when the
+``k x k`` Gram fits (``k <= 8192``) and ``"fista"`` on a GPU or for wider
+dictionaries; the choice was measured by ``benchmarks/certify_speed.py``
+(docs/sae_certification.md, "Speed").
 """
 
-from .pdas import CodingResult, optimal_codes
+from __future__ import annotations
 
-__all__ = ["optimal_codes", "CodingResult"]
+from .._runtime import with_thread_limit
+from .pdas import CodingResult
+
+__all__ = ["optimal_codes", "choose_algorithm", "CodingResult", "ALGORITHMS", "GRAM_LIMIT"]
+
+ALGORITHMS = ("auto", "cd", "working_set", "fista")
+#: Widest dictionary for which the Gram-based algorithms form ``G = U U^T`` (512 MiB in float64).
+GRAM_LIMIT = 8192
+#: Options only ``"fista"`` accepts; with ``algorithm="auto"`` they select it.
+_FISTA_ONLY = frozenset({"max_iter", "dtype", "check_every"})
+
+
+def choose_algorithm(k: int, device) -> str:
+    """The default algorithm for ``k`` atoms on ``device`` (a ``torch.device`` or its name).
+
+    ``"cd"`` on the CPU with ``k <= GRAM_LIMIT``; ``"fista"`` otherwise (CUDA, or a
+    Gram too large to form).
+    """
+    dtype = getattr(device, "type", str(device).split(":")[0])
+    if dtype == "cpu" and int(k) <= GRAM_LIMIT:
+        return "cd"
+    return "fista"
+
+
+@with_thread_limit
+def optimal_codes(X, W, b, *, lam, algorithm: str = "auto", tol: float = 1e-6, device="auto", Z0=None,
+                  return_codes: bool = True, batch_size: int | None = None, callback=None, **options) -> CodingResult:
+    r"""Certified optimal nonnegative codes for a fixed dictionary and bias (one lasso per point).
+
+    For every point ``x_i`` solves
+
+    .. math:: \min_{z \ge 0}\ \|z W + b - x_i\|^2 + 2\lambda \sum_d z_d \|w_d\|
+
+    and certifies it with a per-point duality gap ``gap_i >= P_i(z_i) - min P_i``
+    (float64, whatever the algorithm; theory.md §5). ``value - gap`` is a certified
+    lower bound on the best objective any encoder reaches with this decoder and bias.
+
+    Parameters
+    ----------
+    X : array (N, n)
+        Data (read batch by batch, so a memory-mapped ``.npy`` works).
+    W : array (k, n)
+        Dictionary, one atom per row (any norms; SAELens ``W_dec`` layout).
+    b : array (n,)
+        Bias (SAELens ``b_dec``).
+    lam : float
+        Sparsity ``lam > 0`` (SAELens ``l1_coefficient = 2 lam``).
+    algorithm : {"auto", "cd", "working_set", "fista"}
+        See the module docstring; ``"auto"`` uses :func:`choose_algorithm` (or ``"fista"`` when an
+        option only it has is given: ``max_iter``, ``dtype``, ``check_every``).
+    tol : float
+        Per-point target ``gap_i <= tol * max(P_i, lam^2)``.
+    device : {"auto", "cpu", "cuda", "cuda:N"}
+        ``"cd"`` runs on the CPU only.
+    Z0 : array (N, k) or scipy.sparse, optional
+        Warm start (nonnegative, in the units of ``W``), e.g. an SAE encoder's codes.
+    return_codes : bool
+        Return the codes as a CSR array.
+    batch_size : int, optional
+        Points per batch (memory is bounded by a batch).
+    callback : callable(done, N), optional
+        Called after each batch.
+    **options
+        Passed to the algorithm (``max_iter``, ``dtype`` for ``"fista"``; ``ws_size``,
+        ``max_rounds`` for ``"working_set"``; ``ws_extra``, ``max_rounds`` for ``"cd"``).
+
+    Returns
+    -------
+    CodingResult
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from widelimit.coding import optimal_codes
+    >>> W = np.eye(2); X = np.array([[3.0, 0.5], [0.2, -1.0]])
+    >>> res = optimal_codes(X, W, np.zeros(2), lam=1.0, device="cpu")
+    >>> np.round(res.codes.toarray(), 6).tolist()   # (x - lam)_+ per coordinate for an orthonormal W
+    [[2.0, 0.0], [0.0, 0.0]]
+    """
+    from .._runtime import resolve_device
+    from .pdas import optimal_codes as fista_codes
+
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    dev = resolve_device(device)
+    k = getattr(W, "shape", (None,))[0]
+    if algorithm == "auto":
+        algorithm = choose_algorithm(k if k is not None else len(W), dev)
+        if algorithm == "cd" and _FISTA_ONLY & set(options):  # options only FISTA has: FISTA
+            algorithm = "fista"
+    if algorithm == "cd":
+        if dev.type != "cpu":
+            raise ValueError(f"algorithm='cd' runs on the CPU only, got device {device!r}")
+        from .cd import cd_codes
+
+        return cd_codes(X, W, b, lam=lam, tol=tol, Z0=Z0, return_codes=return_codes, batch_size=batch_size,
+                        callback=callback, **options)
+    if algorithm == "working_set":
+        if callback is not None:
+            raise ValueError("callback is not supported by algorithm='working_set'")
+        from .working_set import optimal_codes_working_set
+
+        return optimal_codes_working_set(X, W, b, lam=lam, tol=tol, device=dev, Z0=Z0, return_codes=return_codes,
+                                         batch_size=batch_size, **options)
+    return fista_codes(X, W, b, lam=lam, tol=tol, device=dev, Z0=Z0, return_codes=return_codes, batch_size=batch_size,
+                       callback=callback, **options)

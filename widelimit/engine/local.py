@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from .._runtime import default_threads  # noqa: F401  (re-exported: the engine's thread count)
 from .fingerprint import _hashed_chunk
 
 __all__ = [
@@ -388,21 +389,6 @@ def one_blas_thread():
 
 #: Chunks per task of a multi-threaded pass (fixed, so results do not depend on the thread count).
 TASK_CHUNKS = 4
-
-
-def default_threads() -> int:
-    """Threads a pass over an in-memory array uses: ``WIDELIMIT_THREADS`` if set, else the usable cores (at most 8)."""
-    env = os.environ.get("WIDELIMIT_THREADS")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            raise ValueError(f"WIDELIMIT_THREADS must be a positive integer, got {env!r}") from None
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
 
 
 def data_fingerprint(X) -> list:

@@ -71,8 +71,10 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from .._runtime import resolve_device
+from .._runtime import resolve_device, with_thread_limit
 from .._validation import check_data, check_dictionary, check_lam, check_vector
+from ..coding import GRAM_LIMIT
+from ..coding import optimal_codes as _entry_codes
 from ..coding.pdas import optimal_codes
 from ..exact.median import huber_median
 from ..exact.objective import sae_objective
@@ -171,6 +173,10 @@ class FitResult:
 # --------------------------------------------------------------------------------------
 
 
+#: Share of ``max_time`` kept for the final certified re-coding after the steps.
+_FINAL_SHARE = 0.15
+
+
 class _Reporter:
     """History, stopping rule (relative improvement / step or time budget) and the user callback.
 
@@ -215,6 +221,7 @@ class _Reporter:
         return False
 
 
+@with_thread_limit
 def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device="auto", seed: int = 0,
                    max_steps: int | None = None, rtol: float = 1e-8, window: int = 10,
                    max_time: float | None = None, batch_size: int | None = None, code_steps: int | None = None,
@@ -255,7 +262,9 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
         Steps over which the improvement is measured (at least 200 for minibatch and
         encoder training, whose recorded objective is a moving average of batch losses).
     max_time : float, optional
-        Stop after this many seconds.
+        Wall-clock budget of the whole fit in seconds: the steps stop at 85% of it, leaving the rest
+        for the final certified re-coding (``stop_reason="max_time"``), which on the CPU stops when
+        the budget is spent (its ``coding_gap`` is certified whether or not it reached ``coding_tol``).
     batch_size : int, optional
         Minibatch size; ``None`` = full batch (free codes) or 4096 (encoders).
     code_steps : int, optional
@@ -355,7 +364,10 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
         del src
     # stochastic objectives (minibatches, Adam) are judged over a longer window
     stochastic = amortised or minibatch
-    report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), max_time, callback, t0,
+    # the budget covers the whole fit: the steps stop early enough to leave the final certified
+    # re-coding (and the encoder's evaluation) _FINAL_SHARE of it
+    loop_time = None if max_time is None else (1.0 - _FINAL_SHARE) * float(max_time)
+    report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), loop_time, callback, t0,
                        stochastic=stochastic)
     opts = {"max_steps": int(max_steps), "cd_sweeps": 30 if code_steps is None else int(code_steps),
             "dict_steps": int(dict_steps),
@@ -388,7 +400,11 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
         Z_warm = enc_codes
     # near-duplicate atoms make some lassos degenerate (sublinear convergence): a generous budget,
     # spent only on the points that need it
-    coded = optimal_codes(X, Wf, bf, lam=lam, tol=coding_tol, device=dev, Z0=Z_warm, max_iter=20000)
+    if dev.type == "cpu" and Wf.shape[0] <= GRAM_LIMIT:  # the fastest certified coder on the CPU
+        left = None if max_time is None else max(0.0, float(max_time) - (time.perf_counter() - t0))
+        coded = _entry_codes(X, Wf, bf, lam=lam, algorithm="cd", tol=coding_tol, Z0=Z_warm, max_time=left)
+    else:
+        coded = optimal_codes(X, Wf, bf, lam=lam, tol=coding_tol, device=dev, Z0=Z_warm, max_iter=20000)
     return FitResult(
         dictionary=Wf, codes=coded.codes, bias=bf, value=coded.value, reconstruction=coded.reconstruction,
         penalty=coded.penalty, coding_gap=coded.gap, history=report.history, n_steps=int(steps),

@@ -11,8 +11,9 @@ Three numbers bracket it, every one certified:
 1. ``sae_objective``: ``L`` at the SAE's own encoder codes.
 2. ``optimal_code_objective``: ``min_{Z >= 0} L`` for the SAE's decoder and bias,
    a nonnegative lasso per token solved to a certified duality gap (``coding_gap``)
-   by :func:`widelimit.coding.working_set.optimal_codes_working_set` (per-token working
-   sets around :func:`widelimit.coding.pdas.optimal_codes`, warm-started from the SAE's own codes). The difference is the
+   by :func:`widelimit.coding.optimal_codes` (on the CPU working-set coordinate descent on the
+   Gram matrix, :mod:`widelimit.coding.cd`, warm-started from the SAE's own codes and their
+   residual correlations, which the diagnostics compute anyway). The difference is the
    **encoder (amortisation) gap**, certified to lie in
    ``[encoder_gap, encoder_gap + coding_gap]``.
 3. ``lower_bound``: the wide-limit bound ``min_b H(b)`` with
@@ -75,6 +76,7 @@ import scipy.sparse as sp
 from .._validation import check_lam
 from ..exact.stability import stability_rows
 from ..learn.same_width import same_width_witness
+from ..engine.local import Progress
 from .model import SAE
 
 __all__ = ["SAECertificate", "certify_sae", "plot_sae_certificate", "write_sae_certificate", "resolve_lam"]
@@ -217,27 +219,69 @@ def _check_acts(acts, sae: SAE):
     return acts
 
 
-def _pair_candidates(U, lo: float, hi: float, max_pairs: int, device):
-    """Pairs (a, b), a != b, with cos(u_a, u_b) >= hi or <= lo, computed in row blocks."""
+#: Dictionaries up to this width use dense products for the codes (sparse ones cost more there).
+_DENSE_K = 1024
+
+
+def _csr_pair(rows, cols, vals, m: int, k: int):
+    """A sparse (m, k) matrix and its transpose as torch CSR tensors (for sparse x dense products)."""
+    import torch
+
+    import warnings
+
+    dev = vals.device
+    Z = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (m, k), device=dev, check_invariants=False)
+    ZT = torch.sparse_coo_tensor(torch.stack([cols, rows]), vals, (k, m), device=dev, check_invariants=False)
+    with warnings.catch_warnings():  # "sparse CSR support is in beta state"
+        warnings.simplefilter("ignore", UserWarning)
+        return Z.coalesce().to_sparse_csr(), ZT.coalesce().to_sparse_csr()
+
+
+def _diag(v):
+    import scipy.sparse as sp
+
+    return sp.diags(np.asarray(v, dtype=np.float64))
+
+
+def _finish_codes(out: dict, Xb, U, b, lam: float, tol: float) -> None:
+    """Tokens the working-set rounds left uncertified: full-dictionary FISTA in float64, warm-started (in place)."""
+    import scipy.sparse as sp
+
+    from ..coding.pdas import optimal_codes as fista_codes
+
+    rows = out["todo"]
+    res = fista_codes(Xb[rows], U, b, lam=lam, tol=tol, device="cpu", Z0=out["codes"][rows], dtype="float64",
+                      max_iter=20000)
+    out["P"][rows], out["gap"][rows] = res.point_values, res.point_gaps
+    codes = out["codes"].tolil()
+    codes[rows] = res.codes
+    out["codes"] = sp.csr_array(codes)
+    out["R"][rows] = (Xb[rows] - b) - np.asarray(res.codes @ U)
+    out["rounds"] += res.n_iter
+
+
+def _pair_candidates(U, lo: float, hi: float, max_pairs: int, device, G=None):
+    """Pairs (a, b), a != b, with cos(u_a, u_b) >= hi or <= lo, computed in row blocks (from ``G = U U^T`` if given)."""
     import torch
 
     k = U.shape[0]
-    Ut = torch.as_tensor(U, dtype=torch.float32, device=device)
+    Ut = torch.as_tensor(U, dtype=torch.float32, device=device) if G is None else None
     rows = max(1, (1 << 24) // max(1, k))
-    pa, pb, pc = [], [], []
+    pa, pb = [], []
     for s in range(0, k, rows):
-        G = Ut[s : s + rows] @ Ut.T
+        Gb = G[s : s + rows] if G is not None else Ut[s : s + rows] @ Ut.T
         idx = torch.arange(s, min(k, s + rows), device=device)
-        G[torch.arange(G.shape[0], device=device), idx] = 0.0
-        m = (G >= hi) | (G <= lo)
+        m = (Gb >= hi) | (Gb <= lo)
+        m[torch.arange(Gb.shape[0], device=device), idx] = False  # not the pair (a, a)
         r, c = torch.nonzero(m, as_tuple=True)
         if r.numel():
             pa.append((r + s).cpu().numpy())
             pb.append(c.cpu().numpy())
-            pc.append(G[r, c].cpu().numpy())
     if not pa:
         return np.zeros(0, int), np.zeros(0, int), np.zeros(0)
-    a, b, c = np.concatenate(pa), np.concatenate(pb), np.concatenate(pc).astype(np.float64)
+    if not pa:
+        return np.zeros(0, int), np.zeros(0, int), np.zeros(0)
+    a, b = np.concatenate(pa), np.concatenate(pb)
     # exact cosines in float64 for the candidates
     c = np.einsum("ij,ij->i", U[a], U[b])
     if a.size > max_pairs:
@@ -250,8 +294,9 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
                 batch_size: int = 4096, device="auto", optimal_codes_diagnostics: bool = True,
                 dead_threshold: float = 0.0, dense_threshold: float = 0.5, antipodal_cosine: float = -0.99,
                 absorb_cosine: float = 0.5, containment: float = 0.9, kkt_tol: float = 1e-6,
-                max_pairs: int = 200_000, progress: Callable[[int, int], None] | None = None,
-                stability: bool = False, stability_witnesses: int = 8, same_width_steps: int = 0) -> SAECertificate:
+                max_pairs: int = 200_000, coding_algorithm: str = "auto", threads: int | None = None,
+                progress: Callable[[Progress], None] | None = None, stability: bool = False,
+                stability_witnesses: int = 8, same_width_steps: int = 0) -> SAECertificate:
     r"""Certify a trained SAE against the global optimum of its own objective.
 
     Parameters
@@ -267,7 +312,7 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
     tol : float
         ``certified_optimal`` iff ``global_gap <= tol * max(1, sae_objective)``.
     coding_tol : float
-        Relative per-token duality gap of the optimal coding (see :func:`widelimit.coding.pdas.optimal_codes`).
+        Relative per-token duality gap of the optimal coding (see :func:`widelimit.coding.optimal_codes`).
     batch_size : int
         Tokens per batch (memory ~ ``batch_size * d_sae`` float64 several times).
     device : {"auto", "cpu", "cuda"}
@@ -286,8 +331,17 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
         ``kkt_tol * lam`` (feature-residual) or ``kkt_tol * lam`` (tangent gradient norm).
     max_pairs : int
         Most decoder pairs examined for antipodal / absorption patterns.
-    progress : callable(done, N), optional
-        Called after each batch.
+    coding_algorithm : {"auto", "cd", "working_set", "fista"}
+        Algorithm of the optimal coding (:func:`widelimit.coding.optimal_codes`); ``"auto"``
+        takes working-set coordinate descent on the CPU and FISTA batches on a GPU. Every
+        algorithm certifies the same float64 duality gap.
+    threads : int, optional
+        Threads of torch, numba and BLAS during the call (one count for all three,
+        :class:`widelimit._runtime.limit_threads`); default :func:`widelimit._runtime.default_threads`.
+    progress : callable(Progress), optional
+        Receives :class:`widelimit.engine.local.Progress` events: ``stage="certify"`` after each
+        batch (``rows_done`` of ``rows_total`` tokens), then the events of the wide-limit bound
+        (:func:`widelimit.huber_median`). Cheap enough to drive a progress bar or a training-loop log.
     stability, stability_witnesses : bool, int
         Also run :func:`widelimit.feature_stability` (theory.md §5.3-§5.5) on the decoder with its
         optimal codes (kept in memory, sparse), following at most ``stability_witnesses`` features;
@@ -298,6 +352,7 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
         decoder, this many steps, certified optimal codes): :attr:`SAECertificate.same_width` says
         whether a dictionary of the same width reaches a lower objective than the decoder's optimal codes.
 
+
     Returns
     -------
     SAECertificate
@@ -305,11 +360,27 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
     from .._validation import check_tol
 
     tol, coding_tol, kkt_tol = check_tol(tol, "tol"), check_tol(coding_tol, "coding_tol"), check_tol(kkt_tol, "kkt_tol")
+
+    from .._runtime import limit_threads
+
+    with limit_threads(threads):
+        return _certify(acts, sae, lam, l1_coefficient, tol=tol, coding_tol=coding_tol, batch_size=batch_size,
+                        device=device, optimal_codes_diagnostics=optimal_codes_diagnostics,
+                        dead_threshold=dead_threshold, dense_threshold=dense_threshold,
+                        antipodal_cosine=antipodal_cosine, absorb_cosine=absorb_cosine, containment=containment,
+                        kkt_tol=kkt_tol, max_pairs=max_pairs, coding_algorithm=coding_algorithm, progress=progress,
+                        stability=stability, stability_witnesses=stability_witnesses,
+                        same_width_steps=same_width_steps)
+
+
+def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, device, optimal_codes_diagnostics,
+             dead_threshold, dense_threshold, antipodal_cosine, absorb_cosine, containment, kkt_tol, max_pairs,
+             coding_algorithm, progress, stability, stability_witnesses, same_width_steps):
+    """The body of :func:`certify_sae` (inside its thread limits)."""
     import torch
 
     from .._runtime import resolve_device
     from ..exact.median import huber_median, huber_value
-    from ..coding.working_set import optimal_codes_working_set
 
     lam = resolve_lam(lam, l1_coefficient)
     if not isinstance(sae, SAE):
@@ -331,12 +402,27 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
     U = sae.unit_dictionary()
     b = np.asarray(sae.b_dec, dtype=np.float64)
     Ut = torch.as_tensor(U, device=dev)
-    Wd = torch.as_tensor(np.asarray(sae.W_dec, dtype=np.float64), device=dev)
     nt = torch.as_tensor(norms, device=dev)
     bt = torch.as_tensor(b, device=dev)
 
+    from ..coding import choose_algorithm
+
+    algorithm = choose_algorithm(k, dev) if coding_algorithm == "auto" else coding_algorithm
+    G = None
+    coder = None
+    if algorithm == "cd":
+        if dev.type != "cpu":
+            raise ValueError(f"coding_algorithm='cd' runs on the CPU only, got device {device!r}")
+        from ..coding.cd import GramCoder
+
+        # forms G = U U^T once (float64); float32 products (made exact) pay off for wide dictionaries
+        coder = GramCoder(U, lam=lam, tol=coding_tol, fast_products=k > _DENSE_K)
+        G = torch.as_tensor(coder.G)
+    elif algorithm not in ("fista", "working_set"):
+        raise ValueError(f"coding_algorithm must be 'auto', 'cd', 'working_set' or 'fista', got {coding_algorithm!r}")
+
     # decoder-pair candidates for antipodal / absorption patterns
-    pa, pb, pc = _pair_candidates(U, antipodal_cosine, absorb_cosine, max_pairs, dev)
+    pa, pb, pc = _pair_candidates(U, antipodal_cosine, absorb_cosine, max_pairs, dev, G=G)
     absorb_mask = pc >= absorb_cosine
     qa, qb = torch.as_tensor(pa[absorb_mask], device=dev), torch.as_tensor(pb[absorb_mask], device=dev)
     co = torch.zeros(int(absorb_mask.sum()), dtype=torch.float64, device=dev)
@@ -347,9 +433,7 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
     viol_on = torch.zeros(k, **f64)
     viol_off = torch.zeros(k, **f64)
     ZR = torch.zeros(k, n, **f64)
-    zc = torch.zeros(k, **f64)
     ZRo = torch.zeros(k, n, **f64) if optimal_codes_diagnostics else None
-    zco = torch.zeros(k, **f64) if optimal_codes_diagnostics else None
     sum_x = torch.zeros(n, **f64)
     sum_r = torch.zeros(n, **f64)
     sum_x2 = rec = pen = l0 = l1 = 0.0
@@ -358,10 +442,12 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
     opt_max_gap = 0.0
     opt_conv = True
     opt_iter = 0
+    n_batches = -(-N // batch_size)
     stab_codes = []
 
-    for s in range(0, N, batch_size):
+    for bi, s in enumerate(range(0, N, batch_size)):
         e = min(N, s + batch_size)
+        nb_ = e - s
         raw = np.asarray(acts[s:e], dtype=np.float64)
         ok = np.isfinite(raw).all(axis=1)
         if not ok.all():
@@ -370,64 +456,99 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
             raise ValueError(f"activations have a non-finite value ({what}) in row {i}")
         Xb = sae.preprocess(raw)
         x = torch.as_tensor(Xb, device=dev)
+        xt = x - bt
         sum_x += x.sum(0)
         sum_x2 += float((x * x).sum())
+        Y0 = C0 = None
         if sae.has_encoder:
             f = sae.encode(x, device=dev)
-            R = x - bt - f @ Wd
-            Z = f * nt
-            act = Z > 0
+            rows, cols = torch.nonzero(f, as_tuple=True)
+            fv = f[rows, cols]
+            zv = fv * nt[cols]  # codes on unit atoms
+            if k <= _DENSE_K or rows.numel() > 0.1 * nb_ * k:  # narrow or dense codes: BLAS products
+                Zs = f * nt
+                ZsT = Zs.T
+            else:
+                Zs, ZsT = _csr_pair(rows, cols, zv, nb_, k)
+            R = xt - Zs @ Ut  # sparse x dense: O(L0 n) per token
             C = R @ Ut.T
-            lam_t = torch.tensor(lam, **f64)
-            viol_on = torch.maximum(viol_on, torch.where(act, (C - lam_t).abs(), 0.0).amax(0))
-            viol_off = torch.maximum(viol_off, torch.where(act, 0.0, torch.relu(C - lam_t)).amax(0))
-            ZR += Z.T @ R
-            zc += (Z * C).sum(0)
-            count += act.sum(0).to(torch.float64)
-            code_sum += Z.sum(0)
+            cz = C[rows, cols]
+            viol_on = viol_on.scatter_reduce(0, cols, (cz - lam).abs(), reduce="amax")
+            ZR += ZsT @ R
+            count += torch.bincount(cols, minlength=k).to(torch.float64)
+            code_sum += torch.bincount(cols, weights=zv, minlength=k)
             rec += float((R * R).sum())
-            pen += float(Z.sum())
-            l0 += float(act.sum())
-            l1 += float(f.sum())
+            pen += float(zv.sum())
+            l0 += float(rows.numel())
+            l1 += float(fv.sum())
             sum_r += R.sum(0)
             max_rn = max(max_rn, float(torch.linalg.norm(R, dim=1).max()))
             if qa.numel():
+                act = f > 0
                 for c0 in range(0, qa.numel(), 1 << 14):
                     ia, ib = qa[c0 : c0 + (1 << 14)], qb[c0 : c0 + (1 << 14)]
                     co[c0 : c0 + ia.numel()] += (act[:, ia] & act[:, ib]).sum(0).to(torch.float64)
-            Z0 = Z.cpu().numpy()
+                del act
+            if coder is not None:
+                import scipy.sparse as sp
+
+                r_np, c_np = rows.cpu().numpy(), cols.cpu().numpy()
+                Y0 = sp.csr_array((zv.cpu().numpy(), (r_np, c_np)), shape=(nb_, k))
+                C0 = C.cpu().numpy()
+        # ---- optimal codes for the SAE's decoder and bias (certified duality gap) ----
+        if coder is not None:
+            out = coder.solve(xt.cpu().numpy(), Y0, C0)
+            if out["todo"].size:  # the full-dictionary solver finishes these tokens (float64, warm-started)
+                _finish_codes(out, Xb, U, b, lam, coding_tol)
+            P, gap_t = out["P"], out["gap"]
+            Yo = out["codes"]  # CSR, unit-atom units
+            Ro = torch.as_tensor(out["R"], device=dev)
+            n_it = out["rounds"]
         else:
-            Z0 = None
-        res = optimal_codes_working_set(Xb, U, b, lam=lam, tol=coding_tol, device=dev, Z0=Z0,
-                                        return_codes=optimal_codes_diagnostics or not sae.has_encoder or stability)
+            from ..coding import optimal_codes
+
+            Z0 = None if not sae.has_encoder else f.cpu().numpy()
+            res = optimal_codes(Xb, sae.W_dec, b, lam=lam, algorithm=algorithm, tol=coding_tol, device=dev,
+                                Z0=Z0, return_codes=True)
+            P, gap_t = res.point_values, res.point_gaps
+            Yo = res.codes @ _diag(norms)
+            Ro = xt - torch.as_tensor(Yo.toarray(), device=dev) @ Ut
+            n_it = res.n_iter
         if stability:
-            stab_codes.append(res.codes)
-        nb = e - s
-        opt_val += res.value * nb
-        opt_gap += res.gap * nb
-        opt_max_gap = max(opt_max_gap, res.max_gap)
-        opt_conv = opt_conv and bool(res.converged)
-        opt_iter = max(opt_iter, int(res.n_iter))
-        if res.codes is not None:
-            Zo = torch.as_tensor(res.codes.toarray(), device=dev)
-            Ro = x - bt - Zo @ Ut
+            stab_codes.append(sp.csr_array(Yo))
+        opt_val += float(np.sum(P))
+        opt_gap += float(np.sum(gap_t))
+        opt_max_gap = max(opt_max_gap, float(np.max(gap_t)))
+        opt_conv = opt_conv and bool(np.all(gap_t <= coding_tol * np.maximum(P, lam * lam)))
+        opt_iter = max(opt_iter, int(n_it))
+        if ZRo is not None or not sae.has_encoder:  # (diagnostics at the optimal codes)
+            Yc = Yo.tocoo()
+            ro, cl = torch.as_tensor(Yc.row.astype(np.int64), device=dev), torch.as_tensor(Yc.col.astype(np.int64), device=dev)
+            yv = torch.as_tensor(Yc.data, device=dev)
+            if k <= _DENSE_K:
+                YsT = torch.as_tensor(Yo.toarray(), device=dev).T
+            else:
+                _, YsT = _csr_pair(ro, cl, yv, nb_, k)
+            if ZRo is not None:
+                ZRo += YsT @ Ro
             if not sae.has_encoder:  # decoder-only: the diagnostics are those of the optimal codes
-                act = Zo > 0
-                C = Ro @ Ut.T
-                count += act.sum(0).to(torch.float64)
-                code_sum += Zo.sum(0)
-                l0 += float(act.sum())
+                count += torch.bincount(cl, minlength=k).to(torch.float64)
+                code_sum += torch.bincount(cl, weights=yv, minlength=k)
+                l0 += float(ro.numel())
                 sum_r += Ro.sum(0)
                 max_rn = max(max_rn, float(torch.linalg.norm(Ro, dim=1).max()))
-            if ZRo is not None:
-                ZRo += Zo.T @ Ro
-                zco += (Zo * (Ro @ Ut.T)).sum(0)
+        if sae.has_encoder:  # silent-token violations (after the coder has read C)
+            C[rows, cols] = -math.inf
+            viol_off = torch.maximum(viol_off, torch.relu(C.amax(0) - lam))
+            del C
         if progress is not None:
-            progress(e, N)
+            progress(Progress(stage="certify", pass_index=1, rows_done=e, rows_total=N, done=bi == n_batches - 1))
 
     # ---- the wide-limit bound -------------------------------------------------------------
     Xb_all = acts if sae.normalize_activations == "none" else _Rows(acts, sae)
-    med = huber_median(Xb_all, lam=lam)
+    # a Hessian from 512 rows per Newton step: 5-15x faster than 4096 on MiniLM activations at the
+    # same certified tolerance (one more step); the bound and its certificate do not depend on it
+    med = huber_median(Xb_all, lam=lam, hess_rows=512, progress=progress)
     lb = float(med.lower_bound)
     h_bias = float(huber_value(Xb_all, b, lam=lam))
 
@@ -444,7 +565,9 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
     certified = bool(global_gap <= tol * max(1.0, abs(sae_obj)))
 
     # ---- per-feature diagnostics ------------------------------------------------------------
-    def tangent(ZRm, zcm):
+    def tangent(ZRm):
+        # sum_i z_id <u_d, r_i> = <u_d, (Z^T R)_d>: the radial part of the atom gradient
+        zcm = (ZRm * Ut).sum(1)
         g = (ZRm - zcm[:, None] * Ut) * (2.0 / N)
         return torch.linalg.norm(g, dim=1).cpu().numpy()
 
@@ -457,8 +580,8 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
         "decoder_norm": norms,
         "max_violation_firing": np.where(cnt > 0, viol_on.cpu().numpy(), np.nan) if sae.has_encoder else np.full(k, np.nan),
         "max_violation_silent": viol_off.cpu().numpy() if sae.has_encoder else np.full(k, np.nan),
-        "tangent_grad_norm": tangent(ZR, zc) if sae.has_encoder else np.full(k, np.nan),
-        "tangent_grad_norm_optimal_codes": tangent(ZRo, zco) if ZRo is not None else np.full(k, np.nan),
+        "tangent_grad_norm": tangent(ZR) if sae.has_encoder else np.full(k, np.nan),
+        "tangent_grad_norm_optimal_codes": tangent(ZRo) if ZRo is not None else np.full(k, np.nan),
         "dead": freq <= dead_threshold,
         "dense": freq >= dense_threshold,
         "antipodal_partner": np.full(k, -1),
@@ -563,6 +686,7 @@ def _stability_columns(X, U, codes, b, lam, max_witnesses, feats) -> dict:
         feats["stability_" + col] = (np.array(vals) if isinstance(vals[0], str)
                                      else np.array([np.nan if v is None else v for v in vals]))
     return summary
+
 
 
 # --------------------------------------------------------------------------------------
