@@ -219,7 +219,9 @@ def write_sae_certificate(cert, out_dir) -> list[Path]:
             row = []
             for a in arrays:
                 v = a[i]
-                if isinstance(v, (np.floating, float)):
+                if isinstance(v, str):
+                    row.append(v)
+                elif isinstance(v, (np.floating, float)):
                     row.append("" if not math.isfinite(v) else repr(float(v)))
                 else:
                     row.append(int(v))
