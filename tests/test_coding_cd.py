@@ -145,7 +145,7 @@ def test_thread_limiter_sets_and_restores_all_pools(monkeypatch):
 
 
 def test_certify_progress_events_and_algorithms_agree():
-    from widelimit.sae.model import orthogonal_rays_sae
+    from fixtures.saes import orthogonal_rays_sae
 
     X, sae = orthogonal_rays_sae(0.5, seed=4)
     events = []

@@ -110,7 +110,7 @@ def test_nonfinite_row_on_a_worker_names_the_row(client, data):
 
 
 def test_certify_sae_on_cluster(client):
-    from widelimit.sae.model import orthogonal_rays_sae
+    from fixtures.saes import orthogonal_rays_sae
 
     X, sae = orthogonal_rays_sae(0.5, n_pairs=3, dim=8, points_per_ray=60, n_core=20, seed=2)
     a = wl.certify_sae(X, sae, lam=0.5, batch_size=128)

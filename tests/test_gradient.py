@@ -11,7 +11,8 @@ from widelimit.cli import main
 from widelimit.coding.pdas import code_steps
 from widelimit.data.datasets import symmetric_rays
 from widelimit.learn._steps import _cd_codes, _dict_steps, _working_sets
-from widelimit.learn.amortised import _jumprelu_fn, encoder_codes
+from widelimit.learn.amortised import encoder_codes
+from widelimit.sae.model import jumprelu_ste
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +173,7 @@ def test_extrapolation_speeds_up_convergence_and_keeps_the_history_monotone(rng,
 
 
 def test_jumprelu_straight_through(rng):
-    jump = _jumprelu_fn()
+    jump = jumprelu_ste
     pre = torch.tensor(rng.standard_normal((50, 3)), requires_grad=True)
     theta = torch.tensor([0.1, 0.5, 1.0], dtype=torch.float64, requires_grad=True)
     out = jump(pre, theta, 0.2)
@@ -208,7 +209,7 @@ def test_below_the_number_of_rays_stays_above_the_bound(rays):
 
 @pytest.mark.parametrize("kw", [
     {"init": "rays"}, {"init": "data"}, {"init": "random", "max_steps": 40}, {"batch_size": 8, "max_steps": 60},
-    {"encoder": "relu", "max_steps": 150, "lr": 3e-3}, {"encoder": "jumprelu", "max_steps": 150},
+    {"encoder": "standard", "max_steps": 150, "lr": 3e-3}, {"encoder": "jumprelu", "max_steps": 150},
     {"encoder": "topk", "topk": 2, "max_steps": 150},
 ])
 def test_invariants_at_every_returned_solution(rays, kw, one_torch_thread):
@@ -228,7 +229,7 @@ def test_invariants_at_every_returned_solution(rays, kw, one_torch_thread):
         assert P["W_enc"].shape == (X.shape[1], 5)
         # the encoder's codes recomputed here from its parameters (SAELens layout), and their objective
         pre = (X.astype(np.float64) - fit.bias) @ P["W_enc"] + P["b_enc"]
-        if fit.encoder == "relu":
+        if fit.encoder == "standard":
             F = np.maximum(pre, 0.0)
         elif fit.encoder == "jumprelu":
             assert (P["threshold"] > 0).all()
@@ -244,7 +245,7 @@ def test_invariants_at_every_returned_solution(rays, kw, one_torch_thread):
 
 
 @pytest.mark.parametrize("encoder, kw, factor", [
-    ("relu", {"lr": 3e-3}, 20.0),  # measured 90x
+    ("standard", {"lr": 3e-3}, 20.0),  # measured 90x
     ("jumprelu", {}, 4.0),  # measured 6.5x
     ("topk", {"topk": 2}, 4.0),  # measured 7.1x
 ])
@@ -266,7 +267,7 @@ def test_encoder_training_lowers_the_objective(rays, encoder, kw, factor, one_to
 def test_amortised_relu_reaches_the_bound_on_rays(rays, one_torch_thread):
     X, _, lam = rays
     lb = wl.solve(X, lam=lam).lower_bound
-    fit = wl.fit_dictionary(X, lam=lam, width=4, encoder="relu", device="cpu", max_steps=1500, lr=3e-3)
+    fit = wl.fit_dictionary(X, lam=lam, width=4, encoder="standard", device="cpu", max_steps=1500, lr=3e-3)
     # 1-sparse optimal codes (<w, x - b> - lam)_+ are exactly a ReLU encoder: both objectives near the bound
     assert (fit.value - lb) / fit.value < 1e-4
     assert (fit.encoder_value - lb) / fit.encoder_value < 1e-3
@@ -335,7 +336,8 @@ def test_cli_fit(capsys, tmp_path):
     d = json.loads(capsys.readouterr().out)
     assert {"value", "lower_bound", "gap", "width"} <= set(d)
     assert d["width"] == 6 and d["rel_gap"] <= 1e-4 and d["certified"]
-    assert (tmp_path / "fit.npz").exists() and (tmp_path / "fit.json").exists()
+    assert (tmp_path / "cfg.json").exists() and (tmp_path / "sae_weights.safetensors").exists()
+    assert (tmp_path / "fit.json").exists()
     assert main(["fit", "rays", "--width", "0"]) == 2
     assert "width must be an integer >= 1" in capsys.readouterr().err
     assert main(["frontier", "rays", "--widths", "2,x"]) == 2

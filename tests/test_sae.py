@@ -10,16 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from widelimit.data.source import DataError, load_activations
-from widelimit.sae.model import (
-    SAE,
-    SAEFormatError,
-    load_sae,
-    orthogonal_rays_sae,
-    save_dictionary_learning,
-    save_plain,
-    save_saelens,
-    save_sparsify,
-)
+from fixtures.saes import orthogonal_rays_sae, save_dictionary_learning, save_plain, save_sparsify
+from widelimit.sae.formats import load_sae, save_saelens
+from widelimit.sae.model import SAE, SAEFormatError
 
 ARCHS = ["standard", "jumprelu", "topk", "gated"]
 
@@ -251,9 +244,9 @@ def test_shape_mismatch_against_config(tmp_path):
 def test_unknown_architecture_and_options(tmp_path):
     save_saelens(random_sae("standard"), tmp_path / "u")
     cfg = json.loads((tmp_path / "u" / "cfg.json").read_text())
-    cfg["architecture"] = "matryoshka_batchtopk"
+    cfg["architecture"] = "temporal"
     (tmp_path / "u" / "cfg.json").write_text(json.dumps(cfg))
-    with pytest.raises(SAEFormatError, match="unsupported SAELens architecture 'matryoshka_batchtopk'"):
+    with pytest.raises(SAEFormatError, match="unsupported SAELens architecture .temporal."):
         load_sae(tmp_path / "u")
     save_sparsify(random_sae("topk"), tmp_path / "sp")
     cfg = json.loads((tmp_path / "sp" / "cfg.json").read_text())

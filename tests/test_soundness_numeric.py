@@ -148,7 +148,8 @@ def test_3_tolerances_are_validated(name, bad):
 
 
 def test_3_cli_tolerances_exit_2(tmp_path, capsys):
-    from widelimit.sae.model import orthogonal_rays_sae, save_saelens
+    from fixtures.saes import orthogonal_rays_sae
+    from widelimit.sae.formats import save_saelens
 
     X, sae = orthogonal_rays_sae(0.5, seed=9)
     save_saelens(sae, tmp_path / "sae")

@@ -294,7 +294,7 @@ def test_cli_bound_streams_a_folder_and_resumes(tmp_path, rng, capsys):
 
 
 def test_certify_sae_streams_a_source(tmp_path):
-    from widelimit.sae.model import orthogonal_rays_sae
+    from fixtures.saes import orthogonal_rays_sae
 
     X, sae = orthogonal_rays_sae(0.5, n_pairs=3, dim=8, points_per_ray=60, n_core=20, seed=2)
     X = X.astype(np.float32)

@@ -39,7 +39,8 @@ from .relax.cpfactor import CPFactorization, RefinedSolution, factorize_cp, refi
 from .relax.dnn import DNNResult, solve_dnn
 from .relax.sandwich import SandwichReport, sandwich
 from .sae.certify import SAECertificate, certify_sae
-from .sae.model import SAE, load_sae
+from .sae.formats import load_sae
+from .sae.model import SAE
 
 __version__ = "0.2.0"
 

@@ -1,12 +1,10 @@
-"""``widelimit certify``: certify a trained SAE against its own objective."""
+"""``widelimit certify``: certify a trained SAE against its own objective (or the stand-in the report names)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-
-from ._common import (load_data, _console, print_json, _fmt, certificate_table, _dual_round, _solution_rows, _write_solution, progress_display, open_source)  # noqa: F401
-
+from ._common import _console, certificate_table, print_json, progress_display
 
 # --------------------------------------------------------------------------------------
 # certify (trained SAEs)
@@ -17,19 +15,29 @@ def _add_certify(sub):
     p = sub.add_parser(
         "certify",
         help="certify a trained SAE (SAELens / dictionary_learning / sparsify / plain file) on activations",
-        description="Measure how far a trained SAE is from the global optimum of its own objective "
-        "mean ||x - x_hat||^2 + l1_coefficient * mean sum_d f_d ||W_dec,d||  (l1_coefficient = 2 lam).",
+        description="Measure how far a trained SAE is from the global optimum of the objective "
+        "mean ||x - x_hat||^2 + l1_coefficient * mean sum_d f_d ||W_dec,d||  (l1_coefficient = 2 lam). "
+        "Without --lam: the SAE's recorded l1_coefficient, or, for TopK / BatchTopK / JumpReLU SAEs, "
+        "lam calibrated at equal L0.",
     )
-    p.add_argument("sae", help="SAE folder (SAELens, sparsify, dictionary_learning) or file (ae.pt, .npz, .safetensors)")
-    p.add_argument("acts", help="activations (N, d_in): .npy (memory-mapped), .safetensors, .pt, .npz")
-    g = p.add_mutually_exclusive_group(required=True)
+    p.add_argument("sae", help="SAE folder (SAELens, sparsify, dictionary_learning) or file (ae.pt, "
+                               "sae_weights.safetensors with its cfg.json, .npz, .safetensors)")
+    p.add_argument("acts", help="activations (N, d_in): .npy, .safetensors, .pt, .npz, a folder of shards, "
+                                "a datasets Arrow cache")
+    g = p.add_mutually_exclusive_group()
     g.add_argument("--lam", type=float, help="sparsity lam > 0 of the objective")
     g.add_argument("--l1-coefficient", type=float, help="SAELens / dictionary_learning L1 coefficient (= 2 lam)")
+    p.add_argument("--architecture", default=None,
+                   choices=["standard", "jumprelu", "topk", "batchtopk", "gated", "matryoshka"],
+                   help="the encoder, when the SAE's files do not name it")
+    p.add_argument("--max-tokens", type=int, default=None, help="certify a random sample of this many tokens")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --max-tokens sample")
     p.add_argument("--key", default=None, help="tensor name inside the activations file")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--out", type=Path, default=None,
-                   help="write certificate.json, features.csv, feature_frequency.png, feature_violations.png here")
-    p.add_argument("--tol", type=float, default=1e-6, help="certified_optimal iff global gap <= tol * max(1, objective)")
+                   help="write certificate.json, metrics.json, features.csv, feature_frequency.png, "
+                        "feature_violations.png here")
+    p.add_argument("--tol", type=float, default=1e-6, help="certified_optimal iff global gap <= tol * objective")
     p.add_argument("--coding-tol", type=float, default=1e-6, help="relative duality gap of the optimal coding per token")
     p.add_argument("--batch-size", type=int, default=4096, help="tokens per batch")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -45,57 +53,39 @@ def _add_certify(sub):
 
 
 def _certify_rows(c):
-    m = c.metrics
-    rows = [
-        ("tokens x d_in, d_sae", f"{c.n_tokens} x {c.d_in}, {c.d_sae}", f"{c.sae_info['architecture']} SAE ({c.sae_info['source_format']})"),
-        ("lam (l1_coefficient)", f"{c.lam:.6g} ({c.l1_coefficient:.6g})", "l1_coefficient = 2 lam"),
-        ("SAE objective", c.sae_objective, "with the SAE's own encoder codes"),
-        ("optimal-code objective", c.optimal_code_objective, "best codes for its decoder and bias (nonnegative lasso)"),
-        ("coding duality gap", c.coding_gap, "certified: the optimal-code objective is within this of exact"),
-        ("encoder gap", c.encoder_gap, "amortisation gap: SAE - optimal codes"),
-        ("bound at own bias H(b_dec)", c.lower_bound_at_bias, "best any width/dictionary can do with this bias"),
-        ("wide-limit lower bound", c.lower_bound, "certified: best any width, dictionary, bias, code can do"),
-        ("global gap", c.global_gap, "SAE objective - lower bound"),
-        ("MSE", m["mse"], "mean over tokens of sum over dims of (x - x_hat)^2"),
-        ("explained variance", m["explained_variance"], "1 - E||x - x_hat||^2 / (E||x||^2 - ||E x||^2)"),
-        ("L0", m["l0"], "mean number of firing features per token"),
-        ("L1", m["l1"], "mean sum_d f_d"),
-        ("dead / dense features", f"{m['dead_features']} / {m['dense_features']}", "never fire / fire often"),
-        ("antipodal pairs", m["antipodal_pairs"], "decoder cosine near -1"),
-        ("absorbed-looking features", m["absorbed_looking"], "firing set inside another's, similar atom"),
-        ("features violating 1st-order", len(c.violating_features()), "theory.md section 5 conditions"),
-        ("bias stationarity", c.bias_stationarity, "||mean residual||, 0 at a stationary bias"),
-        ("max residual norm", c.max_residual_norm, f"<= lam = {c.lam:.6g} at a global optimum"),
-        ("tokens / second", c.n_tokens / c.seconds if c.seconds > 0 else float("nan"), f"whole certification on {c.device}"),
-        ("certified optimal", c.certified_optimal, f"global gap <= {c.tol:g} * max(1, objective)"),
-    ]
-    if c.stability is not None:
-        n = c.stability["counts"]
-        rows.insert(-3, ("feature stability", f"{n['stable']} stable, {n['unstable']} unstable, {n['violated']} violated, {n.get('undecided', 0)} undecided",
-                         "unstable: a verified lower objective was found"))
-    if c.same_width is not None:
-        rows.insert(-3, ("same-width dictionary", c.same_width["value_found"], c.same_width["message"]))
-    return rows
+    from ..sae.report import certificate_rows
+
+    return certificate_rows(c)
+
+
+def _open_acts(path, key):
+    """Activations from anything ``ActivationSource.open`` reads (files, shard folders, Arrow caches) or .pt/.npz."""
+    from ..data import open_activations
+    from ..data.source import load_activations
+
+    if Path(path).suffix.lower() in (".pt", ".pth", ".npz"):
+        return load_activations(path, key=key)
+    return open_activations(path, key=key)
 
 
 def _run_certify(args) -> int:
-    from ..data.source import load_activations
-    from ..sae.model import load_sae
     from ..sae.certify import certify_sae, write_sae_certificate
+    from ..sae.formats import load_sae
 
-    sae = load_sae(args.sae, norm_scaling_factor=args.norm_scaling_factor)
-    acts = load_activations(args.acts, key=args.key)
+    sae = load_sae(args.sae, architecture=args.architecture, norm_scaling_factor=args.norm_scaling_factor)
+    acts = _open_acts(args.acts, args.key)
     from rich.console import Console
 
     err = Console(stderr=True)
     with progress_display(err, enabled=not args.no_progress and err.is_terminal) as cb:  # terminals only
         cert = certify_sae(acts, sae, lam=args.lam, l1_coefficient=args.l1_coefficient, tol=args.tol,
                            coding_tol=args.coding_tol, batch_size=args.batch_size, device=args.device,
-                           threads=args.threads, progress=cb, stability=args.stability,
-                           same_width_steps=args.same_width_steps)
+                           threads=args.threads, progress=cb, max_tokens=args.max_tokens, seed=args.seed,
+                           stability=args.stability, same_width_steps=args.same_width_steps)
     files = write_sae_certificate(cert, args.out) if args.out else []
     if args.json:
         d = cert.as_dict()
+        d["flat"] = cert.as_flat_dict()
         d["files"] = [str(f) for f in files]
         print_json(d)
         return 0

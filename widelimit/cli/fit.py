@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 
 from .._json import dumps as _dumps
 from ._common import (load_data, _console, print_json, _fmt, certificate_table, _dual_round, _solution_rows, _write_solution, progress_display, open_source)  # noqa: F401
@@ -19,7 +18,7 @@ def _add_fit_options(p):
     p.add_argument("data", help="data file (.npy .npz .csv .safetensors .pt) or a built-in dataset name")
     p.add_argument("--lam", type=float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
     p.add_argument("--key", default=None, help="array name inside .npz / .safetensors / .pt")
-    p.add_argument("--encoder", default="none", choices=["none", "relu", "jumprelu", "topk"],
+    p.add_argument("--encoder", default="none", choices=["none", "standard", "jumprelu", "topk"],
                    help="free codes (dictionary learning) or an amortised SAE encoder")
     p.add_argument("--topk", type=int, default=None, help="active features per point for --encoder topk")
     p.add_argument("--init", default="rays", choices=["rays", "data", "random"], help="initial atoms")
@@ -76,7 +75,9 @@ def _add_fit(sub):
     p = sub.add_parser("fit", help="gradient dictionary learning at a given width, compared with the certified bound")
     _add_fit_options(p)
     p.add_argument("--width", type=int, required=True, help="number of atoms k >= 1")
-    p.add_argument("--out", type=Path, default=None, help="write fit.npz (dictionary, bias, codes) and fit.json here")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write the SAE as a SAELens folder (cfg.json + sae_weights.safetensors, read by "
+                        "widelimit certify and sae_lens.SAE.load_from_disk), fit_codes.npz and fit.json here")
 
 
 def _run_fit(args) -> int:
@@ -110,14 +111,15 @@ def _run_fit(args) -> int:
     files = []
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        npz = args.out / "fit.npz"
-        np.savez(npz, dictionary=fit.dictionary, bias=fit.bias, lam=lam,
-                 **{f"enc_{k}": v for k, v in fit.encoder_params.items()})
+        from ..sae.formats import save_saelens
+
+        sae = fit.to_sae()
+        save_saelens(sae, args.out)
         cz = args.out / "fit_codes.npz"
         sp.save_npz(cz, sp.csr_matrix(fit.codes))
         js = args.out / "fit.json"
-        js.write_text(_dumps({**d, "history": fit.history}, indent=2))
-        files = [npz, cz, js]
+        js.write_text(_dumps({**d, "history": fit.history, "sae_warnings": sae.warnings}, indent=2))
+        files = [args.out / "cfg.json", args.out / "sae_weights.safetensors", cz, js]
     d["files"] = [str(f) for f in files]
     if args.json:
         print_json(d)

@@ -40,7 +40,7 @@ from ..engine.local import ScaledRows, raise_nonfinite, scratch
 from .scaling import normaliser, scale_median, scaled_lam, unscale_certificate
 from .median_bound import ETA, U, check_consistent, gamma, sum_depth
 
-__all__ = ["Certificate", "verify"]
+__all__ = ["Certificate", "verify", "is_certified"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,16 @@ class Certificate:
     def as_dict(self) -> dict:
         """Plain-Python dict (JSON-serialisable)."""
         return {k: (bool(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in asdict(self).items()}
+
+
+def is_certified(gap: float, value: float, *, tol: float, atol: float = 0.0) -> bool:
+    """The one definition of "certified": ``gap <= tol * |value| + atol``.
+
+    ``gap`` is a certified upper bound on the distance of ``value`` to the global
+    optimum (``value - lower_bound``, plus any rounding bound the caller adds);
+    used by :func:`verify` and by :func:`widelimit.certify_sae`.
+    """
+    return bool(gap <= tol * max(abs(value), 1e-300) + atol)
 
 
 def _cert_chunk(c, s, W, b, lam, norms, count, slot, n_multi, Zc):
@@ -249,7 +259,7 @@ def make_certificate(N, n, rec, pen, esum, emax, hub, comp, width, lam, median: 
         dual_min=(lam / N) * (1.0 - q * q),
         complementarity=comp,
         max_residual_norm=float(np.sqrt(emax)),
-        certified=bool(gap + err <= tol * max(abs(value), 1e-300) + atol),
+        certified=is_certified(gap + err, value, tol=tol, atol=atol),
         tol=tol,
         atol=atol,
         n_points=N,

@@ -41,7 +41,7 @@ per-point Nesterov momentum with adaptive restart; :func:`widelimit.coding.pdas.
 Atoms no point uses are moved to the direction of the worst-reconstructed points
 (this cannot increase the objective).
 
-**Amortised codes** (``encoder="relu" | "jumprelu" | "topk"``) train an SAE in the
+**Amortised codes** (``encoder="standard" | "jumprelu" | "topk"``, SAELens' names) train an SAE in the
 SAELens layout: ``f = sigma((x - b_dec) W_enc + b_enc)`` with ``W_enc (n, k)``,
 ``b_enc (k,)``, a JumpReLU ``threshold (k,)`` (straight-through estimator with a
 rectangle kernel, Rajamanoharan et al. 2024) or TopK's ``k``; decoder
@@ -79,11 +79,12 @@ from ..coding.pdas import optimal_codes
 from ..exact.median import huber_median
 from ..exact.objective import sae_objective
 from ._steps import _fit_free, _fit_free_minibatch, _init_dictionary, _rownorm
+from ..sae.model import SAE
 from .amortised import _fit_amortised, encoder_codes
 
 __all__ = ["FitResult", "fit_dictionary", "encoder_codes", "ENCODERS", "INITS"]
 
-ENCODERS = ("none", "relu", "jumprelu", "topk")
+ENCODERS = ("none", "standard", "jumprelu", "topk")
 INITS = ("rays", "data", "random")
 
 
@@ -155,6 +156,33 @@ class FitResult:
     def live_atoms(self) -> int:
         """Atoms with at least one nonzero code."""
         return int(np.count_nonzero(np.asarray(self.codes.sum(axis=0)).ravel() > 0))
+
+    def to_sae(self, *, dtype: str = "float32"):
+        """The fit as a :class:`widelimit.SAE` (SAELens layout; save it with :func:`widelimit.sae.formats.save_saelens`).
+
+        ``W_dec`` = the unit atoms, ``b_dec`` = the bias, ``l1_coefficient = 2 lam``.
+        Amortised encoders keep their ``W_enc``, ``b_enc`` (+ ``threshold`` /
+        ``k``) under SAELens' architecture names. Free codes (``encoder="none"``)
+        have no encoder: the SAE gets the tied ReLU encoder ``W_enc = W_dec^T``,
+        ``b_enc = -lam`` (one proximal step from zero: the optimal codes when the
+        atoms a token uses are orthogonal) and a warning saying so; the certified
+        optimal codes stay in :attr:`codes`.
+        """
+        W = np.asarray(self.dictionary, dtype=np.float64)
+        kw = {"W_dec": W, "b_dec": np.asarray(self.bias, dtype=np.float64), "l1_coefficient": 2.0 * self.lam,
+              "dtype": dtype}
+        p = self.encoder_params
+        if self.encoder == "none":
+            return SAE(**kw, W_enc=W.T.copy(), b_enc=np.full(W.shape[0], -self.lam), architecture="standard",
+                       warnings=["free-code fit: the encoder is the tied ReLU encoder W_dec^T, b_enc = -lam, "
+                                 "not a trained one"])
+        kw.update(W_enc=np.asarray(p["W_enc"], dtype=np.float64), b_enc=np.asarray(p["b_enc"], dtype=np.float64),
+                  architecture=self.encoder)
+        if self.encoder == "jumprelu":
+            kw["threshold"] = np.asarray(p["threshold"], dtype=np.float64)
+        if self.encoder == "topk":
+            kw["k"] = int(p["k"])
+        return SAE(**kw)
 
     def as_dict(self) -> dict:
         """Summary as plain Python (JSON-serialisable); arrays are left out."""
@@ -244,7 +272,7 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
         Sparsity ``lam > 0`` (SAELens ``l1_coefficient = 2 lam``).
     width : int
         Number of atoms ``k >= 1``.
-    encoder : {"none", "relu", "jumprelu", "topk"}
+    encoder : {"none", "standard", "jumprelu", "topk"}
         ``"none"``: free codes (dictionary learning). Otherwise an amortised SAE encoder.
     init : {"rays", "data", "random"} or array (k, n)
         Initial atoms (see the module docstring); the bias starts at the Huber
@@ -309,6 +337,8 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
         raise ValueError(f"width must be an integer >= 1, got {width!r}")
     width = int(width)
+    if encoder == "relu":
+        raise ValueError("encoder 'relu' is named 'standard' (SAELens' name for the ReLU SAE)")
     if encoder not in ENCODERS:
         raise ValueError(f"encoder must be one of {', '.join(ENCODERS)}, got {encoder!r}")
     init_arr = None

