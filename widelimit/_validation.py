@@ -27,6 +27,14 @@ def to_numpy(a, name: str = "array") -> np.ndarray:
         return t.numpy()
     if hasattr(a, "toarray") and not isinstance(a, np.ndarray):  # scipy.sparse
         return a
+    if isinstance(a, np.ma.MaskedArray):  # its mask would be silently dropped by np.asarray
+        mask = np.ma.getmaskarray(a)
+        if mask.any():
+            where = np.argwhere(mask)[0]
+            at = f"row {int(where[0])}" if mask.ndim == 2 else f"index {tuple(int(i) for i in where)}"
+            raise ValueError(f"{name} is a masked array with masked entries (first in {at}); "
+                             "drop those rows or fill them (np.ma.filled) first")
+        a = np.ma.getdata(a)
     arr = np.asarray(a)
     if arr.dtype == object:
         raise ValueError(f"{name} could not be converted to a numeric array")
