@@ -258,3 +258,60 @@ def row_norms(A: np.ndarray) -> np.ndarray:
         c = np.asarray(A[s : s + rows], dtype=np.float64)
         out[s : s + rows] = np.sqrt(np.einsum("ij,ij->i", c, c))
     return out
+
+
+# --------------------------------------------------------------------------------------
+# scalar options: one-line ValueErrors naming the parameter
+# --------------------------------------------------------------------------------------
+
+
+def _show(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def check_int(v, name: str, *, low: int | None = None, high: int | None = None, none_ok: bool = False):
+    """An integer option (Python or NumPy int, not a bool) in ``[low, high]``; ``None`` if ``none_ok``."""
+    if v is None and none_ok:
+        return None
+    rng = (f" >= {low}" if low is not None else "") + (f" and <= {high}" if high is not None else "")
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer{rng}, got {type(v).__name__} {_show(v)}")
+    v = int(v)
+    if (low is not None and v < low) or (high is not None and v > high):
+        raise ValueError(f"{name} must be an integer{rng}, got {v}")
+    return v
+
+
+def check_real(v, name: str, *, low: float | None = None, strict: bool = False, none_ok: bool = False,
+               finite: bool = True):
+    """A real option (not a bool), finite unless ``finite=False``, ``> low`` (``strict``) or ``>= low``."""
+    if v is None and none_ok:
+        return None
+    bound = "" if low is None else f" {'>' if strict else '>='} {low:g}"
+    what = f"{name} must be a{' finite' if finite else ''} number{bound}"
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{what}, got {type(v).__name__} {_show(v)}")
+    v = float(v)
+    if math.isnan(v) or (finite and not math.isfinite(v)):
+        raise ValueError(f"{what}, got {v}")
+    if low is not None and (v <= low if strict else v < low):
+        raise ValueError(f"{what}, got {v:g}")
+    return v
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """A random seed: an integer >= 0."""
+    return check_int(seed, name, low=0)
+
+
+def check_choice(v, name: str, choices) -> str:
+    """One of ``choices`` (strings)."""
+    if not isinstance(v, str) or v not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {_show(v)}")
+    return v
+
+
+def writable(a: np.ndarray) -> np.ndarray:
+    """``a``, or a copy of it when it is read-only (a memory map): ``torch.as_tensor`` warns on read-only arrays."""
+    return a if a.flags.writeable else a.copy()
