@@ -33,7 +33,7 @@ def positive_float(text: str) -> float:
     """argparse type: a finite number > 0 (``nan``, ``inf``, 0 and negatives refused)."""
     v = _number(text, float)
     if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
     return v
 
 
