@@ -52,6 +52,10 @@ def _dask_client(spec: str, timeout: float = 30.0):
     if local is None and not re.fullmatch(r"(?:[a-z]+://)?\[?[\w.\-:]+\]?:\d+", spec.strip()):
         raise ValueError(f"--dask {spec!r}: expected 'local', 'local:N' or a scheduler address such as "
                          "tcp://host:8786")
+    # the CLI reports errors and Ctrl-C itself, in one line: no log records from the scheduler
+    # connection or from asyncio tasks that a Ctrl-C leaves unfinished
+    for name in ("distributed", "distributed.client", "distributed.comm", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     cluster = None
     try:
         if local is not None:
@@ -62,8 +66,6 @@ def _dask_client(spec: str, timeout: float = 30.0):
                                    silence_logs=logging.CRITICAL)
             client = Client(cluster, timeout=timeout)
         else:
-            for name in ("distributed", "distributed.client", "distributed.comm"):
-                logging.getLogger(name).setLevel(logging.CRITICAL)
             client = Client(spec, timeout=timeout)
     except ValueError:
         if cluster is not None:
