@@ -68,8 +68,10 @@ def _flags_of(parser, command: str | None) -> dict[str, str]:
 def flagify(msg: str, flags: dict[str, str]) -> str:
     """Name the CLI flag where a library message names the parameter: ``key=`` -> ``--key``."""
     for dest, flag in flags.items():
-        msg = re.sub(rf"(?<![\w.\-]){re.escape(dest)}=(?:\.\.\.)?(?=(\S?))",
+        msg = re.sub(rf"(?<![\w.\-/]){re.escape(dest)}=(?:\.\.\.)?(?=(\S?))",
                      lambda m, f=flag: f + (" " if m.group(1) else ""), msg)
+        if "_" in dest:  # a parameter name with an underscore is unambiguous even without "="
+            msg = re.sub(rf"(?<![\w.\-'\"/]){re.escape(dest)}(?![\w'\"/])", flag, msg)
     return msg
 
 
