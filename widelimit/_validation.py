@@ -165,11 +165,19 @@ def check_vector(v, n: int, name: str) -> np.ndarray:
 
 
 def check_lam(lam) -> float:
-    """Validate the sparsity parameter: a finite real number > 0."""
+    """Validate the sparsity parameter: a finite real number > 0 (not a bool, not a string)."""
+    if isinstance(lam, (bool, np.bool_, str, bytes)):
+        raise ValueError(f"lam must be a positive finite number, got {type(lam).__name__} {lam!r}")
     try:
-        val = float(to_numpy(lam, "lam")) if not isinstance(lam, (int, float)) else float(lam)
+        if isinstance(lam, (int, float)):
+            val = float(lam)
+        else:
+            a = to_numpy(lam, "lam")
+            if getattr(a, "ndim", 1) != 0 or a.dtype.kind not in "iuf":
+                raise TypeError
+            val = float(a)
     except (TypeError, ValueError):
-        raise ValueError(f"lam must be a positive finite number, got {lam!r}") from None
+        raise ValueError(f"lam must be a positive finite number, got {type(lam).__name__} {str(lam)[:60]!r}") from None
     if not math.isfinite(val) or val <= 0:
         raise ValueError(f"lam must be a positive finite number, got {lam!r}")
     return val
