@@ -82,11 +82,6 @@ def _one_line(e: BaseException) -> str:
     return text[:2000]
 
 
-def _warning_line(message, category, filename, lineno, file=None, line=None):
-    """Library warnings as one line each (never a source excerpt)."""
-    sys.stderr.write(f"widelimit: warning: {' '.join(str(message).split())[:500]}\n")
-
-
 def main(argv=None) -> int:
     """Run the command line; return the exit status (0 ok, 2 error, 130 interrupted).
 
@@ -105,25 +100,31 @@ def main(argv=None) -> int:
         return 130
     run = {name: fn for name, _, fn in COMMANDS}[args.command]
     prefix = f"widelimit {args.command}"
-    old_show = warnings.showwarning
-    warnings.showwarning = _warning_line
-    try:
-        return int(run(args) or 0)
-    except KeyboardInterrupt:
-        print(f"{prefix}: interrupted", file=sys.stderr)
-        return 130
-    except SystemExit as e:  # a library calling sys.exit: keep its status, one line
-        code = e.code if isinstance(e.code, int) else 2
-        if code and not isinstance(e.code, int):
-            print(f"{prefix}: error: {e.code}", file=sys.stderr)
-        return code
-    except Exception as e:  # noqa: BLE001 - one line for every error, expected or not
-        if os.environ.get("WIDELIMIT_DEBUG"):
-            raise
-        print(f"{prefix}: error: {flagify(_one_line(e), _flags_of(parser, args.command))}", file=sys.stderr)
-        return 2
-    finally:
-        warnings.showwarning = old_show
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # recorded, printed once each below
+        try:
+            status = int(run(args) or 0)
+        except KeyboardInterrupt:
+            print(f"{prefix}: interrupted", file=sys.stderr)
+            return 130
+        except SystemExit as e:  # a library calling sys.exit: keep its status, one line
+            code = e.code if isinstance(e.code, int) else 2
+            if code and not isinstance(e.code, int):
+                print(f"{prefix}: error: {e.code}", file=sys.stderr)
+            return code
+        except Exception as e:  # noqa: BLE001 - one line for every error, expected or not
+            if os.environ.get("WIDELIMIT_DEBUG"):
+                raise
+            # the error says what went wrong; warnings on the way there would only add lines
+            print(f"{prefix}: error: {flagify(_one_line(e), _flags_of(parser, args.command))}", file=sys.stderr)
+            return 2
+    seen = set()
+    for w in caught:  # library warnings of a successful run: one line each
+        text = " ".join(str(w.message).split())[:500]
+        if text not in seen:
+            seen.add(text)
+            print(f"{prefix}: warning: {text}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":  # pragma: no cover
