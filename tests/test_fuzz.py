@@ -226,6 +226,9 @@ PARAMS = [  # (function, parameter, kind, lower bound, None allowed)
     (lambda **kw: wl.fit_dictionary(SMALL, 1.0, 2, **kw), "batch_size", "int", 1, True),
     (lambda **kw: wl.fit_dictionary(SMALL, 1.0, 2, **kw), "max_time", "real>", 0, True),
     (lambda **kw: wl.fit_dictionary(SMALL, 1.0, 2, **kw), "window", "int", 1, False),
+    (lambda **kw: wl.crossvalidate(SMALL, 1.0, **kw), "seed", "int", 0, False),
+    (lambda **kw: wl.crossvalidate(SMALL, 1.0, **kw), "n_restarts", "int", 1, False),
+    (lambda **kw: wl.frontier(SMALL, 1.0, [1], **kw), "n_restarts", "int", 1, False),
     (lambda **kw: wl.solve_dnn(SMALL, 0.5, **kw), "check_every", "int", 1, False),
     (lambda **kw: wl.solve_dnn(SMALL, 0.5, **kw), "max_iter", "int", 1, False),
     (lambda **kw: wl.solve_dnn(SMALL, 0.5, **kw), "time_limit", "real>", 0, True),
@@ -628,3 +631,25 @@ def test_issue13_reproducer(case, tmp_path, capsys, files, monkeypatch):
 
     kw = {"monkeypatch": monkeypatch} if "monkeypatch" in inspect.signature(case).parameters else {}
     case(tmp_path, capsys, files, **kw)
+
+
+def test_issue12_certify_and_bound_read_a_folder_of_shards(tmp_path, capsys):
+    """`widelimit certify sae/ shards/` said "is a directory" while `bound shards/` worked: one loader now.
+    The folder and the single file holding the same rows give the same certificate, number for number."""
+    from widelimit.sae.model import orthogonal_rays_sae, save_saelens
+
+    X, sae = orthogonal_rays_sae(0.5, seed=3)
+    save_saelens(sae, tmp_path / "sae")
+    (tmp_path / "shards").mkdir()
+    cut = X.shape[0] // 3
+    for i, part in enumerate((X[:cut], X[cut:2 * cut], X[2 * cut:])):
+        np.save(tmp_path / "shards" / f"part_{i}.npy", part)
+    np.save(tmp_path / "all.npy", X)
+    got = {}
+    for name in ("shards", "all.npy"):
+        rc, out, err = cli(capsys, "certify", tmp_path / "sae", tmp_path / name, "--lam", "0.5", "--json")
+        assert rc == 0 and err == "", err
+        got[name] = json.loads(out)
+    for k in ("n_tokens", "sae_objective", "optimal_code_objective", "lower_bound", "global_gap"):
+        assert got["shards"][k] == got["all.npy"][k], k
+    assert got["all.npy"]["n_tokens"] == X.shape[0]
