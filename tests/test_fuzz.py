@@ -211,28 +211,28 @@ def _bad(kind: str, low=None, none_ok=False):
 SMALL = np.random.default_rng(3).standard_normal((20, 3))
 
 PARAMS = [  # (function, parameter, kind, lower bound, None allowed)
-    (lambda **kw: wl.huber_median(SMALL, 1.0, **kw), "hess_rows", "int", 1, False),
-    (lambda **kw: wl.huber_median(SMALL, 1.0, **kw), "seed", "int", 0, False),
-    (lambda **kw: wl.huber_median(SMALL, 1.0, **kw), "max_iter", "int", 1, False),
-    (lambda **kw: wl.huber_median(SMALL, 1.0, **kw), "tol", "real", 0, False),
+    (lambda **kw: wl.huber_median(SMALL, lam=1.0, **kw), "hess_rows", "int", 1, False),
+    (lambda **kw: wl.huber_median(SMALL, lam=1.0, **kw), "seed", "int", 0, False),
+    (lambda **kw: wl.huber_median(SMALL, lam=1.0, **kw), "max_iter", "int", 1, False),
+    (lambda **kw: wl.huber_median(SMALL, lam=1.0, **kw), "tol", "real", 0, False),
     (lambda **kw: wl.geometric_median(SMALL, **kw), "xtol", "real", 0, False),
     (lambda **kw: wl.huber_median(SMALL, **kw), "lam", "real>", 0, False),
     (lambda **kw: wl.solve(SMALL, **kw), "lam", "real>", 0, False),
-    (lambda **kw: wl.fit_dictionary(SMALL, 1.0, **kw), "width", "int", 1, False),
-    (lambda **kw: wl.fit_dictionary(SMALL, 1.0, 2, **kw), "seed", "int", 0, False),
-    (lambda **kw: wl.fit_dictionary(SMALL, 1.0, 2, **kw), "lr", "real>", 0, False),
-    (lambda **kw: wl.fit_dictionary(SMALL, 1.0, 2, **kw), "rtol", "real", 0, False),
-    (lambda **kw: wl.fit_dictionary(SMALL, 1.0, 2, **kw), "max_steps", "int", 0, True),
-    (lambda **kw: wl.fit_dictionary(SMALL, 1.0, 2, **kw), "batch_size", "int", 1, True),
-    (lambda **kw: wl.fit_dictionary(SMALL, 1.0, 2, **kw), "max_time", "real>", 0, True),
-    (lambda **kw: wl.fit_dictionary(SMALL, 1.0, 2, **kw), "window", "int", 1, False),
-    (lambda **kw: wl.crossvalidate(SMALL, 1.0, **kw), "seed", "int", 0, False),
-    (lambda **kw: wl.crossvalidate(SMALL, 1.0, **kw), "n_restarts", "int", 1, False),
-    (lambda **kw: wl.frontier(SMALL, 1.0, [1], **kw), "n_restarts", "int", 1, False),
-    (lambda **kw: wl.solve_dnn(SMALL, 0.5, **kw), "check_every", "int", 1, False),
-    (lambda **kw: wl.solve_dnn(SMALL, 0.5, **kw), "max_iter", "int", 1, False),
-    (lambda **kw: wl.solve_dnn(SMALL, 0.5, **kw), "time_limit", "real>", 0, True),
-    (lambda **kw: wl.solve_dnn(SMALL, 0.5, **kw), "step0", "real>", 0, True),
+    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, **kw), "width", "int", 1, False),
+    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "seed", "int", 0, False),
+    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "lr", "real>", 0, False),
+    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "rtol", "real", 0, False),
+    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "max_steps", "int", 0, True),
+    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "batch_size", "int", 1, True),
+    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "max_time", "real>", 0, True),
+    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "window", "int", 1, False),
+    (lambda **kw: wl.crossvalidate(SMALL, lam=1.0, **kw), "seed", "int", 0, False),
+    (lambda **kw: wl.crossvalidate(SMALL, lam=1.0, **kw), "n_restarts", "int", 1, False),
+    (lambda **kw: wl.frontier(SMALL, lam=1.0, widths=[1], **kw), "n_restarts", "int", 1, False),
+    (lambda **kw: wl.solve_dnn(SMALL, lam=0.5, **kw), "check_every", "int", 1, False),
+    (lambda **kw: wl.solve_dnn(SMALL, lam=0.5, **kw), "max_iter", "int", 1, False),
+    (lambda **kw: wl.solve_dnn(SMALL, lam=0.5, **kw), "time_limit", "real>", 0, True),
+    (lambda **kw: wl.solve_dnn(SMALL, lam=0.5, **kw), "step0", "real>", 0, True),
 ]
 
 
@@ -319,7 +319,7 @@ def r5_csv_header_only_when_all_fields_are_text(tmp, capsys, files):
     rc, out, err = cli(capsys, "solve", p, "--lam", "1", "--json")
     assert rc == 0 and err == ""
     d = json.loads(out)
-    assert d["n_points"] == 3 and d["value"] == pytest.approx(wl.solve(X, 1.0).value, rel=1e-14)
+    assert d["n_points"] == 3 and d["value"] == pytest.approx(wl.solve(X, lam=1.0).value, rel=1e-14)
 
 
 def r5_csv_header_when_asked(tmp, capsys, files):
@@ -342,19 +342,19 @@ def r5_csv_malformed_row_names_line_and_column(tmp, capsys, files):
 def r5_masked_array_refused(tmp, capsys, files):
     X = np.ma.masked_array(files["X"], mask=np.zeros(files["X"].shape, bool))
     X.mask[5, 1] = True
-    for call in (lambda: wl.solve(X, 1.0), lambda: wl.huber_median(X, 1.0),
+    for call in (lambda: wl.solve(X, lam=1.0), lambda: wl.huber_median(X, lam=1.0),
                  lambda: wl.ActivationSource.from_array(X)):
         with pytest.raises(ValueError, match=r"masked array with masked entries \(first in row 5\)"):
             call()
     X.mask[:] = False  # no masked entry: the data are used as they are
-    assert wl.huber_median(X, 1.0).value == wl.huber_median(files["X"], 1.0).value
+    assert wl.huber_median(X, lam=1.0).value == wl.huber_median(files["X"], lam=1.0).value
 
 
 def r8_fit_width_above_n(tmp, capsys, files):
     line = cli_error(capsys, "fit", files["good"], "--lam", "1", "--width", "400")
     assert "--width 400 exceeds the number of points N = 200" in line
     with pytest.raises(ValueError, match="width=400 exceeds the number of points N = 200"):
-        wl.fit_dictionary(np.load(files["good"]), 1.0, 400)
+        wl.fit_dictionary(np.load(files["good"]), lam=1.0, width=400)
 
 
 def r8_fit_huge_learning_rate(tmp, capsys, files):
@@ -368,18 +368,18 @@ def r8_checkpoint_meta_is_a_list(tmp, capsys, files):
     line = cli_error(capsys, "bound", files["npy"], "--lam", "1", "--checkpoint", ck)
     assert "not a widelimit checkpoint (its __meta__ is a JSON list" in line
     with pytest.raises(ValueError, match="__meta__ is a JSON list"):
-        wl.huber_median(files["X"], 1.0, checkpoint=ck)
+        wl.huber_median(files["X"], lam=1.0, checkpoint=ck)
 
 
 def r8_api_parameters(tmp, capsys, files):
     X = files["X"]
     cases = [
-        (lambda: wl.huber_median(X, 1.0, hess_rows=0), "hess_rows must be an integer >= 1, got 0"),
-        (lambda: wl.huber_median(X, 1.0, seed="abc"), "seed must be an integer >= 0, got str 'abc'"),
-        (lambda: wl.fit_dictionary(X, 1.0, 2, seed="abc"), "seed must be an integer >= 0"),
-        (lambda: wl.solve_dnn(X, 1.0, Q0=np.full((30, 30), np.nan)), "Q0 has a non-finite value in row 0"),
-        (lambda: wl.solve_dnn(X, 1.0, check_every=0), "check_every must be an integer >= 1, got 0"),
-        (lambda: wl.verify(X, 1.0, np.eye(4), np.zeros((30, 4)), np.zeros(4), median="x"),
+        (lambda: wl.huber_median(X, lam=1.0, hess_rows=0), "hess_rows must be an integer >= 1, got 0"),
+        (lambda: wl.huber_median(X, lam=1.0, seed="abc"), "seed must be an integer >= 0, got str 'abc'"),
+        (lambda: wl.fit_dictionary(X, lam=1.0, width=2, seed="abc"), "seed must be an integer >= 0"),
+        (lambda: wl.solve_dnn(X, lam=1.0, Q0=np.full((30, 30), np.nan)), "Q0 has a non-finite value in row 0"),
+        (lambda: wl.solve_dnn(X, lam=1.0, check_every=0), "check_every must be an integer >= 1, got 0"),
+        (lambda: wl.verify(X, np.eye(4), np.zeros((30, 4)), np.zeros(4), lam=1.0, median="x"),
          "median must be a MedianResult"),
         (lambda: wl.ActivationSource.open(None), "path must be a file or folder path"),
     ]
@@ -414,7 +414,19 @@ def r9_ctrl_c_real_signal(tmp, capsys, files):
     p = subprocess.Popen([sys.executable, "-m", "widelimit", "fit", str(big), "--lam", "0.5", "--width", "100",
                           "--max-steps", "1000000", "--out", str(out)], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
+    maps = Path(f"/proc/{p.pid}/maps")
+    if not maps.exists():
+        p.kill()
+        pytest.skip("needs /proc to see when the fit has started")
+    deadline = time.monotonic() + 120
+    while p.poll() is None and time.monotonic() < deadline:  # torch is imported by the fit, not at start-up
+        try:
+            if "libtorch" in maps.read_text():
+                break
+        except OSError:
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, err
@@ -546,7 +558,7 @@ def r10_no_warnings_in_normal_use(tmp, capsys, files):
     ro = np.load(files["good"], mmap_mode="r")  # read-only: torch warned on every fit of a .npy
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        wl.fit_dictionary(ro, 1.0, 3, max_steps=5)
+        wl.fit_dictionary(ro, lam=1.0, width=3, max_steps=5)
         for argv in (["fit", files["good"], "--lam", "1", "--width", "3", "--max-steps", "5", "--json"],
                      ["solve", files["pt"], "--lam", "1", "--json"], ["bound", files["pt"], "--lam", "1", "--json"],
                      ["bound", files["safetensors"], "--lam", "1", "--json"]):
