@@ -400,6 +400,7 @@ def r9_ctrl_c_leaves_nothing_half_written(tmp, capsys, files, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(widelimit.plot, "plot_solution", interrupted)
+    monkeypatch.setattr("widelimit.cli._common.plot_solution", interrupted, raising=False)  # if imported there
     line = cli_error(capsys, "solve", files["npy"], "--lam", "1", "--out", out, status=130)
     assert line == "widelimit solve: interrupted"
     assert sorted(os.listdir(out)) == ["solution.json"] and (out / "solution.json").read_text() == "old"
@@ -454,6 +455,7 @@ def r9_out_is_a_file_checked_before_computing(tmp, capsys, files, monkeypatch):
         raise AssertionError("computed before checking --out")
 
     monkeypatch.setattr(widelimit.exact.solve, "solve", never)
+    monkeypatch.setattr("widelimit.cli.solve.solve", never, raising=False)  # if imported there
     f = _write(tmp / "afile", "")
     for argv in (["solve", files["npy"], "--lam", "1"], ["fit", files["npy"], "--lam", "1", "--width", "2"],
                  ["frontier", files["npy"], "--lam", "1", "--widths", "1"], ["demo"],
@@ -585,6 +587,7 @@ def r_unexpected_exception_is_one_line(tmp, capsys, files, monkeypatch):
         raise RuntimeError("something\nunexpected")
 
     monkeypatch.setattr(widelimit.exact.solve, "solve", boom)
+    monkeypatch.setattr("widelimit.cli.solve.solve", boom, raising=False)
     assert cli_error(capsys, "solve", files["npy"], "--lam", "1") == \
         "widelimit solve: error: RuntimeError: something unexpected"
 

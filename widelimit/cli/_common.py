@@ -5,12 +5,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .._json import dumps as _dumps
+from ..data import datasets
+from ..data.shards import show
+from ..data.source import open_activations
 
 
 
@@ -81,10 +87,6 @@ def load_data(spec: str, key: str | None = None, seed: int = 0, *, column: str |
     Every path goes through :func:`widelimit.open_activations` (``X`` is then an
     :class:`~widelimit.data.source.ActivationSource`); a built-in name gives an array.
     """
-    from ..data import datasets
-    from ..data.shards import show
-    from ..data.source import open_activations
-
     if spec in datasets.BUILTIN and not Path(spec).exists():
         X, _ = datasets.load_builtin(spec, seed=seed)
         return X, datasets.BUILTIN[spec][1], f"built-in dataset {spec!r}"
@@ -102,12 +104,8 @@ def check_out_dir(out, flag: str = "--out"):
 
     ``out`` may exist (a folder) or not (its nearest existing parent must be a writable folder).
     """
-    import os
-
     if out is None:
         return None
-    from ..data.shards import show
-
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{flag} {show(out)}: is a file, a folder is needed")
@@ -133,10 +131,6 @@ def atomic_outputs(out):
     Each file appears in ``out`` by one ``os.replace`` (never half-written); on an error or
     Ctrl-C the temporary folder is removed and ``out`` is left as it was.
     """
-    import os
-    import shutil
-    import tempfile
-
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))

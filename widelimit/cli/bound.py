@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import re
+import sys
+import time
 from pathlib import Path
+
+from ..data.source import ActivationSource
 
 from ._common import _console, certificate_table, check_out_dir, load_data, positive_float, positive_int, print_json, progress_display
 
@@ -41,9 +47,6 @@ def _add_bound(sub):
 def _dask_client(spec: str, timeout: float = 30.0):
     """``(client, cluster)`` for ``--dask``: the address is checked, and the scheduler must answer (with at
     least one worker) within ``timeout`` seconds."""
-    import logging
-    import re
-
     try:
         from distributed import Client, LocalCluster
     except ImportError:
@@ -87,9 +90,6 @@ def _dask_client(spec: str, timeout: float = 30.0):
 
 
 def _run_bound(args) -> int:
-    import time
-
-    from ..data.source import ActivationSource
     from ..exact.median import geometric_median, huber_median
 
     if args.checkpoint is not None:
@@ -108,8 +108,6 @@ def _run_bound(args) -> int:
 
         client, cluster = _dask_client(args.dask, args.dask_timeout)
     con = _console()
-    import sys as _sys
-
     from rich.console import Console
 
     err = Console(stderr=True)
@@ -152,5 +150,5 @@ def _run_bound(args) -> int:
         ("seconds", secs, f"{'Dask ' + args.dask if args.dask else 'single process'}"),
         ("converged", res.converged, "gap within tolerance"),
     ]))
-    _sys.stdout.flush()
+    sys.stdout.flush()
     return 0

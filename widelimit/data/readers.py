@@ -10,6 +10,8 @@ Every failure is a :class:`~widelimit.data.shards.DataError` naming the file.
 from __future__ import annotations
 
 import json
+import pickle
+import re
 import struct
 import warnings
 from pathlib import Path
@@ -204,8 +206,6 @@ def read_safetensors(path: Path, key: str | None) -> list:
 
 def unpickle_reason(e: Exception) -> str:
     """The useful part of torch's weights_only refusal (e.g. ``Unsupported global: GLOBAL mod.Cls``)."""
-    import re
-
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
     m = re.search(r"(Unsupported (?:global|operand)[^\n]*?)(?: was not|\.? *\n|\.? *$)", text)
     return m.group(1).strip() if m else "weights_only load refused it"
@@ -214,8 +214,6 @@ def unpickle_reason(e: Exception) -> str:
 def torch_load(path: Path):
     """``torch.load(path, weights_only=True)`` (memory-mapped when possible), torch's warnings and advice
     (re-running with ``weights_only=False``) replaced by one :class:`DataError` line."""
-    import pickle
-
     import torch
 
     with warnings.catch_warnings():

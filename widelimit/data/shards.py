@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import errno
+import hashlib
 import os
 import re
 import threading
@@ -181,8 +182,6 @@ class ArrayShard(Shard):
         return widen(np.asarray(self.arr[s:e]), self.kind)
 
     def fingerprint(self) -> list:
-        import hashlib
-
         h = hashlib.sha1()
         h.update(np.ascontiguousarray(self.arr[: min(self.rows, 64)]).tobytes())
         return super().fingerprint() + [h.hexdigest()]

@@ -13,6 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import _validation
+from . import readers
+from .arrow import ArrowShard, arrow_files, is_datasets_folder
+from .csv import read_table
 from .shards import ArrayShard, DataError, FileShard, Shard, check_path, natural_key, show
 
 __all__ = ["ActivationSource", "DataError", "open_activations"]
@@ -66,9 +70,7 @@ class ActivationSource:
         A masked array with masked entries is refused (naming the first masked row):
         drop or fill those rows first.
         """
-        from .._validation import to_numpy
-
-        a = to_numpy(arr, name)
+        a = _validation.to_numpy(arr, name)
         if a.ndim != 2:
             raise DataError(f"{name}: must be 2-D (N, n), has shape {a.shape}")
         if a.dtype.kind in "iub" or (a.dtype.kind == "f" and a.dtype not in _NP_FLOATS):
@@ -174,8 +176,6 @@ def _check_option(value, name: str, kinds=(str,), allowed: str = "a string") -> 
 
 
 def _file_shards(p: Path, key, column, header) -> list[Shard]:
-    from . import readers
-
     ext = p.suffix.lower()
     if ext == ".npy":
         return readers.read_npy(p)
@@ -186,12 +186,8 @@ def _file_shards(p: Path, key, column, header) -> list[Shard]:
     if ext in (".pt", ".pth"):
         return readers.read_torch(p, key)
     if ext in (".csv", ".txt"):
-        from .csv import read_table
-
         return [ArrayShard(read_table(p, header=header), str(p))]
     if ext == ".arrow":
-        from .arrow import ArrowShard
-
         return [ArrowShard(p, column)]
     raise DataError(f"{show(p)}: unsupported file type {ext or '(no extension)'!r} "
                     f"(use {', '.join(_FILE_EXTS)}, a folder of shards or a datasets cache)")
@@ -244,8 +240,6 @@ def open_activations(path, *, key: str | None = None, column: str | None = None,
     _check_option(header, "header", (bool,), "True, False")
     p = check_path(path)
     if p.is_dir():
-        from .arrow import ArrowShard, arrow_files, is_datasets_folder
-
         if is_datasets_folder(p):
             src = ActivationSource([ArrowShard(f, column) for f in arrow_files(p)], str(p))
         else:
