@@ -34,7 +34,7 @@ def _split(line: str, delim: str | None) -> list[str]:
 def _rows(path: Path):
     """``(line number, text)`` of the non-blank, non-comment lines."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             for i, line in enumerate(f, 1):
                 s = line.strip()
                 if s and not s.startswith("#"):
@@ -87,7 +87,7 @@ def read_table(path: Path, header: bool | None = None) -> np.ndarray:
         with warnings.catch_warnings():  # "input contained no data": reported below
             warnings.simplefilter("ignore")
             arr = np.loadtxt(path, delimiter=delim, ndmin=2, comments="#", skiprows=ln if header else 0,
-                             dtype=np.float64, encoding="utf-8")
+                             dtype=np.float64, encoding="utf-8-sig")
     except Exception as e:  # noqa: BLE001 - find the line and column ourselves
         _locate_error(path, delim, skip)
         raise DataError(f"{show(path)}: could not read as a table of numbers ({first_line(e)})") from None
