@@ -186,15 +186,10 @@ def check_lam(lam) -> float:
 def check_tol(tol, name: str = "tol") -> float:
     """Validate a tolerance (``tol``, ``atol``, ...): a finite real number ``>= 0``.
 
-    An infinite or NaN tolerance would certify anything; a negative one nothing.
+    An infinite or NaN tolerance would certify anything; a negative one nothing. A bool or a
+    string is not a number here (``tol=False``, ``tol="1e-6"`` are refused).
     """
-    try:
-        val = float(tol)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number >= 0, got {tol!r}") from None
-    if not (math.isfinite(val) and val >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {tol!r}")
-    return val
+    return check_real(tol, name, low=0)
 
 
 def check_weights(weights, N: int) -> np.ndarray | None:
@@ -311,13 +306,6 @@ def check_real(v, name: str, *, low: float | None = None, strict: bool = False, 
 def check_seed(seed, name: str = "seed") -> int:
     """A random seed: an integer >= 0."""
     return check_int(seed, name, low=0)
-
-
-def check_choice(v, name: str, choices) -> str:
-    """One of ``choices`` (strings)."""
-    if not isinstance(v, str) or v not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {_show(v)}")
-    return v
 
 
 def writable(a: np.ndarray) -> np.ndarray:
