@@ -254,7 +254,7 @@ def test_cli_bad_inputs_exit_nonzero(tmp_path, capsys):
         ([sae_dir, str(tmp_path / "evil.pt"), "--lam", "0.5"], "refused to unpickle"),
         ([str(tmp_path / "badarch"), good, "--lam", "0.5"], "unsupported SAELens architecture 'weird'"),
         ([str(tmp_path / "nothing"), good, "--lam", "0.5"], "no such file"),
-        ([sae_dir, good, "--lam", "0"], "argument --lam: must be a positive finite number"),
+        ([sae_dir, good, "--lam", "0"], "argument --lam: must be a finite number > 0"),
     ]
     for argv, msg in cases:
         assert main(["certify", *argv]) == 2, argv

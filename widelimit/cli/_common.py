@@ -25,46 +25,37 @@ from ..data.source import open_activations
 # --------------------------------------------------------------------------------------
 
 
-def _number(text: str, kind):
+def _number(text: str, kind, low, strict: bool):
+    """``kind(text)`` if it is a finite number ``> low`` (``strict``) or ``>= low``; else one message."""
+    what = (f"must be an integer {'>' if strict else '>='} {low}" if kind is int
+            else f"must be a finite number {'>' if strict else '>='} {low:g}")
     try:
         v = kind(text)
     except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
-    if kind is float and not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"{what}, got {text!r}") from None
+    if (kind is float and not math.isfinite(v)) or (v <= low if strict else v < low):
+        raise argparse.ArgumentTypeError(f"{what}, got {text!r}")
     return v
 
 
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0 (``nan``, ``inf``, 0 and negatives refused)."""
-    v = _number(text, float)
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
-    return v
+    return _number(text, float, 0, True)
 
 
 def nonneg_float(text: str) -> float:
     """argparse type: a finite number >= 0 (``nan``, ``inf`` and negatives refused)."""
-    v = _number(text, float)
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return v
+    return _number(text, float, 0, False)
 
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
-    v = _number(text, int)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return v
+    return _number(text, int, 1, False)
 
 
 def nonneg_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    v = _number(text, int)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return v
+    return _number(text, int, 0, False)
 
 
 class Parser(argparse.ArgumentParser):
