@@ -358,7 +358,7 @@ def r8_fit_width_above_n(tmp, capsys, files):
 
 
 def r8_fit_huge_learning_rate(tmp, capsys, files):
-    line = cli_error(capsys, "fit", files["good"], "--lam", "1", "--width", "3", "--encoder", "relu", "--lr", "1e10")
+    line = cli_error(capsys, "fit", files["good"], "--lam", "1", "--width", "3", "--encoder", "standard", "--lr", "1e10")
     assert "lower the learning rate" in line
 
 
@@ -544,7 +544,8 @@ def r10_messages_name_the_flags(tmp, capsys, files):
     np.savez(tmp / "two.npz", a=files["X"], b=files["X"])
     line = cli_error(capsys, "solve", tmp / "two.npz", "--lam", "1")
     assert line.endswith("choose one with --key") and "key=" not in line
-    from widelimit.sae.model import orthogonal_rays_sae, save_saelens
+    from fixtures.saes import orthogonal_rays_sae
+    from widelimit.sae.formats import save_saelens
 
     X, sae = orthogonal_rays_sae(0.5, seed=1)
     save_saelens(sae, tmp / "sae")
@@ -592,11 +593,12 @@ def r_unexpected_exception_is_one_line(tmp, capsys, files, monkeypatch):
         "widelimit solve: error: RuntimeError: something unexpected"
 
 
-SAE_REASON = "SAE config validation (issue 13 items 4 and 7) is done on branch issue14-sae; flip after merging"
+# SAE config fields (issue 13 item 7): validated by widelimit.sae (branch issue14-sae, merged)
 
 
 def _sae_cfg(tmp, **changes):
-    from widelimit.sae.model import orthogonal_rays_sae, save_saelens
+    from fixtures.saes import orthogonal_rays_sae
+    from widelimit.sae.formats import save_saelens
 
     _, sae = orthogonal_rays_sae(0.5, seed=2)
     save_saelens(sae, tmp / "s")
@@ -633,14 +635,12 @@ REPRODUCERS = [
     r10_pt_weights_only_advice_rephrased, r10_state_json_outside_the_cache, r10_npy_negative_shape,
     r10_safetensors_offsets_not_at_zero, r10_newline_in_file_name, r10_symlink_loop, r10_messages_name_the_flags,
     r10_no_warnings_in_normal_use, r10_cli_flags_refuse_nan_inf_negative, r_unexpected_exception_is_one_line,
-    pytest.param(r7_sae_config_string_field, marks=pytest.mark.xfail(reason=SAE_REASON, strict=False)),
-    pytest.param(r7_sae_config_wrongly_typed_field, marks=pytest.mark.xfail(reason=SAE_REASON, strict=False)),
-    pytest.param(r7_sae_config_json_boolean_only_as_boolean, marks=pytest.mark.xfail(reason=SAE_REASON, strict=False)),
+    r7_sae_config_string_field, r7_sae_config_wrongly_typed_field, r7_sae_config_json_boolean_only_as_boolean,
 ]
 
 
 @pytest.mark.parametrize("case", REPRODUCERS,
-                         ids=[getattr(c, "__name__", None) or c.values[0].__name__ for c in REPRODUCERS])
+                         ids=[c.__name__ for c in REPRODUCERS])
 def test_issue13_reproducer(case, tmp_path, capsys, files, monkeypatch):
     import inspect
 
@@ -651,7 +651,8 @@ def test_issue13_reproducer(case, tmp_path, capsys, files, monkeypatch):
 def test_issue12_certify_and_bound_read_a_folder_of_shards(tmp_path, capsys):
     """`widelimit certify sae/ shards/` said "is a directory" while `bound shards/` worked: one loader now.
     The folder and the single file holding the same rows give the same certificate, number for number."""
-    from widelimit.sae.model import orthogonal_rays_sae, save_saelens
+    from fixtures.saes import orthogonal_rays_sae
+    from widelimit.sae.formats import save_saelens
 
     X, sae = orthogonal_rays_sae(0.5, seed=3)
     save_saelens(sae, tmp_path / "sae")
