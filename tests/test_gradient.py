@@ -339,7 +339,7 @@ def test_cli_fit(capsys, tmp_path):
     assert (tmp_path / "cfg.json").exists() and (tmp_path / "sae_weights.safetensors").exists()
     assert (tmp_path / "fit.json").exists()
     assert main(["fit", "rays", "--width", "0"]) == 2
-    assert "width must be an integer >= 1" in capsys.readouterr().err
+    assert "argument --width: must be an integer >= 1" in capsys.readouterr().err
     assert main(["frontier", "rays", "--widths", "2,x"]) == 2
     capsys.readouterr()
     out = tmp_path / "fr"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from widelimit.data.source import DataError, load_activations
+from widelimit.data.source import ActivationSource, DataError, open_activations
 from fixtures.saes import orthogonal_rays_sae, save_dictionary_learning, save_plain, save_sparsify
 from widelimit.sae.formats import load_sae, save_saelens
 from widelimit.sae.model import SAE, SAEFormatError
@@ -274,7 +274,7 @@ def test_pickled_objects_are_refused(tmp_path):
         load_sae(d)
     torch.save({"acts": _Payload()}, tmp_path / "acts.pt")
     with pytest.raises(DataError, match="refused to unpickle"):
-        load_activations(tmp_path / "acts.pt")
+        open_activations(tmp_path / "acts.pt")
 
 
 def test_unreadable_and_missing_files(tmp_path):
@@ -303,37 +303,39 @@ def test_unreadable_and_missing_files(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
-def test_load_activations_formats(tmp_path):
+def test_open_activations_formats(tmp_path):
     x = torch.randn(50, 7)
     np.save(tmp_path / "a16.npy", x.half().numpy())
     save_file({"a": x.bfloat16(), "b": x}, str(tmp_path / "a.safetensors"))
     torch.save({"acts": x.bfloat16()}, tmp_path / "a.pt")
     torch.save(x, tmp_path / "t.pt")
-    a = load_activations(tmp_path / "a16.npy")
-    assert isinstance(a, np.memmap) and a.dtype == np.float16
-    np.testing.assert_array_equal(a[3:9], x[3:9].half().numpy())
-    bf = load_activations(tmp_path / "a.safetensors", key="a")
-    assert bf.shape == (50, 7) and bf[10:12].dtype == np.float32
+    a = open_activations(tmp_path / "a16.npy")
+    assert isinstance(a, ActivationSource) and a.storage_dtypes == ["f16"] and a[3:9].dtype == np.float32
+    np.testing.assert_array_equal(a[3:9], x[3:9].half().float().numpy())
+    bf = open_activations(tmp_path / "a.safetensors", key="a")
+    assert bf.shape == (50, 7) and bf[10:12].dtype == np.float32 and bf.storage_dtypes == ["bf16"]
     np.testing.assert_array_equal(bf[10:12], x[10:12].bfloat16().float().numpy())
     np.testing.assert_array_equal(np.asarray(bf), x.bfloat16().float().numpy())
-    f32 = load_activations(tmp_path / "a.safetensors", key="b")
-    assert isinstance(f32, np.memmap)
+    f32 = open_activations(tmp_path / "a.safetensors", key="b")
     np.testing.assert_array_equal(f32[:], x.numpy())
-    np.testing.assert_array_equal(load_activations(tmp_path / "a.pt")[0:5], x[0:5].bfloat16().float().numpy())
-    np.testing.assert_array_equal(load_activations(tmp_path / "t.pt")[:], x.numpy())
+    np.testing.assert_array_equal(open_activations(tmp_path / "a.pt")[0:5], x[0:5].bfloat16().float().numpy())
+    np.testing.assert_array_equal(open_activations(tmp_path / "t.pt")[:], x.numpy())
     with pytest.raises(DataError, match="holds several"):
-        load_activations(tmp_path / "a.safetensors")
+        open_activations(tmp_path / "a.safetensors")
 
 
-def test_load_activations_bad(tmp_path):
+def test_open_activations_bad(tmp_path):
     np.save(tmp_path / "three.npy", np.zeros((2, 3, 4), np.float32))
     with pytest.raises(DataError, match="must be 2-D"):
-        load_activations(tmp_path / "three.npy")
-    np.save(tmp_path / "int.npy", np.zeros((2, 3), np.int64))
+        open_activations(tmp_path / "three.npy")
+    np.save(tmp_path / "int.npy", np.arange(6).reshape(2, 3))  # integers are read as float64
+    S = open_activations(tmp_path / "int.npy")
+    assert S.dtype == np.float64 and np.array_equal(S[:], np.arange(6.0).reshape(2, 3))
+    np.save(tmp_path / "str.npy", np.array([["a", "b"]]))
     with pytest.raises(DataError, match="floating point"):
-        load_activations(tmp_path / "int.npy")
+        open_activations(tmp_path / "str.npy")
     with pytest.raises(DataError, match="no such file"):
-        load_activations(tmp_path / "missing.npy")
+        open_activations(tmp_path / "missing.npy")
 
 
 def test_dtype_checked_against_config(tmp_path):

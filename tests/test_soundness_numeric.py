@@ -155,9 +155,12 @@ def test_3_cli_tolerances_exit_2(tmp_path, capsys):
     save_saelens(sae, tmp_path / "sae")
     np.save(tmp_path / "acts.npy", X.astype(np.float32))
     base = ["certify", str(tmp_path / "sae"), str(tmp_path / "acts.npy"), "--lam", "0.5", "--device", "cpu"]
-    for flag, bad in (("--tol", "inf"), ("--tol", "-1"), ("--tol", "nan"), ("--coding-tol", "inf")):
-        _one_line_error(capsys, base + [flag, bad], flag[2:].replace("-", "_") + " must be a finite number >= 0")
-    _one_line_error(capsys, base + ["--norm-scaling-factor", "-1"], "norm_scaling_factor must be a finite number > 0")
+    # refused by argparse, naming the flag (issue 13: messages name the CLI flag)
+    for flag, bad in (("--tol", "inf"), ("--tol", "-1"), ("--tol", "nan")):
+        _one_line_error(capsys, base + [flag, bad], f"argument {flag}: must be a finite number >= 0")
+    _one_line_error(capsys, base + ["--coding-tol", "inf"], "argument --coding-tol: must be a finite number > 0")
+    _one_line_error(capsys, base + ["--norm-scaling-factor", "-1"],
+                    "argument --norm-scaling-factor: must be a finite number > 0")
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

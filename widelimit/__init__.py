@@ -22,7 +22,7 @@ Internals live in the subpackages: ``data``, ``engine``, ``exact``, ``coding``, 
 
 from .data import datasets  # noqa: F401  (wl.datasets: the built-in datasets)
 from .coding import CodingResult, optimal_codes
-from .data import ActivationSource, open_activations
+from .data import ActivationSource, DataError, open_activations
 from .engine import Progress
 from .exact.certificate import Certificate, verify
 from .exact.median import MedianResult, geometric_median, huber_median, huber_value
@@ -46,7 +46,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     # the front door and the data
-    "Problem", "open_activations", "ActivationSource", "Progress", "datasets",
+    "Problem", "open_activations", "ActivationSource", "DataError", "Progress", "datasets",
     # the exact wide limit
     "solve", "WideLimitSolution", "verify", "Certificate",
     "huber_median", "geometric_median", "huber_value", "MedianResult",

@@ -27,6 +27,14 @@ def to_numpy(a, name: str = "array") -> np.ndarray:
         return t.numpy()
     if hasattr(a, "toarray") and not isinstance(a, np.ndarray):  # scipy.sparse
         return a
+    if isinstance(a, np.ma.MaskedArray):  # its mask would be silently dropped by np.asarray
+        mask = np.ma.getmaskarray(a)
+        if mask.any():
+            where = np.argwhere(mask)[0]
+            at = f"row {int(where[0])}" if mask.ndim == 2 else f"index {tuple(int(i) for i in where)}"
+            raise ValueError(f"{name} is a masked array with masked entries (first in {at}); "
+                             "drop those rows or fill them (np.ma.filled) first")
+        a = np.ma.getdata(a)
     arr = np.asarray(a)
     if arr.dtype == object:
         raise ValueError(f"{name} could not be converted to a numeric array")
@@ -157,11 +165,19 @@ def check_vector(v, n: int, name: str) -> np.ndarray:
 
 
 def check_lam(lam) -> float:
-    """Validate the sparsity parameter: a finite real number > 0."""
+    """Validate the sparsity parameter: a finite real number > 0 (not a bool, not a string)."""
+    if isinstance(lam, (bool, np.bool_, str, bytes)):
+        raise ValueError(f"lam must be a positive finite number, got {type(lam).__name__} {lam!r}")
     try:
-        val = float(to_numpy(lam, "lam")) if not isinstance(lam, (int, float)) else float(lam)
+        if isinstance(lam, (int, float)):
+            val = float(lam)
+        else:
+            a = to_numpy(lam, "lam")
+            if getattr(a, "ndim", 1) != 0 or a.dtype.kind not in "iuf":
+                raise TypeError
+            val = float(a)
     except (TypeError, ValueError):
-        raise ValueError(f"lam must be a positive finite number, got {lam!r}") from None
+        raise ValueError(f"lam must be a positive finite number, got {type(lam).__name__} {str(lam)[:60]!r}") from None
     if not math.isfinite(val) or val <= 0:
         raise ValueError(f"lam must be a positive finite number, got {lam!r}")
     return val
@@ -170,15 +186,10 @@ def check_lam(lam) -> float:
 def check_tol(tol, name: str = "tol") -> float:
     """Validate a tolerance (``tol``, ``atol``, ...): a finite real number ``>= 0``.
 
-    An infinite or NaN tolerance would certify anything; a negative one nothing.
+    An infinite or NaN tolerance would certify anything; a negative one nothing. A bool or a
+    string is not a number here (``tol=False``, ``tol="1e-6"`` are refused).
     """
-    try:
-        val = float(tol)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number >= 0, got {tol!r}") from None
-    if not (math.isfinite(val) and val >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {tol!r}")
-    return val
+    return check_real(tol, name, low=0)
 
 
 def check_weights(weights, N: int) -> np.ndarray | None:
@@ -250,3 +261,53 @@ def row_norms(A: np.ndarray) -> np.ndarray:
         c = np.asarray(A[s : s + rows], dtype=np.float64)
         out[s : s + rows] = np.sqrt(np.einsum("ij,ij->i", c, c))
     return out
+
+
+# --------------------------------------------------------------------------------------
+# scalar options: one-line ValueErrors naming the parameter
+# --------------------------------------------------------------------------------------
+
+
+def _show(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def check_int(v, name: str, *, low: int | None = None, high: int | None = None, none_ok: bool = False):
+    """An integer option (Python or NumPy int, not a bool) in ``[low, high]``; ``None`` if ``none_ok``."""
+    if v is None and none_ok:
+        return None
+    rng = (f" >= {low}" if low is not None else "") + (f" and <= {high}" if high is not None else "")
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer{rng}, got {type(v).__name__} {_show(v)}")
+    v = int(v)
+    if (low is not None and v < low) or (high is not None and v > high):
+        raise ValueError(f"{name} must be an integer{rng}, got {v}")
+    return v
+
+
+def check_real(v, name: str, *, low: float | None = None, strict: bool = False, none_ok: bool = False,
+               finite: bool = True):
+    """A real option (not a bool), finite unless ``finite=False``, ``> low`` (``strict``) or ``>= low``."""
+    if v is None and none_ok:
+        return None
+    bound = "" if low is None else f" {'>' if strict else '>='} {low:g}"
+    what = f"{name} must be a{' finite' if finite else ''} number{bound}"
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{what}, got {type(v).__name__} {_show(v)}")
+    v = float(v)
+    if math.isnan(v) or (finite and not math.isfinite(v)):
+        raise ValueError(f"{what}, got {v}")
+    if low is not None and (v <= low if strict else v < low):
+        raise ValueError(f"{what}, got {v:g}")
+    return v
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """A random seed: an integer >= 0."""
+    return check_int(seed, name, low=0)
+
+
+def writable(a: np.ndarray) -> np.ndarray:
+    """``a``, or a copy of it when it is read-only (a memory map): ``torch.as_tensor`` warns on read-only arrays."""
+    return a if a.flags.writeable else a.copy()

@@ -8,9 +8,12 @@ input become one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+import warnings
 
-from ._common import load_data  # noqa: F401
+from ._common import Parser, load_data  # noqa: F401
 from .bound import _add_bound, _run_bound
 from .certify import _add_certify, _run_certify
 from .demo import _add_demo, _run_demo
@@ -39,7 +42,7 @@ COMMANDS = [
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="widelimit",
         description="Exact, certified wide-limit sparse dictionary learning and SAE certification.",
     )
@@ -50,16 +53,78 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _flags_of(parser, command: str | None) -> dict[str, str]:
+    """``{dest: "--flag"}`` of a subcommand's options."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    sp = subs[0].choices.get(command) if subs and command else None
+    out = {}
+    for act in (sp._actions if sp is not None else []):
+        longs = [o for o in act.option_strings if o.startswith("--")]
+        if longs and act.dest not in ("help",):
+            out[act.dest] = longs[0]
+    return out
+
+
+def flagify(msg: str, flags: dict[str, str]) -> str:
+    """Name the CLI flag where a library message names the parameter: ``key=`` -> ``--key``."""
+    for dest, flag in flags.items():
+        msg = re.sub(rf"(?<![\w.\-/]){re.escape(dest)}=(?:\.\.\.)?(?=(\S?))",
+                     lambda m, f=flag: f + (" " if m.group(1) else ""), msg)
+        if "_" in dest:  # a parameter name with an underscore is unambiguous even without "="
+            msg = re.sub(rf"(?<![\w.\-'\"/]){re.escape(dest)}(?![\w'\"/])", flag, msg)
+    return msg
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) if str(e).strip() else ""
+    if not isinstance(e, (ValueError, OSError, MemoryError, ArithmeticError)) or not text:
+        text = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return text[:2000]
+
+
 def main(argv=None) -> int:
+    """Run the command line; return the exit status (0 ok, 2 error, 130 interrupted).
+
+    Every error is one line on stderr (``widelimit <command>: error: ...``), never a
+    traceback; set ``WIDELIMIT_DEBUG=1`` to see the traceback of an unexpected error.
+    Ctrl-C prints one line and returns 130; outputs are written atomically, so nothing
+    is left half-written.
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
-    run = {name: fn for name, _, fn in COMMANDS}[args.command]
     try:
-        return int(run(args) or 0)
-    except (ValueError, MemoryError, OSError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"widelimit {args.command}: error: {msg}", file=sys.stderr)
-        return 2
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
+    except KeyboardInterrupt:
+        print("widelimit: interrupted", file=sys.stderr)
+        return 130
+    run = {name: fn for name, _, fn in COMMANDS}[args.command]
+    prefix = f"widelimit {args.command}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # recorded, printed once each below
+        try:
+            status = int(run(args) or 0)
+        except KeyboardInterrupt:
+            print(f"{prefix}: interrupted", file=sys.stderr)
+            return 130
+        except SystemExit as e:  # a library calling sys.exit: keep its status, one line
+            code = e.code if isinstance(e.code, int) else 2
+            if code and not isinstance(e.code, int):
+                print(f"{prefix}: error: {e.code}", file=sys.stderr)
+            return code
+        except Exception as e:  # noqa: BLE001 - one line for every error, expected or not
+            if os.environ.get("WIDELIMIT_DEBUG"):
+                raise
+            # the error says what went wrong; warnings on the way there would only add lines
+            print(f"{prefix}: error: {flagify(_one_line(e), _flags_of(parser, args.command))}", file=sys.stderr)
+            return 2
+    seen = set()
+    for w in caught:  # library warnings of a successful run: one line each
+        text = " ".join(str(w.message).split())[:500]
+        if text not in seen:
+            seen.add(text)
+            print(f"{prefix}: warning: {text}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":  # pragma: no cover

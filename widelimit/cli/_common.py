@@ -2,29 +2,144 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import math
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .._json import dumps as _dumps
+from ..data import datasets
+from ..data.shards import show
+from ..data.source import open_activations
 
 
 
 # --------------------------------------------------------------------------------------
-# shared helpers
+# argument types: bad values are refused by argparse, naming the flag
 # --------------------------------------------------------------------------------------
 
 
-def load_data(spec: str, key: str | None = None, seed: int = 0):
-    """``(X, default_lam, label)`` from a file path or a built-in dataset name."""
-    from ..data import datasets
-    from ..data.source import load_array
+def _number(text: str, kind, low, strict: bool):
+    """``kind(text)`` if it is a finite number ``> low`` (``strict``) or ``>= low``; else one message."""
+    what = (f"must be an integer {'>' if strict else '>='} {low}" if kind is int
+            else f"must be a finite number {'>' if strict else '>='} {low:g}")
+    try:
+        v = kind(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{what}, got {text!r}") from None
+    if (kind is float and not math.isfinite(v)) or (v <= low if strict else v < low):
+        raise argparse.ArgumentTypeError(f"{what}, got {text!r}")
+    return v
 
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (``nan``, ``inf``, 0 and negatives refused)."""
+    return _number(text, float, 0, True)
+
+
+def nonneg_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (``nan``, ``inf`` and negatives refused)."""
+    return _number(text, float, 0, False)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _number(text, int, 1, False)
+
+
+def nonneg_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _number(text, int, 0, False)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr (``widelimit fit: error: ...``) and exit 2."""
+
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {' '.join(str(message).split())}\n")
+        raise SystemExit(2)
+
+
+# --------------------------------------------------------------------------------------
+# data and output folders
+# --------------------------------------------------------------------------------------
+
+
+def load_data(spec: str, key: str | None = None, seed: int = 0, *, column: str | None = None,
+              header: bool | None = None):
+    """``(X, default_lam, label)`` from a path or a built-in dataset name.
+
+    Every path goes through :func:`widelimit.open_activations` (``X`` is then an
+    :class:`~widelimit.data.source.ActivationSource`); a built-in name gives an array.
+    """
     if spec in datasets.BUILTIN and not Path(spec).exists():
         X, _ = datasets.load_builtin(spec, seed=seed)
         return X, datasets.BUILTIN[spec][1], f"built-in dataset {spec!r}"
-    return load_array(spec, key=key), None, spec
+    return open_activations(spec, key=key, column=column, header=header), None, show(spec)
+
+
+def in_memory(X) -> np.ndarray:
+    """The rows of ``X`` as one writable NumPy array (for the in-memory solvers: torch, cvxpy)."""
+    a = np.asarray(X)
+    return a if a.flags.writeable else a.copy()
+
+
+def check_out_dir(out, flag: str = "--out"):
+    """Refuse an output folder that cannot be created or written, before any computation.
+
+    ``out`` may exist (a folder) or not (its nearest existing parent must be a writable folder).
+    """
+    if out is None:
+        return None
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {show(out)}: is a file, a folder is needed")
+    probe = out
+    while not probe.exists():
+        if probe.is_symlink():
+            raise ValueError(f"{flag} {show(out)}: {show(probe)} is a broken symlink")
+        parent = probe.parent
+        if parent == probe:
+            break
+        probe = parent
+    if probe.exists() and not probe.is_dir():
+        raise ValueError(f"{flag} {show(out)}: {show(probe)} is a file, a folder is needed")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {show(out)}: {show(probe)} is not writable")
+    return out
+
+
+@contextlib.contextmanager
+def atomic_outputs(out):
+    """Yield a temporary folder next to ``out``; on success move its files into ``out``.
+
+    Each file appears in ``out`` by one ``os.replace`` (never half-written); on an error or
+    Ctrl-C the temporary folder is removed and ``out`` is left as it was.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        yield tmp
+        out.mkdir(parents=True, exist_ok=True)
+        for f in sorted(tmp.rglob("*")):
+            if f.is_file():
+                dest = out / f.relative_to(tmp)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(f, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def moved(files, tmp, out) -> list[Path]:
+    """The final paths in ``out`` of ``files`` written under ``tmp`` by :func:`atomic_outputs`."""
+    return [Path(out) / Path(f).relative_to(tmp) for f in files]
 
 
 def _console():
@@ -116,7 +231,7 @@ def progress_display(console=None, enabled: bool = True):
 
     @contextlib.contextmanager
     def ctx():
-        if not enabled:
+        if not enabled or (console is not None and not console.is_terminal):  # no bar in logs / pipes
             yield None
             return
         bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -137,13 +252,3 @@ def progress_display(console=None, enabled: bool = True):
     return ctx()
 
 
-
-def open_source(spec: str, key: str | None = None, column: str | None = None):
-    """An :class:`~widelimit.data.source.ActivationSource` for a path (file, folder of shards, datasets cache),
-    or ``None`` for a built-in dataset name / in-memory formats (.npz .csv .pt)."""
-    from ..data.source import ActivationSource
-
-    p = Path(spec)
-    if p.is_dir() or p.suffix.lower() in (".npy", ".safetensors", ".arrow"):
-        return ActivationSource.open(p, key=key, column=column)
-    return None

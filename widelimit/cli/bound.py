@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import re
+import sys
+import time
 from pathlib import Path
 
+from ..data.source import ActivationSource
 
-from ._common import (load_data, _console, print_json, _fmt, certificate_table, _dual_round, _solution_rows, _write_solution, progress_display, open_source)  # noqa: F401
+from ._common import _console, certificate_table, check_out_dir, load_data, positive_float, positive_int, print_json, progress_display
 
 
 # --------------------------------------------------------------------------------------
@@ -22,59 +27,93 @@ def _add_bound(sub):
     )
     p.add_argument("data", help=".npy / .safetensors / .arrow file, a folder of shards, a Hugging Face "
                                 "datasets cache (SAELens), another data file, or a built-in dataset name")
-    p.add_argument("--lam", type=float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
+    p.add_argument("--lam", type=positive_float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
     p.add_argument("--key", default=None, help="tensor name inside .safetensors / .npz / .pt")
     p.add_argument("--column", default=None, help="column of a datasets / Arrow cache (default: its float column)")
+    p.add_argument("--header", action="store_true", help="text tables: the first row is a header")
     p.add_argument("--geometric", action="store_true", help="geometric median instead (no lam)")
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="checkpoint file: written after every pass; an interrupted run resumes from it")
     p.add_argument("--dask", default=None, metavar="ADDRESS",
                    help="run the passes on a Dask cluster: a scheduler address (tcp://host:8786) or "
-                        "'local' / 'local:N' for a LocalCluster of N worker processes")
-    p.add_argument("--rows", type=int, default=None, help="rows per Dask block (default: a 32 MiB float64 block)")
+                        "'local' / 'local:N' for a LocalCluster of N >= 1 worker processes")
+    p.add_argument("--dask-timeout", type=positive_float, default=30.0, metavar="SECONDS",
+                   help="give up when the scheduler does not answer, or has no worker, within this time")
+    p.add_argument("--rows", type=positive_int, default=None, help="rows per Dask block (default: a 32 MiB float64 block)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _dask_client(spec: str):
+def _dask_client(spec: str, timeout: float = 30.0):
+    """``(client, cluster)`` for ``--dask``: the address is checked, and the scheduler must answer (with at
+    least one worker) within ``timeout`` seconds."""
     try:
         from distributed import Client, LocalCluster
     except ImportError:
         raise ValueError("--dask needs dask[distributed]: pip install 'widelimit[dask]'") from None
-    if spec == "local" or spec.startswith("local:"):
-        nw = int(spec.split(":", 1)[1]) if ":" in spec else None
-        cluster = LocalCluster(n_workers=nw, threads_per_worker=1, processes=True, dashboard_address=None)
-        return Client(cluster), cluster
-    return Client(spec), None
+    local = re.fullmatch(r"local(?::(\d+))?", spec.strip())
+    if local is None and not re.fullmatch(r"(?:[a-z]+://)?\[?[\w.\-:]+\]?:\d+", spec.strip()):
+        raise ValueError(f"--dask {spec!r}: expected 'local', 'local:N' or a scheduler address such as "
+                         "tcp://host:8786")
+    # the CLI reports errors and Ctrl-C itself, in one line: no log records from the scheduler
+    # connection or from asyncio tasks that a Ctrl-C leaves unfinished
+    for name in ("distributed", "distributed.client", "distributed.comm", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    cluster = None
+    try:
+        if local is not None:
+            nw = int(local.group(1)) if local.group(1) else None
+            if nw is not None and nw < 1:
+                raise ValueError(f"--dask {spec}: a local cluster needs at least 1 worker (local:N, N >= 1)")
+            cluster = LocalCluster(n_workers=nw, threads_per_worker=1, processes=True, dashboard_address=None,
+                                   silence_logs=logging.CRITICAL)
+            client = Client(cluster, timeout=timeout)
+        else:
+            client = Client(spec, timeout=timeout)
+    except ValueError:
+        if cluster is not None:
+            cluster.close()
+        raise
+    except (OSError, TimeoutError) as e:
+        if cluster is not None:
+            cluster.close()
+        raise ValueError(f"--dask {spec}: could not reach the scheduler within {timeout:g} s "
+                         f"({' '.join(str(e).split())[:200] or type(e).__name__})") from None
+    try:
+        client.wait_for_workers(1, timeout=timeout)
+    except (OSError, TimeoutError):
+        client.close()
+        if cluster is not None:
+            cluster.close()
+        raise ValueError(f"--dask {spec}: the scheduler has no worker after {timeout:g} s") from None
+    return client, cluster
 
 
 def _run_bound(args) -> int:
-    import time
-
     from ..exact.median import geometric_median, huber_median
 
-    src = open_source(args.data, args.key, args.column)
-    if src is not None:
-        X, lam0, label = src, None, repr(src)
-    else:
-        X, lam0, label = load_data(args.data, args.key)
+    if args.checkpoint is not None:
+        if args.checkpoint.is_dir():
+            raise ValueError(f"--checkpoint {args.checkpoint}: is a folder, a file is needed")
+        check_out_dir(args.checkpoint.parent, "--checkpoint")
+    X, lam0, label = load_data(args.data, args.key, column=args.column, header=args.header or None)
+    if isinstance(X, ActivationSource):
+        label = repr(X)
     lam = args.lam if args.lam is not None else lam0
     if lam is None and not args.geometric:
         raise ValueError("--lam is required for data files (or use --geometric)")
     client = cluster = None
     if args.dask:
         from ..engine.dask_engine import from_source
-        from ..data.source import ActivationSource
 
-        client, cluster = _dask_client(args.dask)
-        X = from_source(X if src is not None else ActivationSource.from_array(X), rows=args.rows)
+        client, cluster = _dask_client(args.dask, args.dask_timeout)
     con = _console()
-    import sys as _sys
-
     from rich.console import Console
 
     err = Console(stderr=True)
     try:
+        if client is not None:
+            X = from_source(X if isinstance(X, ActivationSource) else ActivationSource.from_array(X), rows=args.rows)
         t0 = time.perf_counter()
         with progress_display(err, enabled=not args.no_progress) as cb:
             if args.geometric:
@@ -111,5 +150,5 @@ def _run_bound(args) -> int:
         ("seconds", secs, f"{'Dask ' + args.dask if args.dask else 'single process'}"),
         ("converged", res.converged, "gap within tolerance"),
     ]))
-    _sys.stdout.flush()
+    sys.stdout.flush()
     return 0

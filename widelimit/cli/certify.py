@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import _console, certificate_table, print_json, progress_display
+from ..data.source import open_activations
+from ._common import (_console, atomic_outputs, certificate_table, check_out_dir, moved, nonneg_float, nonneg_int,
+                      positive_float, positive_int, print_json, progress_display)
 
 # --------------------------------------------------------------------------------------
 # certify (trained SAEs)
@@ -25,30 +27,31 @@ def _add_certify(sub):
     p.add_argument("acts", help="activations (N, d_in): .npy, .safetensors, .pt, .npz, a folder of shards, "
                                 "a datasets Arrow cache")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--lam", type=float, help="sparsity lam > 0 of the objective")
-    g.add_argument("--l1-coefficient", type=float, help="SAELens / dictionary_learning L1 coefficient (= 2 lam)")
+    g.add_argument("--lam", type=positive_float, help="sparsity lam > 0 of the objective")
+    g.add_argument("--l1-coefficient", type=positive_float, help="SAELens / dictionary_learning L1 coefficient (= 2 lam)")
     p.add_argument("--architecture", default=None,
                    choices=["standard", "jumprelu", "topk", "batchtopk", "gated", "matryoshka"],
                    help="the encoder, when the SAE's files do not name it")
-    p.add_argument("--max-tokens", type=int, default=None, help="certify a random sample of this many tokens")
-    p.add_argument("--seed", type=int, default=0, help="seed of the --max-tokens sample")
+    p.add_argument("--max-tokens", type=positive_int, default=None, help="certify a random sample of this many tokens")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the --max-tokens sample")
     p.add_argument("--key", default=None, help="tensor name inside the activations file")
+    p.add_argument("--column", default=None, help="column of a datasets / Arrow cache (default: its float column)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--out", type=Path, default=None,
                    help="write certificate.json, metrics.json, features.csv, feature_frequency.png, "
                         "feature_violations.png here")
-    p.add_argument("--tol", type=float, default=1e-6, help="certified_optimal iff global gap <= tol * objective")
-    p.add_argument("--coding-tol", type=float, default=1e-6, help="relative duality gap of the optimal coding per token")
-    p.add_argument("--batch-size", type=int, default=4096, help="tokens per batch")
+    p.add_argument("--tol", type=nonneg_float, default=1e-6, help="certified_optimal iff global gap <= tol * objective")
+    p.add_argument("--coding-tol", type=positive_float, default=1e-6, help="relative duality gap of the optimal coding per token")
+    p.add_argument("--batch-size", type=positive_int, default=4096, help="tokens per batch")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="threads for torch, numba and BLAS (default: the usable cores, 1 on an overloaded machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it goes to stderr)")
-    p.add_argument("--norm-scaling-factor", type=float, default=None,
+    p.add_argument("--norm-scaling-factor", type=positive_float, default=None,
                    help="SAELens expected_average_only_in: the input scaling factor to fold into the weights")
     p.add_argument("--stability", action="store_true",
                    help="also check every feature's optimality conditions (theory.md section 5) with witnesses")
-    p.add_argument("--same-width-steps", type=int, default=0,
+    p.add_argument("--same-width-steps", type=nonneg_int, default=0,
                    help="also run the gradient solver from the decoder at the same width for this many steps")
 
 
@@ -58,22 +61,13 @@ def _certify_rows(c):
     return certificate_rows(c)
 
 
-def _open_acts(path, key):
-    """Activations from anything ``ActivationSource.open`` reads (files, shard folders, Arrow caches) or .pt/.npz."""
-    from ..data import open_activations
-    from ..data.source import load_activations
-
-    if Path(path).suffix.lower() in (".pt", ".pth", ".npz"):
-        return load_activations(path, key=key)
-    return open_activations(path, key=key)
-
-
 def _run_certify(args) -> int:
     from ..sae.certify import certify_sae, write_sae_certificate
     from ..sae.formats import load_sae
 
+    check_out_dir(args.out)
     sae = load_sae(args.sae, architecture=args.architecture, norm_scaling_factor=args.norm_scaling_factor)
-    acts = _open_acts(args.acts, args.key)
+    acts = open_activations(args.acts, key=args.key, column=args.column)
     from rich.console import Console
 
     err = Console(stderr=True)
@@ -82,7 +76,10 @@ def _run_certify(args) -> int:
                            coding_tol=args.coding_tol, batch_size=args.batch_size, device=args.device,
                            threads=args.threads, progress=cb, max_tokens=args.max_tokens, seed=args.seed,
                            stability=args.stability, same_width_steps=args.same_width_steps)
-    files = write_sae_certificate(cert, args.out) if args.out else []
+    files = []
+    if args.out:
+        with atomic_outputs(args.out) as tmp:
+            files = moved(write_sae_certificate(cert, tmp), tmp, args.out)
     if args.json:
         d = cert.as_dict()
         d["flat"] = cert.as_flat_dict()

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import (load_data, _console, print_json, _fmt, certificate_table, _dual_round, _solution_rows, _write_solution, progress_display, open_source)  # noqa: F401
+from ._common import (_console, _solution_rows, _write_solution, atomic_outputs, certificate_table, check_out_dir,
+                      moved, print_json)
 
 
 # --------------------------------------------------------------------------------------
@@ -25,11 +26,13 @@ def _run_demo(args) -> int:
     from ..exact.solve import solve
     from ..exact.median import geometric_median
 
+    check_out_dir(args.out)
     X, truth = rays2d()
     lam = BUILTIN["rays2d"][1]
     sol = solve(X, lam=lam)
     geo = geometric_median(X)
-    files = _write_solution(args.out, X, sol, geo, stem="demo")
+    with atomic_outputs(args.out) as tmp:
+        files = moved(_write_solution(tmp, X, sol, geo, stem="demo"), tmp, args.out)
     if args.json:
         d = sol.as_dict()
         d["geometric_median"] = geo.point

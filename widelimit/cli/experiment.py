@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from ._common import (load_data, _console, print_json, _fmt, certificate_table, _dual_round, _solution_rows, _write_solution, progress_display, open_source)  # noqa: F401
+from ._common import _console, check_out_dir, print_json
 
 
 # --------------------------------------------------------------------------------------
@@ -30,6 +30,7 @@ def _run_experiment(args) -> int:
         return 0
     fn = experiments.get(args.name)
     out = args.out if args.out is not None else Path("experiments") / args.name
+    check_out_dir(out)
     result = fn(out, quick=args.quick)
     if args.json:
         print_json(result)

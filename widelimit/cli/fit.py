@@ -6,7 +6,8 @@ from pathlib import Path
 
 
 from .._json import dumps as _dumps
-from ._common import (load_data, _console, print_json, _fmt, certificate_table, _dual_round, _solution_rows, _write_solution, progress_display, open_source)  # noqa: F401
+from ._common import (_console, _fmt, atomic_outputs, certificate_table, check_out_dir, in_memory, load_data, moved,
+                      nonneg_float, nonneg_int, positive_float, positive_int, print_json)
 
 
 # --------------------------------------------------------------------------------------
@@ -16,20 +17,21 @@ from ._common import (load_data, _console, print_json, _fmt, certificate_table, 
 
 def _add_fit_options(p):
     p.add_argument("data", help="data file (.npy .npz .csv .safetensors .pt) or a built-in dataset name")
-    p.add_argument("--lam", type=float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
+    p.add_argument("--lam", type=positive_float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
     p.add_argument("--key", default=None, help="array name inside .npz / .safetensors / .pt")
+    p.add_argument("--header", action="store_true", help="text tables: the first row is a header")
     p.add_argument("--encoder", default="none", choices=["none", "standard", "jumprelu", "topk"],
                    help="free codes (dictionary learning) or an amortised SAE encoder")
-    p.add_argument("--topk", type=int, default=None, help="active features per point for --encoder topk")
+    p.add_argument("--topk", type=positive_int, default=None, help="active features per point for --encoder topk")
     p.add_argument("--init", default="rays", choices=["rays", "data", "random"], help="initial atoms")
-    p.add_argument("--restarts", type=int, default=1, help="independent runs; the best is kept")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--restarts", type=positive_int, default=1, help="independent runs; the best is kept")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (an integer >= 0)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--max-steps", type=int, default=None, help="step budget")
-    p.add_argument("--max-time", type=float, default=None, help="time budget per run, seconds")
-    p.add_argument("--rtol", type=float, default=1e-8, help="stop when the relative improvement per step is below this")
-    p.add_argument("--batch-size", type=int, default=None, help="minibatch size (default: full batch)")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (encoders)")
+    p.add_argument("--max-steps", type=positive_int, default=None, help="step budget")
+    p.add_argument("--max-time", type=positive_float, default=None, help="time budget per run, seconds")
+    p.add_argument("--rtol", type=nonneg_float, default=1e-8, help="stop when the relative improvement per step is below this")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="minibatch size (default: full batch)")
+    p.add_argument("--lr", type=positive_float, default=1e-3, help="Adam learning rate (encoders)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -55,8 +57,9 @@ class _Progress:
         from rich.console import Console
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+        console = Console(stderr=True)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                 console=Console(stderr=True), disable=not enabled, transient=True)
+                                 console=console, disable=not (enabled and console.is_terminal), transient=True)
         self.task = None
 
     def __enter__(self):
@@ -74,7 +77,7 @@ class _Progress:
 def _add_fit(sub):
     p = sub.add_parser("fit", help="gradient dictionary learning at a given width, compared with the certified bound")
     _add_fit_options(p)
-    p.add_argument("--width", type=int, required=True, help="number of atoms k >= 1")
+    p.add_argument("--width", type=positive_int, required=True, help="number of atoms k >= 1")
     p.add_argument("--out", type=Path, default=None,
                    help="write the SAE as a SAELens folder (cfg.json + sae_weights.safetensors, read by "
                         "widelimit certify and sae_lens.SAE.load_from_disk), fit_codes.npz and fit.json here")
@@ -86,7 +89,9 @@ def _run_fit(args) -> int:
     from ..exact.certificate import verify
     from ..learn.crossval import best_fit
 
-    X, lam0, label = load_data(args.data, args.key)
+    check_out_dir(args.out)
+    X, lam0, label = load_data(args.data, args.key, header=args.header or None)
+    X = in_memory(X)
     lam = _lam_of(args, lam0)
     with _Progress(enabled=True) as prog:
         run = {"i": 0}
@@ -110,16 +115,16 @@ def _run_fit(args) -> int:
               "restart_values": [f.value for f in fits], "bias": fit.bias, "certificate": cert.as_dict()})
     files = []
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
         from ..sae.formats import save_saelens
 
-        sae = fit.to_sae()
-        save_saelens(sae, args.out)
-        cz = args.out / "fit_codes.npz"
-        sp.save_npz(cz, sp.csr_matrix(fit.codes))
-        js = args.out / "fit.json"
-        js.write_text(_dumps({**d, "history": fit.history, "sae_warnings": sae.warnings}, indent=2))
-        files = [args.out / "cfg.json", args.out / "sae_weights.safetensors", cz, js]
+        with atomic_outputs(args.out) as tmp:
+            sae = fit.to_sae()
+            save_saelens(sae, tmp)
+            cz = tmp / "fit_codes.npz"
+            sp.save_npz(cz, sp.csr_matrix(fit.codes))
+            js = tmp / "fit.json"
+            js.write_text(_dumps({**d, "history": fit.history, "sae_warnings": sae.warnings}, indent=2))
+            files = moved([tmp / "cfg.json", tmp / "sae_weights.safetensors", cz, js], tmp, args.out)
     d["files"] = [str(f) for f in files]
     if args.json:
         print_json(d)
@@ -156,19 +161,27 @@ def _add_frontier(sub):
 def _run_frontier(args) -> int:
     from ..learn.frontier import frontier
 
-    X, lam0, label = load_data(args.data, args.key)
-    lam = _lam_of(args, lam0)
     try:
         widths = [int(w) for w in args.widths.split(",") if w.strip()]
     except ValueError:
         raise ValueError(f"--widths must be comma-separated integers, got {args.widths!r}") from None
+    if not widths or min(widths) < 1:
+        raise ValueError(f"--widths must be integers >= 1, got {args.widths!r}")
+    check_out_dir(args.out)
+    X, lam0, label = load_data(args.data, args.key, header=args.header or None)
+    X = in_memory(X)
+    lam = _lam_of(args, lam0)
+    if max(widths) > X.shape[0]:
+        raise ValueError(f"--widths {max(widths)} exceeds the number of points N = {X.shape[0]}")
     inits = (args.init,) if args.init != "rays" else ("rays", "data")
-    with _Progress() as prog:
-        fr = frontier(X, lam=lam, widths=widths, n_restarts=max(1, args.restarts), seed=args.seed, inits=inits, out=args.out / "frontier.png", callback=lambda w, v: prog.say(f"width {w}: {v:.8g}"), **_fit_kwargs(args))
-    d = fr.as_dict()
-    d["data"] = label
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "frontier.json").write_text(_dumps(d, indent=2))
+    with atomic_outputs(args.out) as tmp:
+        with _Progress() as prog:
+            fr = frontier(X, lam=lam, widths=widths, n_restarts=max(1, args.restarts), seed=args.seed, inits=inits,
+                          out=tmp / "frontier.png", callback=lambda w, v: prog.say(f"width {w}: {v:.8g}"),
+                          **_fit_kwargs(args))
+        d = fr.as_dict()
+        d["data"] = label
+        (tmp / "frontier.json").write_text(_dumps(d, indent=2))
     if args.json:
         print_json(d)
         return 0

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-
-
-from ._common import (load_data, _console, print_json, _fmt, certificate_table, _dual_round, _solution_rows, _write_solution, progress_display, open_source)  # noqa: F401
+from ._common import _console, certificate_table, in_memory, load_data, positive_float, positive_int, print_json
 
 
 # --------------------------------------------------------------------------------------
@@ -17,14 +15,15 @@ def _add_relax(sub):
 
     p = sub.add_parser("relax", help="solve the convex Q-problem over a CP-cone approximation; compare with the exact optimum")
     p.add_argument("data", help="data file (.npy .npz .csv .safetensors .pt) or a built-in dataset name")
-    p.add_argument("--lam", type=float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
+    p.add_argument("--lam", type=positive_float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
     p.add_argument("--key", default=None, help="array name inside .npz / .safetensors / .pt")
+    p.add_argument("--header", action="store_true", help="text tables: the first row is a header")
     p.add_argument("--cone", default="dnn", choices=list(CONES),
                    help="outer: nonneg, dnn, dnn_horn (lower bounds); inner: sdd, nndd, diagonal (upper bounds)")
     p.add_argument("--solver", default="SCS", type=str.upper, choices=["SCS", "CLARABEL", "TORCH"],
                    help="conic solver via cvxpy, or TORCH (widelimit's own first-order DNN solver; cone dnn)")
-    p.add_argument("--tol", type=float, default=1e-6, help="solver tolerance (TORCH: certified relative gap)")
-    p.add_argument("--max-iters", type=int, default=None, help="solver iteration cap")
+    p.add_argument("--tol", type=positive_float, default=1e-6, help="solver tolerance (TORCH: certified relative gap)")
+    p.add_argument("--max-iters", type=positive_int, default=None, help="solver iteration cap")
     p.add_argument("--device", default="auto", help="TORCH only: auto, cpu, cuda")
     p.add_argument("--refine", action="store_true",
                    help="factor the solver's Q (CP factorisation) into (W, Z, b) and evaluate the true objective")
@@ -34,7 +33,8 @@ def _add_relax(sub):
 def _run_relax(args) -> int:
     from ..exact.solve import solve
 
-    X, lam0, label = load_data(args.data, args.key)
+    X, lam0, label = load_data(args.data, args.key, header=args.header or None)
+    X = in_memory(X)
     lam = args.lam if args.lam is not None else lam0
     if lam is None:
         raise ValueError("--lam is required for data files")

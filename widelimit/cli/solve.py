@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-from ._common import (load_data, _console, print_json, _fmt, certificate_table, _dual_round, _solution_rows, _write_solution, progress_display, open_source)  # noqa: F401
+from ._common import (_console, _solution_rows, _write_solution, atomic_outputs, certificate_table, check_out_dir,
+                      load_data, moved, nonneg_float, positive_float, print_json)
 
 
 # --------------------------------------------------------------------------------------
@@ -16,9 +16,11 @@ from ._common import (load_data, _console, print_json, _fmt, certificate_table, 
 def _add_solve(sub):
     p = sub.add_parser("solve", help="solve the wide-limit problem exactly, with a certificate")
     p.add_argument("data", help="data file (.npy .npz .csv .safetensors .pt) or a built-in dataset name")
-    p.add_argument("--lam", type=float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
+    p.add_argument("--lam", type=positive_float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
     p.add_argument("--key", default=None, help="array name inside .npz / .safetensors / .pt")
-    p.add_argument("--ray-tol", type=float, default=None, help="direction tolerance for grouping rays")
+    p.add_argument("--header", action="store_true", help="text tables: the first row is a header (default: only "
+                   "when none of its fields is a number)")
+    p.add_argument("--ray-tol", type=nonneg_float, default=None, help="direction tolerance for grouping rays")
     p.add_argument("--signed", action="store_true", help="signed codes (atoms are lines, not rays)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--out", type=Path, default=None, help="write solution.npz, solution.json, solution.png here")
@@ -27,12 +29,16 @@ def _add_solve(sub):
 def _run_solve(args) -> int:
     from ..exact.solve import solve
 
-    X, lam0, label = load_data(args.data, args.key)
+    check_out_dir(args.out)
+    X, lam0, label = load_data(args.data, args.key, header=args.header or None)
     lam = args.lam if args.lam is not None else lam0
     if lam is None:
         raise ValueError("--lam is required for data files")
     sol = solve(X, lam=lam, ray_tol=args.ray_tol, signed=args.signed)
-    files = _write_solution(args.out, X, sol) if args.out else []
+    files = []
+    if args.out:
+        with atomic_outputs(args.out) as tmp:
+            files = moved(_write_solution(tmp, X, sol), tmp, args.out)
     if args.json:
         d = sol.as_dict()
         d["data"] = label

@@ -49,7 +49,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._runtime import resolve_device, torch_dtype
-from .._validation import check_codes, check_data, check_dictionary, check_lam, check_vector, row_norms
+from .._validation import check_codes, check_data, check_dictionary, check_lam, check_vector, row_norms, writable
 
 __all__ = ["CodingResult", "optimal_codes"]
 
@@ -368,7 +368,7 @@ def optimal_codes(X, W, b, *, lam, tol: float = 1e-6, max_iter: int = 3000, batc
     with torch.no_grad():
         for s in range(0, N, batch_size):
             e = min(N, s + batch_size)
-            x8 = torch.as_tensor(np.asarray(X[s:e], dtype=np.float64), device=dev) - b64
+            x8 = torch.as_tensor(writable(np.asarray(X[s:e], dtype=np.float64)), device=dev) - b64
             if Z0 is not None:
                 z0 = Z0[s:e]
                 z0 = z0.toarray() if hasattr(z0, "toarray") else np.asarray(z0)

@@ -1,17 +1,12 @@
 """Data: every kind of activation file behind one door, and the built-in datasets.
 
-:func:`open_activations` opens a file or a folder of shards as an
-:class:`~widelimit.data.source.ActivationSource`, which every solver streams.
+:func:`open_activations` (:mod:`widelimit.data.source`, the one loader of every format) opens a file or
+a folder of shards as an :class:`~widelimit.data.source.ActivationSource`, which every solver streams.
+Per-format readers: :mod:`~widelimit.data.readers`, :mod:`~widelimit.data.csv`, :mod:`~widelimit.data.arrow`.
 """
 
 from __future__ import annotations
 
-from .source import ActivationSource, DataError
+from .source import ActivationSource, DataError, open_activations
 
 __all__ = ["open_activations", "ActivationSource", "DataError"]
-
-
-def open_activations(path, *, key: str | None = None, column: str | None = None) -> ActivationSource:
-    """Open activations where they are: a file (``.npy``, ``.safetensors``, ...), a folder of shards,
-    or a Hugging Face ``datasets`` Arrow cache; see :meth:`ActivationSource.open`."""
-    return ActivationSource.open(path, key=key, column=column)

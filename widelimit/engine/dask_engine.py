@@ -17,7 +17,7 @@ Usage: pass a ``dask.array`` wherever an array is expected::
     from widelimit.engine.dask_engine import from_source
 
     client = Client("tcp://scheduler:8786")          # or LocalCluster(), dask-jobqueue, dask-kubernetes
-    X = from_source(wl.ActivationSource.open("/data/acts/"))  # lazy; each worker reads its blocks
+    X = from_source(wl.open_activations("/data/acts/"))  # lazy; each worker reads its blocks
     med = wl.huber_median(X, lam=0.05)               # passes run on the workers
     cert = wl.verify(X, 0.05, W, Z, b, median=med)   # Z: in memory, or a dask.array with X's row chunks
 

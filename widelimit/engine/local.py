@@ -434,5 +434,8 @@ def load_checkpoint(path) -> tuple[dict, dict] | None:
             arrays = {k: z[k] for k in z.files if k != "__meta__"}
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"{path}: not a readable widelimit checkpoint ({type(e).__name__})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: not a widelimit checkpoint (its __meta__ is a JSON {type(meta).__name__}, "
+                         "not an object); delete it or choose another path")
     return meta, arrays
 

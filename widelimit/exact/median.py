@@ -45,7 +45,7 @@ import numpy as np
 import hashlib
 import json
 
-from .._validation import _finite_chunk, check_data, check_lam, check_tol, check_vector, check_weights
+from .._validation import _finite_chunk, check_data, check_int, check_lam, check_seed, check_tol, check_vector, check_weights
 from .collinear import collinear_fit, project_chunk, solve_1d
 from .newton import line_min, newton_direction
 from .median_bound import ETA, check_consistent, gamma, lower_bound, norm, sum_depth
@@ -245,6 +245,8 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
     :func:`widelimit.engine.local.one_blas_thread`). Data far from unit magnitude are solved
     as ``f X`` with an exact power of two ``f`` (:mod:`widelimit.exact.scaling`).
     """
+    max_iter, hess_rows, seed = check_int(max_iter, "max_iter", low=1), check_int(hess_rows, "hess_rows", low=1), \
+        check_seed(seed)
     def run(f):
         Xf, lam_f = (X, lam) if f == 1.0 else (ScaledRows(X, f), None if lam is None else scaled_lam(lam, f))
         if getattr(engine_for(X), "threads", 1) > 1:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._validation import check_data, check_lam
+from .._validation import check_data, check_int, check_lam, check_seed
 from ..exact.certificate import Certificate, verify
 from ..exact.solve import WideLimitSolution, solve
 from .gradient import FitResult, fit_dictionary
@@ -48,8 +48,7 @@ def atom_match(learned: np.ndarray, optimal: np.ndarray, used=None) -> dict:
 def best_fit(X, *, lam, width, n_restarts: int = 3, seed: int = 0, inits=("rays",), **fit_kwargs):
     """Run :func:`fit_dictionary` ``n_restarts`` times (seeds ``seed, seed+1, ...``, cycling through
     ``inits``) and return ``(best, all_fits)`` with ``best`` the lowest objective."""
-    if int(n_restarts) < 1:
-        raise ValueError(f"n_restarts must be >= 1, got {n_restarts!r}")
+    n_restarts, seed = check_int(n_restarts, "n_restarts", low=1), check_seed(seed)
     if isinstance(inits, str):
         inits = (inits,)
     fits = [fit_dictionary(X, lam=lam, width=width, init=inits[i % len(inits)], seed=seed + i, **fit_kwargs)
@@ -140,6 +139,7 @@ def crossvalidate(X, *, lam, width=None, n_restarts: int = 3, seed: int = 0, ini
     """
     X = check_data(X)
     lam = check_lam(lam)
+    check_int(n_restarts, "n_restarts", low=1), check_seed(seed), check_int(width, "width", low=1, none_ok=True)
     ex = solve(X, lam=lam) if exact is None else exact
     if width is None:
         width = max(1, ex.width)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from .._validation import check_data, check_lam
+from .._validation import check_data, check_int, check_lam, check_seed
 from .crossval import best_fit
 from ..exact.solve import WideLimitSolution, solve
 from ..plot import save_figure, subplots
@@ -109,11 +109,12 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
     """
     X = check_data(X)
     lam = check_lam(lam)
-    ws = [int(w) for w in widths]
+    if isinstance(widths, (str, bytes)) or not hasattr(widths, "__iter__"):
+        raise ValueError(f"widths must be a list of integers >= 1, got {type(widths).__name__} {widths!r}"[:200])
+    ws = [check_int(w, "every width", low=1) for w in widths]
     if not ws:
         raise ValueError("widths is empty")
-    if min(ws) < 1:
-        raise ValueError(f"every width must be >= 1, got {min(ws)}")
+    check_int(n_restarts, "n_restarts", low=1), check_seed(seed)
     ws = sorted(set(ws))
     ex = solve(X, lam=lam) if exact is None else exact
     lb = float(ex.lower_bound)

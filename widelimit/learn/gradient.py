@@ -72,7 +72,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._runtime import resolve_device, with_thread_limit
-from .._validation import check_data, check_dictionary, check_lam, check_vector
+from .._validation import (check_data, check_dictionary, check_int, check_lam, check_real, check_seed, check_vector,
+                           writable)
 from ..coding import GRAM_LIMIT
 from ..coding import optimal_codes as _entry_codes
 from ..coding.pdas import optimal_codes
@@ -334,9 +335,22 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     X = check_data(X)
     N, n = X.shape
     lam = check_lam(lam)
-    if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
-        raise ValueError(f"width must be an integer >= 1, got {width!r}")
-    width = int(width)
+    width = check_int(width, "width", low=1)
+    if width > N:
+        raise ValueError(f"width={width} exceeds the number of points N = {N}: the wide-limit optimum needs "
+                         "at most N atoms")
+    seed = check_seed(seed)
+    check_real(rtol, "rtol", low=0)
+    check_real(max_time, "max_time", low=0, strict=True, none_ok=True)
+    check_int(max_steps, "max_steps", low=0, none_ok=True)
+    for name, v in (("code_steps", code_steps), ("batch_size", batch_size), ("topk", topk)):
+        check_int(v, name, low=1, none_ok=True)
+    for name, v in (("dict_steps", dict_steps), ("ws_size", ws_size), ("window", window)):
+        check_int(v, name, low=1)
+    check_int(resample_every, "resample_every", low=0)
+    check_real(lr, "lr", low=0, strict=True)
+    check_real(bandwidth, "bandwidth", low=0, strict=True, none_ok=True)
+    check_real(coding_tol, "coding_tol", low=0, strict=True)
     if encoder == "relu":
         raise ValueError("encoder 'relu' is named 'standard' (SAELens' name for the ReLU SAE)")
     if encoder not in ENCODERS:
@@ -349,14 +363,6 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
         init_arr = check_dictionary(init, n, "init")
         if init_arr.shape[0] != width:
             raise ValueError(f"init has {init_arr.shape[0]} atoms but width = {width}")
-    for name, v, lo in (("code_steps", 1 if code_steps is None else code_steps, 1), ("dict_steps", dict_steps, 1),
-                        ("ws_size", ws_size, 1), ("window", window, 1), ("resample_every", resample_every, 0)):
-        if int(v) < lo:
-            raise ValueError(f"{name} must be >= {lo}, got {v!r}")
-    if batch_size is not None and int(batch_size) < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
-    if not (lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
     if topk is not None and not (1 <= int(topk) <= width):
         raise ValueError(f"topk must be between 1 and width = {width}, got {topk!r}")
     if encoder != "topk" and topk is not None:
@@ -382,9 +388,9 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     with torch.no_grad():
         if stream:
             sub = np.sort(np.random.default_rng(seed).choice(N, size=min(N, 200_000), replace=False))
-            Xd, src = None, torch.as_tensor(np.asarray(X[sub], dtype=np.float32), device=dev)
+            Xd, src = None, torch.as_tensor(writable(np.asarray(X[sub], dtype=np.float32)), device=dev)
         else:
-            Xd = torch.as_tensor(np.asarray(X, dtype=np.float32), device=dev)
+            Xd = torch.as_tensor(writable(np.asarray(X, dtype=np.float32)), device=dev)
             src = Xd
         b = torch.as_tensor(b0, dtype=cdt, device=dev)
         if init_arr is not None:

@@ -73,7 +73,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._runtime import resolve_device
-from .._validation import check_data, check_lam, check_vector, to_numpy
+from .._validation import check_data, check_int, check_lam, check_real, check_vector, to_numpy
 
 __all__ = ["DNNResult", "solve_dnn", "dnn_dual_bound"]
 
@@ -290,6 +290,10 @@ def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
     import torch
 
     X = check_data(X)
+    max_iter, check_every = check_int(max_iter, "max_iter", low=1), check_int(check_every, "check_every", low=1)
+    check_real(time_limit, "time_limit", low=0, strict=True, none_ok=True)
+    check_real(step0, "step0", low=0, strict=True, none_ok=True)
+    check_int(num_threads, "num_threads", low=1, none_ok=True)
     dev = resolve_device(device)
     threads = num_threads if num_threads is not None else (1 if X.shape[0] <= 512 else None)
     if dev.type != "cpu" or threads is None:
@@ -320,6 +324,8 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
         A = np.asarray(to_numpy(A, name), dtype=np.float64)
         if A.shape != (N, N):
             raise ValueError(f"{name} must have shape ({N}, {N}), got {A.shape}")
+        if not np.isfinite(A).all():
+            raise ValueError(f"{name} has a non-finite value in row {int(np.flatnonzero(~np.isfinite(A).all(1))[0])}")
         return torch.as_tensor(0.5 * (A + A.T), **f64)
 
     Xt0 = prob.X - (prob.X.mean(dim=0, keepdim=True) if prob.b_fixed is None else prob.b_fixed[None, :])

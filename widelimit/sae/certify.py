@@ -61,7 +61,7 @@ data and weights' storage precision (float32 rounding of ``<u_d, r_i>`` is about
 ``eps32 * max ||x_i - b||``), so that real violations stand out from rounding.
 
 Activations are read in row batches ``acts[s:e]`` (any array-like with
-``shape``, ``dtype`` and slicing: memory maps, :func:`widelimit.data.source.load_activations`),
+``shape``, ``dtype`` and slicing: memory maps, :func:`widelimit.open_activations`),
 converted to float64 per batch; memory is bounded by the batch except for the
 wide-limit bound, which reads float16/bfloat16 or normalised activations as one
 array (see :func:`certify_sae`).
@@ -207,7 +207,7 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
         (:func:`widelimit.sae.formats.as_sae`).
     acts : array-like (N, d_in)
         Token activations; anything with ``shape``, ``dtype`` and row slicing
-        (``np.memmap``, :func:`widelimit.data.source.load_activations`, a torch tensor).
+        (``np.memmap``, :func:`widelimit.open_activations`, a torch tensor).
         float16 / bfloat16 / float32 / float64.
     lam, l1_coefficient : float, optional
         At most one: the sparsity ``lam`` or the library coefficient ``2 lam``.

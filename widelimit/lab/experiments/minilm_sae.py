@@ -43,7 +43,7 @@ def train_sae(X, lam, width, *, seed=0, device="cpu", max_time=None, max_steps=N
 def run(out_dir=None, quick: bool = False, *, layer: int = 3, lam: float = 2.0, width: int | None = None,
         seed: int = 0, device: str = "cpu", max_time: float | None = None) -> dict:
     """Run the pipeline; writes ``sae/`` (SAELens), ``certificate.json``, ``features.csv`` and PNGs to ``out_dir``."""
-    from ...data.source import load_activations
+    from ...data.source import open_activations
     from ..lm import shipped_text, token_activations
     from ...sae.formats import load_sae, save_saelens
     from ...sae.certify import certify_sae, write_sae_certificate
@@ -55,7 +55,7 @@ def run(out_dir=None, quick: bool = False, *, layer: int = 3, lam: float = 2.0, 
         out.mkdir(parents=True, exist_ok=True)
         acts_path = out / f"minilm_layer{layer}.npy"
         token_activations(texts, layer=layer, out=acts_path, device=device)
-        acts = load_activations(acts_path)
+        acts = open_activations(acts_path)
     else:
         acts, _ = token_activations(texts, layer=layer, device=device)
     t_acts = time.perf_counter() - t0

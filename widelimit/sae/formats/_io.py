@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...data.source import unpickle_reason
+from ...data.readers import unpickle_reason
 from ..model import SAEFormatError
 
 _MISSING = object()

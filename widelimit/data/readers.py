@@ -1,0 +1,254 @@
+"""Per-format readers: each returns a list of :class:`~widelimit.data.shards.Shard` for one file.
+
+``.npy`` and ``.safetensors`` are read in place (positional reads of the rows, nothing
+loaded up front); ``.npz`` and ``.pt`` / ``.pth`` (``torch.load(weights_only=True)``,
+memory-mapped when the file allows it) become in-memory shards; ``.csv`` / ``.txt``
+are parsed by :mod:`widelimit.data.csv`, ``.arrow`` by :mod:`widelimit.data.arrow`.
+Every failure is a :class:`~widelimit.data.shards.DataError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import struct
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .shards import KIND_OF_ITEMSIZE, ArrayShard, DataError, FileShard, first_line, show
+
+__all__ = ["read_npy", "read_npz", "read_safetensors", "read_torch", "unpickle_reason", "array_shard"]
+
+_NP_FLOATS = {np.dtype("float16"), np.dtype("float32"), np.dtype("float64")}
+_ST_FLOATS = {"F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F32": np.dtype("<f4"), "F64": np.dtype("<f8")}
+_ST_INTS = {"I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8", "U8": "<u1", "U16": "<u2", "U32": "<u4",
+            "U64": "<u8", "BOOL": "|b1"}
+_ST_KIND = {"F16": "f16", "BF16": "bf16", "F32": "f32", "F64": "f64"}
+
+
+def pick(named: dict, key, path, what: str = "arrays"):
+    """The entry ``key`` of ``named`` (the only one when ``key`` is None), else a :class:`DataError`."""
+    if key is None:
+        if len(named) == 1:
+            return next(iter(named.values()))
+        if not named:
+            raise DataError(f"{show(path)}: holds no {what}")
+        raise DataError(f"{show(path)}: holds several {what} ({', '.join(sorted(named))}); choose one with key=")
+    if key not in named:
+        raise DataError(f"{show(path)}: no {what[:-1]} named {key!r}; it holds: {', '.join(sorted(named)) or 'nothing'}")
+    return named[key]
+
+
+def check_2d(shape, path, what: str = "array") -> None:
+    shape = tuple(shape)
+    if len(shape) != 2:
+        raise DataError(f"{show(path)}: {what} must be 2-D (rows, dims), has shape {shape}; "
+                        "flatten batch/position (and head) dimensions first")
+
+
+def array_shard(arr: np.ndarray, path, what: str = "array", kind: str | None = None) -> ArrayShard:
+    """An in-memory shard of a 2-D numeric array (floats kept, integers/booleans as float64)."""
+    check_2d(arr.shape, path, what)
+    if kind is None:
+        dt = np.dtype(arr.dtype)
+        if dt.kind in "iub":
+            arr = arr.astype(np.float64)
+        elif dt.kind == "f" and dt not in _NP_FLOATS:
+            arr = arr.astype(np.float64)
+        elif dt.kind != "f":
+            raise DataError(f"{show(path)}: {what} has dtype {dt}; expected floating point (or integer) numbers")
+    return ArrayShard(arr, str(path), kind)
+
+
+# --------------------------------------------------------------------------------------
+# .npy
+# --------------------------------------------------------------------------------------
+
+
+def read_npy(path: Path) -> list:
+    """A ``.npy`` file: C-ordered float16/32/64 is read in place; other layouts through a memory map."""
+    try:
+        with open(path, "rb") as f:
+            major, _minor = np.lib.format.read_magic(f)
+            if major == 1:
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif major == 2:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            elif major == 3:
+                shape, fortran, dtype = np.lib.format._read_array_header(f, (3, 0))
+            else:
+                raise ValueError(f"unsupported format version {major}")
+            offset = f.tell()
+    except OSError as e:
+        raise DataError(f"{show(path)}: could not read .npy file ({e.strerror or first_line(e)})") from None
+    except Exception as e:  # noqa: BLE001 - a broken header
+        raise DataError(f"{show(path)}: corrupted .npy file (could not read its header: {first_line(e)})") from None
+    if not isinstance(shape, tuple) or any(not isinstance(v, int) or v < 0 for v in shape):
+        raise DataError(f"{show(path)}: corrupted .npy header (shape {shape!r} has a negative or non-integer size)")
+    dtype = np.dtype(dtype)
+    check_2d(shape, path)
+    if dtype.hasobject:
+        raise DataError(f"{show(path)}: holds Python objects (dtype {dtype}); widelimit reads numeric arrays only")
+    if dtype in _NP_FLOATS and dtype.isnative and (not fortran or shape[0] <= 1 or shape[1] <= 1):
+        return [FileShard(path, offset, shape[0], shape[1], dtype, KIND_OF_ITEMSIZE[dtype.itemsize])]
+    need = offset + int(np.prod(shape)) * dtype.itemsize
+    size = path.stat().st_size
+    if size < need:
+        raise DataError(f"{show(path)}: truncated .npy file: the header promises {need} bytes, the file has {size}")
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as e:  # noqa: BLE001
+        raise DataError(f"{show(path)}: could not read .npy file ({first_line(e)})") from None
+    if dtype in _NP_FLOATS:  # Fortran order or byte-swapped: one C-ordered native copy
+        arr = np.ascontiguousarray(arr, dtype=dtype.newbyteorder("="))
+    return [array_shard(arr, path)]
+
+
+# --------------------------------------------------------------------------------------
+# .npz
+# --------------------------------------------------------------------------------------
+
+
+def read_npz(path: Path, key: str | None) -> list:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            names = list(z.files)
+            pick(dict.fromkeys(names, 0), key, path)
+            name = names[0] if key is None else key
+            arr = np.asarray(z[name])
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - not a zip, a pickled array, a corrupted member
+        raise DataError(f"{show(path)}: could not read .npz file ({first_line(e)})") from None
+    return [array_shard(arr, path, f"array {name!r}")]
+
+
+# --------------------------------------------------------------------------------------
+# .safetensors
+# --------------------------------------------------------------------------------------
+
+
+def safetensors_entry(path: Path, key: str | None) -> tuple[tuple, int, str]:
+    """``(shape, absolute byte offset, dtype name)`` of one tensor of a safetensors file, header checked.
+
+    A tensor's ``data_offsets`` are relative to the end of the header; they need not
+    start at 0 (a file may hold other tensors, or padding, before it), but must lie
+    inside the file and match the shape.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise DataError(f"{show(path)}: truncated or corrupted .safetensors file (no header)")
+            (hlen,) = struct.unpack("<Q", head)
+            if hlen > size - 8 or hlen > 100_000_000:
+                raise DataError(f"{show(path)}: corrupted or truncated .safetensors file (header length {hlen} "
+                                f"does not fit in a {size}-byte file)")
+            header = json.loads(f.read(hlen).decode("utf-8"))
+    except DataError:
+        raise
+    except OSError as e:
+        raise DataError(f"{show(path)}: could not read .safetensors file ({e.strerror or first_line(e)})") from None
+    except Exception as e:  # noqa: BLE001 - bad JSON / encoding
+        raise DataError(f"{show(path)}: corrupted .safetensors file (bad header: {type(e).__name__})") from None
+    if not isinstance(header, dict):
+        raise DataError(f"{show(path)}: corrupted .safetensors file (header is not a JSON object)")
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    name = key
+    if key is None:
+        pick(tensors, None, path, "tensors")
+        name = next(iter(tensors))
+    else:
+        pick(tensors, key, path, "tensors")
+    info = tensors[name]
+    try:
+        dt, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(dt, str) or not all(type(v) is int for v in list(shape) + list(offs)) or len(offs) != 2:
+            raise TypeError
+        shape, (b0, b1) = tuple(shape), offs
+    except Exception:  # noqa: BLE001
+        raise DataError(f"{show(path)}: corrupted .safetensors file (bad header entry for {name!r})") from None
+    if any(v < 0 for v in shape):
+        raise DataError(f"{show(path)}: corrupted .safetensors file (negative size in the shape {shape} of {name!r})")
+    if dt in _ST_FLOATS:
+        itemsize = _ST_FLOATS[dt].itemsize
+    elif dt in _ST_INTS:
+        itemsize = np.dtype(_ST_INTS[dt]).itemsize
+    else:
+        raise DataError(f"{show(path)}: tensor {name!r} has dtype {dt}; widelimit reads F16, BF16, F32, F64 "
+                        "and integer tensors")
+    if b0 < 0 or b1 - b0 != int(np.prod(shape)) * itemsize:
+        raise DataError(f"{show(path)}: corrupted .safetensors file (data_offsets [{b0}, {b1}] of {name!r} "
+                        f"do not match its shape {shape})")
+    if 8 + hlen + b1 > size:
+        raise DataError(f"{show(path)}: truncated .safetensors file: tensor {name!r} ends at byte {8 + hlen + b1}, "
+                        f"the file has {size}")
+    return shape, 8 + hlen + b0, dt
+
+
+def read_safetensors(path: Path, key: str | None) -> list:
+    shape, offset, dt = safetensors_entry(path, key)
+    check_2d(shape, path, "tensor" if key is None else f"tensor {key!r}")
+    if dt in _ST_FLOATS:
+        return [FileShard(path, offset, shape[0], shape[1], _ST_FLOATS[dt], _ST_KIND[dt])]
+    arr = np.memmap(path, dtype=np.dtype(_ST_INTS[dt]), mode="r", offset=offset, shape=shape)
+    return [array_shard(np.asarray(arr), path)]
+
+
+# --------------------------------------------------------------------------------------
+# .pt / .pth
+# --------------------------------------------------------------------------------------
+
+
+def unpickle_reason(e: Exception) -> str:
+    """The useful part of torch's weights_only refusal (e.g. ``Unsupported global: GLOBAL mod.Cls``)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    m = re.search(r"(Unsupported (?:global|operand)[^\n]*?)(?: was not|\.? *\n|\.? *$)", text)
+    return m.group(1).strip() if m else "weights_only load refused it"
+
+
+def torch_load(path: Path):
+    """``torch.load(path, weights_only=True)`` (memory-mapped when possible), torch's warnings and advice
+    (re-running with ``weights_only=False``) replaced by one :class:`DataError` line."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:  # not a zip-format file (legacy torch.save): mmap impossible
+                if "mmap" not in str(e) and "zip" not in str(e).lower():
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise DataError(f"{show(path)}: could not read .pt file: refused to unpickle: the file holds Python objects other than tensors "
+                            f"({unpickle_reason(e)}); save a tensor or a dict of tensors") from None
+        except Exception as e:  # noqa: BLE001 - truncated / not a torch file
+            msg = first_line(e)
+            if "weights_only" in msg:
+                msg = unpickle_reason(e)
+            raise DataError(f"{show(path)}: could not read .pt file ({msg})") from None
+
+
+def read_torch(path: Path, key: str | None) -> list:
+    import torch
+
+    obj = torch_load(path)
+    if isinstance(obj, dict):
+        obj = pick({str(k): v for k, v in obj.items()}, key, path, "tensors")
+    if not isinstance(obj, torch.Tensor):
+        raise DataError(f"{show(path)}: expected a tensor (or a dict of tensors), found {type(obj).__name__}")
+    t = obj.detach().cpu()
+    check_2d(t.shape, path, "tensor")
+    if t.dtype == torch.bfloat16:
+        return [array_shard(t.contiguous().view(torch.int16).numpy().view(np.uint16), path, kind="bf16")]
+    if t.is_complex():
+        raise DataError(f"{show(path)}: tensor has dtype {t.dtype}; expected real numbers")
+    if not t.is_floating_point():
+        t = t.to(torch.float64)
+    return [array_shard(t.numpy(), path)]
