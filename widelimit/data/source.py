@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _validation
+from .._validation import to_numpy
 from . import readers
 from .arrow import ArrowShard, arrow_files, is_datasets_folder
 from .csv import read_table
@@ -70,7 +70,7 @@ class ActivationSource:
         A masked array with masked entries is refused (naming the first masked row):
         drop or fill those rows first.
         """
-        a = _validation.to_numpy(arr, name)
+        a = to_numpy(arr, name)
         if a.ndim != 2:
             raise DataError(f"{name}: must be 2-D (N, n), has shape {a.shape}")
         if a.dtype.kind in "iub" or (a.dtype.kind == "f" and a.dtype not in _NP_FLOATS):
