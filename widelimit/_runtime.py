@@ -1,6 +1,8 @@
 """Runtime settings shared by the solvers: torch device selection and one thread limiter for torch, numba and BLAS."""
 
 from __future__ import annotations
+import os
+import functools
 
 __all__ = ["resolve_device", "torch_dtype", "default_threads", "limit_threads", "with_thread_limit"]
 
@@ -58,7 +60,6 @@ def default_threads() -> int:
     other, so each may use every core, but not more (measured in
     ``benchmarks/certify_speed.py``: one thread against this default).
     """
-    import os
 
     env = os.environ.get("WIDELIMIT_THREADS")
     if env:
@@ -143,7 +144,6 @@ class limit_threads:
 
 def with_thread_limit(fn):
     """Decorator: run ``fn`` inside ``limit_threads()`` (the default thread count, or the caller's)."""
-    import functools
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

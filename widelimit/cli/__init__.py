@@ -22,6 +22,7 @@ from .fit import _add_fit, _add_frontier, _run_fit, _run_frontier
 from .relax import _add_relax, _run_relax
 from .relax_bench import _add_relax_bench, _run_relax_bench
 from .solve import _add_solve, _run_solve
+from .. import __version__
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -40,7 +41,6 @@ COMMANDS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
 
     parser = Parser(
         prog="widelimit",

@@ -17,6 +17,7 @@ from .._json import dumps as _dumps
 from ..data import datasets
 from ..data.shards import show
 from ..data.source import open_activations
+from ..plot import plot_solution
 
 
 
@@ -207,7 +208,6 @@ def _solution_rows(sol, geo=None):
 
 
 def _write_solution(out: Path, X, sol, geo=None, stem="solution") -> list[Path]:
-    from ..plot import plot_solution
 
     out.mkdir(parents=True, exist_ok=True)
     npz = out / f"{stem}.npz"
@@ -225,7 +225,6 @@ def progress_display(console=None, enabled: bool = True):
     The callback accepts :class:`widelimit.engine.local.Progress` events (rows of
     the current pass; value and certified bound after each iteration).
     """
-    import contextlib
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

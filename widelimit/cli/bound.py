@@ -11,6 +11,8 @@ from pathlib import Path
 from ..data.source import ActivationSource
 
 from ._common import _console, certificate_table, check_out_dir, load_data, positive_float, positive_int, print_json, progress_display
+from ..exact.median import geometric_median, huber_median
+from ..engine.dask_engine import from_source
 
 
 # --------------------------------------------------------------------------------------
@@ -90,7 +92,6 @@ def _dask_client(spec: str, timeout: float = 30.0):
 
 
 def _run_bound(args) -> int:
-    from ..exact.median import geometric_median, huber_median
 
     if args.checkpoint is not None:
         if args.checkpoint.is_dir():
@@ -104,7 +105,6 @@ def _run_bound(args) -> int:
         raise ValueError("--lam is required for data files (or use --geometric)")
     client = cluster = None
     if args.dask:
-        from ..engine.dask_engine import from_source
 
         client, cluster = _dask_client(args.dask, args.dask_timeout)
     con = _console()

@@ -7,6 +7,9 @@ from pathlib import Path
 from ..data.source import open_activations
 from ._common import (_console, atomic_outputs, certificate_table, check_out_dir, moved, nonneg_float, nonneg_int,
                       positive_float, positive_int, print_json, progress_display)
+from ..sae.report import certificate_rows
+from ..sae.certify import certify_sae, write_sae_certificate
+from ..sae.formats import load_sae
 
 # --------------------------------------------------------------------------------------
 # certify (trained SAEs)
@@ -56,14 +59,11 @@ def _add_certify(sub):
 
 
 def _certify_rows(c):
-    from ..sae.report import certificate_rows
 
     return certificate_rows(c)
 
 
 def _run_certify(args) -> int:
-    from ..sae.certify import certify_sae, write_sae_certificate
-    from ..sae.formats import load_sae
 
     check_out_dir(args.out)
     sae = load_sae(args.sae, architecture=args.architecture, norm_scaling_factor=args.norm_scaling_factor)

@@ -8,6 +8,9 @@ import numpy as np
 
 from ._common import (_console, _solution_rows, _write_solution, atomic_outputs, certificate_table, check_out_dir,
                       moved, print_json)
+from ..data.datasets import BUILTIN, rays2d
+from ..exact.solve import solve
+from ..exact.median import geometric_median
 
 
 # --------------------------------------------------------------------------------------
@@ -22,9 +25,6 @@ def _add_demo(sub):
 
 
 def _run_demo(args) -> int:
-    from ..data.datasets import BUILTIN, rays2d
-    from ..exact.solve import solve
-    from ..exact.median import geometric_median
 
     check_out_dir(args.out)
     X, truth = rays2d()

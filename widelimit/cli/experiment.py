@@ -6,6 +6,7 @@ from pathlib import Path
 
 
 from ._common import _console, check_out_dir, print_json
+from ..lab import experiments
 
 
 # --------------------------------------------------------------------------------------
@@ -22,7 +23,6 @@ def _add_experiment(sub):
 
 
 def _run_experiment(args) -> int:
-    from ..lab import experiments
 
     if args.name is None:
         for name, doc in experiments.names().items():

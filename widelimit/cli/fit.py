@@ -8,6 +8,10 @@ from pathlib import Path
 from .._json import dumps as _dumps
 from ._common import (_console, _fmt, atomic_outputs, certificate_table, check_out_dir, in_memory, load_data, moved,
                       nonneg_float, nonneg_int, positive_float, positive_int, print_json)
+from ..exact.certificate import verify
+from ..learn.crossval import best_fit
+from ..sae.formats import save_saelens
+from ..learn.frontier import frontier
 
 
 # --------------------------------------------------------------------------------------
@@ -86,9 +90,6 @@ def _add_fit(sub):
 def _run_fit(args) -> int:
     import scipy.sparse as sp
 
-    from ..exact.certificate import verify
-    from ..learn.crossval import best_fit
-
     check_out_dir(args.out)
     X, lam0, label = load_data(args.data, args.key, header=args.header or None)
     X = in_memory(X)
@@ -115,7 +116,6 @@ def _run_fit(args) -> int:
               "restart_values": [f.value for f in fits], "bias": fit.bias, "certificate": cert.as_dict()})
     files = []
     if args.out:
-        from ..sae.formats import save_saelens
 
         with atomic_outputs(args.out) as tmp:
             sae = fit.to_sae()
@@ -159,7 +159,6 @@ def _add_frontier(sub):
 
 
 def _run_frontier(args) -> int:
-    from ..learn.frontier import frontier
 
     try:
         widths = [int(w) for w in args.widths.split(",") if w.strip()]

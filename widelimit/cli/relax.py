@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from ._common import _console, certificate_table, in_memory, load_data, positive_float, positive_int, print_json
+from ..relax.cones import CONES
+from ..exact.solve import solve
+from ..relax.dnn import solve_dnn
+from ..relax.cones import relax
+from ..relax.cpfactor import refine
 
 
 # --------------------------------------------------------------------------------------
@@ -11,7 +16,6 @@ from ._common import _console, certificate_table, in_memory, load_data, positive
 
 
 def _add_relax(sub):
-    from ..relax.cones import CONES
 
     p = sub.add_parser("relax", help="solve the convex Q-problem over a CP-cone approximation; compare with the exact optimum")
     p.add_argument("data", help="data file (.npy .npz .csv .safetensors .pt) or a built-in dataset name")
@@ -31,7 +35,6 @@ def _add_relax(sub):
 
 
 def _run_relax(args) -> int:
-    from ..exact.solve import solve
 
     X, lam0, label = load_data(args.data, args.key, header=args.header or None)
     X = in_memory(X)
@@ -40,7 +43,6 @@ def _run_relax(args) -> int:
         raise ValueError("--lam is required for data files")
     exact = solve(X, lam=lam).value
     if args.solver == "TORCH":
-        from ..relax.dnn import solve_dnn
 
         if args.cone != "dnn":
             raise ValueError(f"--solver TORCH solves the dnn cone only, got --cone {args.cone}")
@@ -52,7 +54,6 @@ def _run_relax(args) -> int:
              "device": r.device, "b": r.b}
         Q, b = r.Q, r.b
     else:
-        from ..relax.cones import relax
 
         r = relax(X, lam=lam, cone=args.cone, solver=args.solver, tol=args.tol, max_iters=args.max_iters)
         d = r.as_dict()
@@ -63,7 +64,6 @@ def _run_relax(args) -> int:
     d.update({"data": label, "lam": lam, "N": int(X.shape[0]), "n": int(X.shape[1]), "exact_value": exact,
               "error": err, "rel_error": abs(err) / max(abs(exact), 1e-300) if ok else float("nan")})
     if args.refine:
-        from ..relax.cpfactor import refine
 
         if Q is None or b is None:
             raise ValueError(f"cannot refine: the solver returned no Q (status {d['status']})")

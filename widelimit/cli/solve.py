@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ._common import (_console, _solution_rows, _write_solution, atomic_outputs, certificate_table, check_out_dir,
                       load_data, moved, nonneg_float, positive_float, print_json)
+from ..exact.solve import solve
 
 
 # --------------------------------------------------------------------------------------
@@ -27,7 +28,6 @@ def _add_solve(sub):
 
 
 def _run_solve(args) -> int:
-    from ..exact.solve import solve
 
     check_out_dir(args.out)
     X, lam0, label = load_data(args.data, args.key, header=args.header or None)

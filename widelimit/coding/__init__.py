@@ -22,6 +22,10 @@ from __future__ import annotations
 
 from .._runtime import with_thread_limit
 from .pdas import CodingResult
+from .._runtime import resolve_device
+from .pdas import optimal_codes as fista_codes
+from .cd import cd_codes
+from .working_set import optimal_codes_working_set
 
 __all__ = ["optimal_codes", "choose_algorithm", "CodingResult", "ALGORITHMS", "GRAM_LIMIT"]
 
@@ -99,8 +103,6 @@ def optimal_codes(X, W, b, *, lam, algorithm: str = "auto", tol: float = 1e-6, d
     >>> np.round(res.codes.toarray(), 6).tolist()   # (x - lam)_+ per coordinate for an orthonormal W
     [[2.0, 0.0], [0.0, 0.0]]
     """
-    from .._runtime import resolve_device
-    from .pdas import optimal_codes as fista_codes
 
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
@@ -113,14 +115,12 @@ def optimal_codes(X, W, b, *, lam, algorithm: str = "auto", tol: float = 1e-6, d
     if algorithm == "cd":
         if dev.type != "cpu":
             raise ValueError(f"algorithm='cd' runs on the CPU only, got device {device!r}")
-        from .cd import cd_codes
 
         return cd_codes(X, W, b, lam=lam, tol=tol, Z0=Z0, return_codes=return_codes, batch_size=batch_size,
                         callback=callback, **options)
     if algorithm == "working_set":
         if callback is not None:
             raise ValueError("callback is not supported by algorithm='working_set'")
-        from .working_set import optimal_codes_working_set
 
         return optimal_codes_working_set(X, W, b, lam=lam, tol=tol, device=dev, Z0=Z0, return_codes=return_codes,
                                          batch_size=batch_size, **options)

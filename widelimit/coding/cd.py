@@ -39,6 +39,10 @@ import math
 import numba as nb
 import numpy as np
 import scipy.sparse as sp
+import time
+from .pdas import CodingResult, _check_problem
+from .pdas import optimal_codes as fista_codes
+from .._validation import check_codes, row_norms
 
 __all__ = ["cd_codes", "GramCoder"]
 
@@ -417,7 +421,6 @@ class GramCoder:
         and ``todo`` (tokens still uncertified). After ``deadline`` (a ``time.perf_counter()``
         value) no further round starts: the codes reached so far come back, still certified.
         """
-        import time
 
         lam, tol = self.lam, self.tol
         floor = lam * lam
@@ -486,12 +489,8 @@ def cd_codes(X, W, b, *, lam, tol: float = 1e-6, Z0=None, return_codes: bool = T
     ``max_time`` (seconds) stops the rounds (and the float64 fallback) when it is spent: every
     gap returned is still certified, ``converged`` says whether all met ``tol``.
     """
-    import time
 
     deadline = None if max_time is None else time.perf_counter() + float(max_time)
-    from .pdas import CodingResult, _check_problem
-    from .pdas import optimal_codes as fista_codes
-    from .._validation import check_codes, row_norms
 
     X, W, b, lam, tol = _check_problem(X, W, b, lam, tol)
     N, n = X.shape

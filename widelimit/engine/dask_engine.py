@@ -38,6 +38,7 @@ import copy
 import numpy as np
 
 from .local import LocalEngine, NonFiniteRow, Progress, chunk_rows, data_fingerprint, is_dask_array, nonfinite_error
+from .fingerprint import finish, hashed
 
 __all__ = ["DaskEngine", "from_source", "PERSIST", "BLOCK_BYTES"]
 
@@ -184,7 +185,6 @@ class DaskEngine:
         import dask
 
         if fingerprint:
-            from .fingerprint import finish, hashed
 
             lanes, out = self.reduce(*hashed(fn, merge), *args, extras=extras, stage=stage)
             self.fingerprint = finish(lanes, (self.N, self.n))

@@ -38,6 +38,9 @@ import numpy as np
 
 from .._runtime import default_threads  # noqa: F401  (re-exported: the engine's thread count)
 from .fingerprint import _hashed_chunk
+import hashlib
+from .fingerprint import finish, hashed
+from .fingerprint import _lanes
 
 __all__ = [
     "CHUNK_BYTES", "chunk_rows",
@@ -258,7 +261,6 @@ class LocalEngine:
         :attr:`fingerprint`.
         """
         if fingerprint:
-            from .fingerprint import finish, hashed
 
             hfn, hmerge = hashed(fn, merge)
             lanes, out = self.reduce(hfn, hmerge, *args, extras=extras, stage=stage)
@@ -273,7 +275,6 @@ class LocalEngine:
             e = s + c.shape[0]
             if f != 1.0:  # the chunk as stored goes to the hash (if any) first, then is scaled
                 if isinstance(fn, partial) and fn.func is _hashed_chunk:
-                    from .fingerprint import _lanes
 
                     return _lanes(c, off + s), fn.args[0](c * f, off + s, *args,
                                                           *[None if x is None else x[s:e] for x in extras])
@@ -397,7 +398,6 @@ def data_fingerprint(X) -> list:
         return ["source"] + X.fingerprint()
     if is_dask_array(X):
         return ["dask", X.name, list(X.shape)]
-    import hashlib
 
     h = hashlib.sha1()
     N = X.shape[0]

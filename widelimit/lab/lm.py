@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import importlib.util
 
 __all__ = ["minilm_path", "shipped_text", "token_activations"]
 
@@ -42,7 +43,6 @@ def shipped_text(max_sentences: int | None = None) -> list[str]:
     are dropped; paragraphs are split into sentences of at least 5 words.
     Deterministic order (files sorted by name).
     """
-    import importlib.util
 
     spec = importlib.util.find_spec("sklearn")  # locate the files without importing scikit-learn
     if spec is None or spec.origin is None:

@@ -6,6 +6,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._validation import to_numpy
+import warnings
+from ..coding.pdas import optimal_codes as fista_codes
 
 __all__ = ["violation_tolerance", "sample_rows", "pair_candidates", "csr_pair", "diag", "finish_codes", "Rows", "check_acts"]
 
@@ -49,8 +51,6 @@ def csr_pair(rows, cols, vals, m: int, k: int):
     """A sparse (m, k) matrix and its transpose as torch CSR tensors (for sparse x dense products)."""
     import torch
 
-    import warnings
-
     dev = vals.device
     Z = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (m, k), device=dev, check_invariants=False)
     ZT = torch.sparse_coo_tensor(torch.stack([cols, rows]), vals, (k, m), device=dev, check_invariants=False)
@@ -65,7 +65,6 @@ def diag(v):
 
 def finish_codes(out: dict, Xb, U, b, lam: float, tol: float) -> None:
     """Tokens the working-set rounds left uncertified: full-dictionary FISTA in float64, warm-started (in place)."""
-    from ..coding.pdas import optimal_codes as fista_codes
 
     rows = out["todo"]
     res = fista_codes(Xb[rows], U, b, lam=lam, tol=tol, device="cpu", Z0=out["codes"][rows], dtype="float64",

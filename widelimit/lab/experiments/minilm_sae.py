@@ -19,6 +19,11 @@ import numpy as np
 
 from ..._json import write_json
 from . import register
+from ...learn.gradient import fit_dictionary
+from ...data.source import open_activations
+from ..lm import shipped_text, token_activations
+from ...sae.formats import load_sae, save_saelens
+from ...sae.certify import certify_sae, write_sae_certificate
 
 NAME = "minilm-sae"
 
@@ -29,7 +34,6 @@ def train_sae(X, lam, width, *, seed=0, device="cpu", max_time=None, max_steps=N
     Returns ``(SAE, info)``: the SAE in SAELens layout (unit decoder rows, the
     learned bias ``b_dec`` and encoder ``W_enc``, ``b_enc``) and a summary of the fit.
     """
-    from ...learn.gradient import fit_dictionary
     fit = fit_dictionary(X, lam=lam, width=width, encoder="standard", seed=seed, device=device, max_time=max_time,
                          max_steps=max_steps)
     sae = fit.to_sae()
@@ -43,10 +47,6 @@ def train_sae(X, lam, width, *, seed=0, device="cpu", max_time=None, max_steps=N
 def run(out_dir=None, quick: bool = False, *, layer: int = 3, lam: float = 2.0, width: int | None = None,
         seed: int = 0, device: str = "cpu", max_time: float | None = None) -> dict:
     """Run the pipeline; writes ``sae/`` (SAELens), ``certificate.json``, ``features.csv`` and PNGs to ``out_dir``."""
-    from ...data.source import open_activations
-    from ..lm import shipped_text, token_activations
-    from ...sae.formats import load_sae, save_saelens
-    from ...sae.certify import certify_sae, write_sae_certificate
 
     t0 = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else None
