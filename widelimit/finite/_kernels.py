@@ -244,3 +244,106 @@ def polish(X, lam, W, b, Z, iters, code_sweeps):  # pragma: no cover - compiled
         for j in range(k):
             val += 2.0 * lam * Z[i, j]
     return val / N
+
+
+@nb.njit(**_JIT)
+def _face_vec(face, p, n, out):  # pragma: no cover - compiled
+    """Unit vector of cube face ``face`` at face coordinates ``p`` (n-1,)."""
+    axis = face // 2
+    sign = -1.0 if face % 2 else 1.0
+    q = 0
+    s = 0.0
+    for d in range(n):
+        if d == axis:
+            out[d] = sign
+        else:
+            out[d] = p[q]
+            q += 1
+        s += out[d] * out[d]
+    s = math.sqrt(s)
+    for d in range(n):
+        out[d] /= s
+
+
+@nb.njit(**_JIT)
+def box_cap(face, lo, hi, n, c):  # pragma: no cover - compiled
+    """Centre (written to ``c``) and angle of a cap containing the directions of a face box (theory §F.1).
+
+    The minimum of ``<w, c>`` over the box's directions is at a corner (quasi-concavity);
+    the angle gets a 1e-12 rad margin for rounding.
+    """
+    m = n - 1
+    mid = np.empty(m)
+    for q in range(m):
+        mid[q] = 0.5 * (lo[q] + hi[q])
+    _face_vec(face, mid, n, c)
+    corner = np.empty(m)
+    v = np.empty(n)
+    cmin = 1.0
+    for mask in range(1 << m):
+        for q in range(m):
+            corner[q] = hi[q] if (mask >> q) & 1 else lo[q]
+        _face_vec(face, corner, n, v)
+        s = 0.0
+        for d in range(n):
+            s += v[d] * c[d]
+        if s < cmin:
+            cmin = s
+    if cmin < -1.0:
+        cmin = -1.0
+    return math.acos(cmin) + 1e-12
+
+
+@nb.njit(**_JIT)
+def heuristic(X, lam, Y, C, iters):  # pragma: no cover - compiled
+    """Upper bound from a node: atoms along the relaxed products' sums (cap centre if none), polished.
+
+    Returns ``(value, W, Z, b)``.
+    """
+    N, n = X.shape
+    k = C.shape[0]
+    W = np.empty((k, n))
+    b = np.zeros(n)
+    for d in range(n):
+        for i in range(N):
+            b[d] += X[i, d]
+    for j in range(k):
+        s = 0.0
+        for d in range(n):
+            v = 0.0
+            for i in range(N):
+                v += Y[i, j, d]
+            W[j, d] = v
+            s += v * v
+            b[d] -= v
+        s = math.sqrt(s)
+        for d in range(n):
+            W[j, d] = W[j, d] / s if s > 0 else C[j, d]
+    for d in range(n):
+        b[d] /= N
+    Z = np.zeros((N, k))
+    val = polish(X, lam, W, b, Z, iters, 3)
+    return val, W, Z, b
+
+
+@nb.njit(**_JIT)
+def symmetric_ok(faces, lo0, hi0):  # pragma: no cover - compiled
+    """Can boxes hold atoms ordered by (face, first face coordinate)? (theory §F.4)
+
+    ``lo0, hi0``: the boxes' first coordinate ranges (ignored for n = 1). Unassigned atoms
+    (face -1) follow the assigned prefix. Within a run of one face, a nondecreasing choice
+    exists iff ``lo_i <= hi_l`` for every ``i < l`` of the run.
+    """
+    k = faces.size
+    for j in range(1, k):
+        if faces[j] < 0:
+            break
+        if faces[j] < faces[j - 1]:
+            return False
+        if faces[j] == faces[j - 1] and lo0.size:
+            i = j - 1
+            while i >= 0 and faces[i] == faces[j]:
+                if lo0[i] > hi0[j]:
+                    return False
+                i -= 1
+    return True

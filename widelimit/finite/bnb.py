@@ -137,58 +137,51 @@ def box_cap(face: int, lo: np.ndarray, hi: np.ndarray, n: int) -> tuple[np.ndarr
     the box; ``<w, c>/||w||`` is quasi-concave on the box, so its minimum (the cap's angle) is at
     a corner. A margin of 1e-12 rad covers the rounding of the corners' angles.
     """
-    c = face_directions(face, 0.5 * (lo + hi), n)
-    corners = np.array(list(itertools.product(*zip(lo, hi))), dtype=np.float64).reshape(-1, n - 1)
-    cos = face_directions(face, corners, n) @ c
-    theta = float(np.arccos(np.clip(cos.min(), -1.0, 1.0))) + 1e-12
-    return c, theta
+    c = np.empty(n)
+    th = K.box_cap(int(face), np.asarray(lo, np.float64), np.asarray(hi, np.float64), n, c)
+    return c, float(th)
 
 
 class _Node:
-    __slots__ = ("faces", "lo", "hi", "Y", "lb", "primal")
+    """Boxes of the atoms (face -1: unrestricted), their caps, the relaxation's iterate and bound."""
 
-    def __init__(self, faces, lo, hi, Y, lb, primal=np.inf):
-        self.faces, self.lo, self.hi, self.Y, self.lb, self.primal = faces, lo, hi, Y, lb, primal
+    __slots__ = ("faces", "lo", "hi", "Y", "lb", "C", "cth", "sth", "free")
 
+    def __init__(self, faces, lo, hi, Y, lb, caps):
+        self.faces, self.lo, self.hi, self.Y, self.lb = faces, lo, hi, Y, lb
+        self.C, self.cth, self.sth, self.free = caps
 
-def _caps(node: _Node, n: int):
-    k = node.faces.size
-    C = np.zeros((k, n))
-    cth = np.zeros(k)
-    sth = np.ones(k)
-    free = np.zeros(k, dtype=np.bool_)
-    for j in range(k):
-        if node.faces[j] < 0:
-            free[j] = True
-            C[j, 0] = 1.0
-            continue
-        c, th = box_cap(int(node.faces[j]), node.lo[j], node.hi[j], n)
-        C[j] = c
+    def child(self, j):
+        """A copy with its own arrays, whose atom ``j``'s box the caller changes, then :meth:`recap` ``j``."""
+        return _Node(self.faces.copy(), self.lo.copy(), self.hi.copy(), self.Y.copy(), self.lb,
+                     (self.C.copy(), self.cth.copy(), self.sth.copy(), self.free.copy()))
+
+    def recap(self, j, n):
+        """Recompute atom ``j``'s cap from its box."""
+        if self.faces[j] < 0:
+            self.free[j] = True
+            self.C[j] = 0.0
+            self.C[j, 0] = 1.0
+            return
+        th = K.box_cap(int(self.faces[j]), self.lo[j], self.hi[j], n, self.C[j])
         if th >= 0.5 * math.pi:  # the cap's convex hull is R^n (or a half-space): relax to R^n
-            free[j] = True
+            self.free[j] = True
         else:
-            cth[j], sth[j] = math.cos(th), math.sin(th)
-    return C, cth, sth, free
+            self.free[j] = False
+            self.cth[j], self.sth[j] = math.cos(th), math.sin(th)
+
+
+def _free_caps(k, n):
+    C = np.zeros((k, n))
+    C[:, 0] = 1.0
+    return C, np.zeros(k), np.ones(k), np.ones(k, dtype=np.bool_)
 
 
 def _symmetric_ok(node: _Node) -> bool:
     """Can the boxes hold atoms ordered by (face, first face coordinate)? (theory §F.4)"""
-    f = node.faces
-    assigned = f >= 0
-    fa = f[assigned]
-    if np.any(np.diff(fa) < 0):
-        return False
     if node.lo.shape[1] == 0:
-        return True
-    run_max = -np.inf
-    for j in np.flatnonzero(assigned):
-        if j > 0 and f[j - 1] == f[j]:
-            run_max = max(run_max, node.lo[j, 0])
-        else:
-            run_max = node.lo[j, 0]
-        if run_max > node.hi[j, 0]:
-            return False
-    return True
+        return K.symmetric_ok(node.faces, np.zeros(0), np.zeros(0))
+    return K.symmetric_ok(node.faces, node.lo[:, 0].copy(), node.hi[:, 0].copy())
 
 
 def node_lower_bound(X, lam, caps, *, max_sweeps: int = 20000, tol_abs: float = 1e-13, Y=None):
@@ -222,20 +215,6 @@ def node_lower_bound(X, lam, caps, *, max_sweeps: int = 20000, tol_abs: float = 
     Y = np.zeros((N, k, n)) if Y is None else np.array(Y, dtype=np.float64)
     dual, primal, _ = K.node_solve(X, float(lam), C, cth, sth, free, Y, np.inf, tol_abs, max_sweeps, 20)
     return float(dual), float(primal)
-
-
-def _heuristic_atoms(node: _Node, C, rng) -> np.ndarray:
-    """Atom directions for an upper bound: each atom's relaxed products summed, kept in its cap."""
-    W = np.array(C)
-    Ysum = node.Y.sum(axis=0)
-    for j in range(W.shape[0]):
-        nv = np.linalg.norm(Ysum[j])
-        if nv > 0:
-            W[j] = Ysum[j] / nv
-        elif node.faces[j] < 0:
-            v = rng.standard_normal(W.shape[1])
-            W[j] = v / np.linalg.norm(v)
-    return W
 
 
 def _polish(X, lam, W, b, iters=60):
@@ -305,7 +284,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     faces = -np.ones(k, dtype=np.int64)
     lo = -np.ones((k, n - 1))
     hi = np.ones((k, n - 1))
-    root = _Node(faces, lo, hi, np.zeros((N, k, n)), -np.inf)
+    root = _Node(faces, lo, hi, np.zeros((N, k, n)), -np.inf, _free_caps(k, n))
     scale = max(abs(ub), 1e-300)
 
     def target():
@@ -315,13 +294,12 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
 
     def bound(node: _Node) -> None:
         nonlocal n_nodes
-        C, cth, sth, free = _caps(node, n)
         tol_abs = 1e-3 * rel_tol * scale
-        dual, primal, _ = K.node_solve(X, float(lam), C, cth, sth, free, node.Y, target(), tol_abs, 20000, 10)
+        dual, primal, _ = K.node_solve(X, float(lam), node.C, node.cth, node.sth, node.free, node.Y, target(),
+                                       tol_abs, 20000, 10)
         node.lb = max(node.lb, float(dual), wlb)
-        node.primal = float(primal)
         n_nodes += 1
-        return C
+        return node.C
 
     heap: list = []
     counter = itertools.count()
@@ -351,10 +329,10 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
             if not _symmetric_ok(ch):
                 continue
             C = bound(ch)
-            W0 = _heuristic_atoms(ch, C, rng)
-            cand = _polish(X, lam, W0, X.mean(axis=0) - ch.Y.sum(axis=1).mean(axis=0), 30)
-            if cand[0] < ub:
-                ub, W_best, Z_best, b_best = cand
+            if n_nodes < 2000 or n_nodes % 16 == 0:  # upper bounds matter most early on
+                cand = K.heuristic(X, float(lam), ch.Y, ch.C, 30)
+                if cand[0] < ub:
+                    ub, W_best, Z_best, b_best = cand
             if ch.lb < target():
                 heapq.heappush(heap, (ch.lb, next(counter), ch))
             else:
@@ -373,9 +351,10 @@ def _branch(node: _Node, n: int, min_width: float):
         j = int(free[0])
         f0 = int(node.faces[j - 1]) if j > 0 else 0
         for f in range(f0, 2 * n):
-            faces = node.faces.copy()
-            faces[j] = f
-            kids.append(_Node(faces, node.lo.copy(), node.hi.copy(), node.Y.copy(), node.lb))
+            ch = node.child(j)
+            ch.faces[j] = f
+            ch.recap(j, n)
+            kids.append(ch)
         return kids
     if n == 1:
         return None
@@ -390,9 +369,10 @@ def _branch(node: _Node, n: int, min_width: float):
     d = int(np.argmax(ext[j]))
     mid = 0.5 * (node.lo[j, d] + node.hi[j, d])
     for lo_d, hi_d in ((node.lo[j, d], mid), (mid, node.hi[j, d])):
-        lo, hi = node.lo.copy(), node.hi.copy()
-        lo[j, d], hi[j, d] = lo_d, hi_d
-        kids.append(_Node(node.faces.copy(), lo, hi, node.Y.copy(), node.lb))
+        ch = node.child(j)
+        ch.lo[j, d], ch.hi[j, d] = lo_d, hi_d
+        ch.recap(j, n)
+        kids.append(ch)
     return kids
 
 
