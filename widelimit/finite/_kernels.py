@@ -175,7 +175,7 @@ def node_solve(X, lam, C, cth, sth, free, Y, target, tol_abs, max_sweeps, check_
         g = primal - dual
         if dual >= target or g <= tol_abs:
             break
-        if primal < target and g <= 0.5 * (target - primal):
+        if primal < target < np.inf and g <= 0.5 * (target - primal):
             break
     return dual, primal, sweeps
 
