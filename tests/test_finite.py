@@ -157,7 +157,7 @@ def _check_triple(X, lam, sol):
     assert W.shape == (sol.width, X.shape[1]) and Z.shape == (X.shape[0], sol.width)
     np.testing.assert_allclose(np.linalg.norm(W, axis=1), 1.0, rtol=0, atol=1e-12)
     assert Z.min() >= 0
-    assert wl.sae_objective(X, W, Z, b, lam).value == sol.value  # re-evaluates exactly
+    assert wl.sae_objective(X, W, Z, b, lam=lam).value == sol.value  # re-evaluates exactly
     assert sol.lower_bound <= sol.value
     assert sol.gap == sol.value - sol.lower_bound
 

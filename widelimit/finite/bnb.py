@@ -270,7 +270,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
         pad[:, 0] = 1.0
         W = np.vstack([W, pad])
         Z = np.hstack([wide.codes, np.zeros((N, k - n_rays))])
-        val = float(sae_objective(X, W, Z, wide.bias, lam).value)
+        val = float(sae_objective(X, W, Z, wide.bias, lam=lam).value)
         return _result(val, max(wlb, -np.inf), W, Z, np.asarray(wide.bias, np.float64), lam, rel_tol,
                        "closed_form", 0, n_rays, wlb, t0, certified_hint=wide.certified)
     if n > limits.max_dim or k > limits.max_width or N > limits.max_points:
@@ -338,7 +338,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
             else:
                 closed_lb = min(closed_lb, ch.lb)
     open_lb = min([h[0] for h in heap] + [leaves_lb, closed_lb, ub])
-    val = float(sae_objective(X, W_best, Z_best, b_best, lam).value)
+    val = float(sae_objective(X, W_best, Z_best, b_best, lam=lam).value)
     return _result(val, max(open_lb, wlb), W_best, Z_best, b_best, lam, rel_tol, status, n_nodes, n_rays, wlb, t0)
 
 

@@ -43,7 +43,7 @@ def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e
         from pyscipopt import Model, quicksum
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("SCIP needs the optional extra: pip install 'widelimit[scip]' (pyscipopt)") from e
-    from ..objective import sae_objective
+    from ..exact.objective import sae_objective
 
     X = np.asarray(X, dtype=np.float64)
     N, n = X.shape
@@ -85,6 +85,6 @@ def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e
     W /= np.maximum(np.linalg.norm(W, axis=1, keepdims=True), 1e-300)
     Z = np.maximum(np.array([[s[z[i][j]] for j in range(k)] for i in range(N)]), 0.0)
     bb = np.array([s[b[d]] for d in range(n)])
-    val = float(sae_objective(X, W, Z, bb, lam).value)
+    val = float(sae_objective(X, W, Z, bb, lam=lam).value)
     lb = float(m.getDualbound())
     return ScipResult(val, lb, (val - lb) / max(abs(val), 1e-300), status, W, Z, bb, elapsed)
