@@ -241,3 +241,14 @@ def test_cli_solve_width_json(tmp_path, capsys):
         assert main(["solve", str(f), "--lam", "0.3", "--width", bad]) == 2
         err = capsys.readouterr().err
         assert "--width must be a positive integer" in err and "Traceback" not in err
+
+
+def test_frontier_with_exact_widths():
+    X = _data(1, 6, 2)
+    fr = wl.frontier(X, lam=0.3, widths=[1, 2], n_restarts=1, exact_widths=True, max_steps=200)
+    assert fr.exact_certified == [True, True]
+    for w, v, e, lb in zip(fr.widths, fr.values, fr.exact_values, fr.exact_lower_bounds):
+        assert lb <= e and (e - lb) <= 1e-6 * e
+        assert v >= lb - 1e-12  # no gradient run beats the certified optimum at its width
+        assert abs(e - wl.solve(X, lam=0.3, width=w).value) <= 1e-12 * e
+    assert fr.exact_values[1] < fr.exact_values[0]
