@@ -252,3 +252,10 @@ def test_frontier_with_exact_widths():
         assert v >= lb - 1e-12  # no gradient run beats the certified optimum at its width
         assert abs(e - wl.solve(X, lam=0.3, width=w).value) <= 1e-12 * e
     assert fr.exact_values[1] < fr.exact_values[0]
+
+
+@pytest.mark.parametrize("kw,msg", [({"rel_tol": 0.0}, "rel_tol"), ({"time_limit": -1.0}, "time_limit"),
+                                    ({"rel_tol": float("nan")}, "rel_tol")])
+def test_bad_search_options(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        wl.solve(_data(0, 6, 2), lam=0.3, width=1, **kw)

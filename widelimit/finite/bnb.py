@@ -259,6 +259,11 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     t0 = time.perf_counter()
     from ..exact.objective import sae_objective
 
+    if not (0 < float(rel_tol) < 1):
+        raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
+    if not float(time_limit) >= 0:
+        raise ValueError(f"time_limit must be >= 0 seconds, got {time_limit!r}")
+
     X = np.ascontiguousarray(X, dtype=np.float64)
     N, n = X.shape
     k = int(width)
