@@ -48,7 +48,8 @@ def part1(args) -> list[dict]:
         t_b = time.perf_counter() - t0
         row = {"k": k, "N": args.n_points, "lam": lam, "bnb_time": t_b, "bnb_certified": sol.certified,
                "bnb_rel_gap": sol.rel_gap, "bnb_value": sol.value, "bnb_lower_bound": sol.lower_bound,
-               "bnb_nodes": sol.n_nodes, "bnb_status": sol.status}
+               "bnb_nodes": sol.n_nodes, "bnb_status": sol.status,
+               "bnb_history": [list(h) for h in sol.history]}
         print(f"k={k}: bnb {sol.status} value {sol.value:.10g} rel gap {sol.rel_gap:.2e} in {t_b:.1f} s "
               f"({sol.n_nodes} nodes)", flush=True)
         if not args.skip_scip:
@@ -61,6 +62,12 @@ def part1(args) -> list[dict]:
                 row["ratio_scip_over_bnb"] = r.elapsed / t_b
                 row["ratio_is_lower_bound"] = not done
             row["values_agree"] = bool(abs(r.value - sol.value) <= 2e-6 * abs(sol.value)) if done else None
+            # same-time and same-gap comparisons from the B&B's bound history
+            hist = sol.history
+            gap_at = [(h[2] - h[1]) / abs(h[2]) for h in hist if h[0] <= r.elapsed]
+            row["bnb_rel_gap_at_scip_time"] = min(gap_at) if gap_at else None
+            reach = [h[0] for h in hist if (h[2] - h[1]) / abs(h[2]) <= r.rel_gap]
+            row["bnb_time_to_scip_gap"] = min(reach) if reach else None
             print(f"k={k}: scip {r.status} value {r.value:.10g} rel gap {r.rel_gap:.2e} in {r.elapsed:.1f} s",
                   flush=True)
         rows.append(row)
@@ -129,6 +136,10 @@ def plot(rows1, rows2):
     fig.savefig(RESULTS / "finite_width.png", dpi=120)
 
 
+def _f(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scip-cap", type=float, default=1800.0, help="SCIP time cap in seconds (default 1800)")
@@ -147,14 +158,16 @@ def main():
     plot(rows1, rows2)
     md = ["# finite width: branch and bound vs SCIP", "",
           f"SCIP cap {args.scip_cap:g} s, B&B cap {args.bnb_cap:g} s; shared 2-core machine (noisy timings).", "",
-          "| k | N | B&B status | B&B s | B&B rel gap | SCIP status | SCIP s | SCIP rel gap | ratio SCIP/B&B |",
-          "|---|---|---|---|---|---|---|---|---|"]
+          "| k | N | B&B status | B&B s | B&B rel gap | SCIP status | SCIP s | SCIP rel gap | B&B gap at SCIP's time |"
+          " B&B time to SCIP's gap | ratio SCIP/B&B (to 1e-6) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows1:
         ratio = r.get("ratio_scip_over_bnb")
         rs = "" if ratio is None else (f">= {ratio:.2f}" if r.get("ratio_is_lower_bound") else f"{ratio:.2f}")
         md.append(f"| {r['k']} | {r['N']} | {r['bnb_status']} | {r['bnb_time']:.1f} | {r['bnb_rel_gap']:.1e} | "
                   f"{r.get('scip_status', '-')} | {r.get('scip_time', float('nan')):.1f} | "
-                  f"{r.get('scip_rel_gap', float('nan')):.1e} | {rs} |")
+                  f"{r.get('scip_rel_gap', float('nan')):.1e} | {_f(r.get('bnb_rel_gap_at_scip_time'), '.1e')} | "
+                  f"{_f(r.get('bnb_time_to_scip_gap'), '.2f')} | {rs} |")
     md += ["", "| family | N | k | exact | certified | gradient success |", "|---|---|---|---|---|---|"]
     for r in rows2:
         md.append(f"| {r['family']} | {r['N']} | {r['k']} | {r['exact']:.8g} | {r['certified']} | "

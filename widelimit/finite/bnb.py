@@ -72,6 +72,9 @@ class FiniteSolution:
         The wide-limit bound (valid at every width).
     elapsed : float
         Seconds.
+    history : list of (seconds, lower_bound, value)
+        The certified bounds as the search went (a row each time the relative gap passed a
+        power of ten, and at the end).
     """
 
     value: float
@@ -89,6 +92,7 @@ class FiniteSolution:
     n_rays: int
     wide_lower_bound: float
     elapsed: float
+    history: tuple = ()
 
     @property
     def width(self) -> int:
@@ -310,6 +314,16 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     counter = itertools.count()
     bound(root)
     heapq.heappush(heap, (root.lb, next(counter), root))
+    history = []
+    next_mark = [1.0]  # record the bounds each time the relative gap passes the next power of ten
+
+    def mark(lb_now):
+        g = (ub - lb_now) / scale
+        if g <= next_mark[0]:
+            history.append((time.perf_counter() - t0, float(lb_now), float(ub)))
+            while next_mark[0] >= g and next_mark[0] > 1e-12:
+                next_mark[0] /= 10.0
+
     leaves_lb = np.inf  # bounds of nodes that cannot be split further
     closed_lb = np.inf  # bounds of nodes pruned or closed (each >= the target of its time)
     min_width = 1e-9
@@ -322,6 +336,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
             status = "node_limit"
             break
         lb, _, node = heapq.heappop(heap)
+        mark(min(lb, leaves_lb, closed_lb))
         if lb >= target():
             closed_lb = min(closed_lb, lb)
             heap.clear()
@@ -344,7 +359,9 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
                 closed_lb = min(closed_lb, ch.lb)
     open_lb = min([h[0] for h in heap] + [leaves_lb, closed_lb, ub])
     val = float(sae_objective(X, W_best, Z_best, b_best, lam=lam).value)
-    return _result(val, max(open_lb, wlb), W_best, Z_best, b_best, lam, rel_tol, status, n_nodes, n_rays, wlb, t0)
+    history.append((time.perf_counter() - t0, float(max(open_lb, wlb)), val))
+    return _result(val, max(open_lb, wlb), W_best, Z_best, b_best, lam, rel_tol, status, n_nodes, n_rays, wlb, t0,
+                   history=tuple(history))
 
 
 def _branch(node: _Node, n: int, min_width: float):
@@ -381,7 +398,7 @@ def _branch(node: _Node, n: int, min_width: float):
     return kids
 
 
-def _result(val, lb, W, Z, b, lam, rel_tol, status, n_nodes, n_rays, wlb, t0, certified_hint=None):
+def _result(val, lb, W, Z, b, lam, rel_tol, status, n_nodes, n_rays, wlb, t0, certified_hint=None, history=()):
     lb = min(float(lb), val)  # a bound above the value would only be rounding
     gap = val - lb
     rel = gap / max(abs(val), 1e-300)
@@ -392,4 +409,4 @@ def _result(val, lb, W, Z, b, lam, rel_tol, status, n_nodes, n_rays, wlb, t0, ce
                           dictionary=np.asarray(W, np.float64), codes=np.asarray(Z, np.float64),
                           bias=np.asarray(b, np.float64), lam=float(lam), rel_tol=float(rel_tol), status=status,
                           n_nodes=int(n_nodes), n_rays=n_rays, wide_lower_bound=wlb,
-                          elapsed=time.perf_counter() - t0)
+                          elapsed=time.perf_counter() - t0, history=tuple(history))
