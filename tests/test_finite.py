@@ -168,6 +168,9 @@ def test_matches_multistart_and_reevaluates():
     sol = wl.solve(X, lam=lam, width=2)
     assert sol.certified and sol.rel_gap <= 1e-6
     _check_triple(X, lam, sol)
+    lbs = [h[1] for h in sol.history]
+    assert lbs[-1] == sol.lower_bound and sol.history[-1][2] == sol.value
+    assert all(a <= b for a, b in zip(lbs, lbs[1:]))  # the certified bound only rises
     rng = np.random.default_rng(0)
     best = math.inf
     for _ in range(300):
