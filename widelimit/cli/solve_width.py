@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 
+from ..exact.solve import solve
 from ._common import _console, _jsonable, certificate_table, print_json
 
 
@@ -21,8 +22,6 @@ def _parse_width(text: str) -> int:
 
 def run_solve_width(args, X, lam, label) -> int:
     """``solve --width K``: the certified optimum at width K (widelimit.finite)."""
-    from ..exact.solve import solve
-
     k = _parse_width(args.width)
     sol = solve(X, lam=lam, width=k, ray_tol=args.ray_tol, signed=args.signed, time_limit=args.time_limit,
                 rel_tol=args.rel_tol)

@@ -15,6 +15,8 @@ certifies it with :func:`widelimit.verify`'s machinery.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +33,9 @@ from ..engine import engine_for
 from ..engine.local import LocalEngine, ScaledRows, one_blas_thread, raise_nonfinite
 from ..engine.fingerprint import mismatch_error
 from .scaling import normaliser, scale_median, scaled_lam, unscale_certificate, unscale_median
+
+if TYPE_CHECKING:  # the finite-width search imports this module
+    from ..finite import FiniteSolution
 
 __all__ = ["WideLimitSolution", "solve"]
 
@@ -187,7 +192,7 @@ def _narrowest_bias(X, med: MedianResult, lam, tol, signed, tap=None) -> tuple[n
 
 def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bool = False,
           progress=None, checkpoint=None, median: MedianResult | None = None, width: int | None = None,
-          **finite_options):
+          **finite_options) -> WideLimitSolution | FiniteSolution:
     r"""Solve the wide-limit sparse dictionary-learning problem exactly, with a certificate.
 
     Minimises ``mean_i ||z_i W + b - x_i||^2 + 2 lam ||z_i||_1`` over unit-norm

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from ..exact.objective import sae_objective
 from . import _kernels as K
 
 __all__ = ["FiniteSolution", "FiniteLimits", "solve_finite", "node_lower_bound"]
@@ -261,8 +262,6 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     number of rays it *is* the optimum, padded with unused atoms).
     """
     t0 = time.perf_counter()
-    from ..exact.objective import sae_objective
-
     if not (0 < float(rel_tol) < 1):
         raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
     if not float(time_limit) >= 0:

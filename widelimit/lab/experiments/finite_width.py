@@ -19,15 +19,17 @@ from __future__ import annotations
 import numpy as np
 
 from ...data import datasets
+from ...exact.solve import solve
+from ...learn.crossval import best_fit
 from . import register
+from .absorption import classify
+from .antipodal import antipodal_threshold
 from ._common import pyplot, save_figure, write_json
 
 __all__ = ["run", "hierarchical_cells", "antipodal_cells"]
 
 
 def _solve(X, lam, k, cap):
-    from ...exact.solve import solve
-
     return solve(X, lam=lam, width=k, time_limit=cap)
 
 
@@ -36,9 +38,6 @@ def hierarchical_cells(lams, configs, *, cap, quick, ppc=3):
 
     ``configs``: ``(child_scale, n_parent_only, n_inactive)`` triples (two children in 3-D, parent magnitude 2).
     """
-    from ...learn.crossval import best_fit
-    from .absorption import classify
-
     cells = []
     for lam in lams:
         for cs, npo, nin in configs:
@@ -64,8 +63,6 @@ def hierarchical_cells(lams, configs, *, cap, quick, ppc=3):
 
 def antipodal_cells(ps, lam, *, n_points, cap):
     """Width 1 and 2 certified optima on 1-D data with activity ``p``: which atoms (+u / -u) are used."""
-    from .antipodal import antipodal_threshold
-
     rng = np.random.default_rng(0)
     s_all = rng.uniform(1.0, 3.0, n_points)
     cells = []
