@@ -17,7 +17,7 @@ one after the other on one core each time, in one run.
 
 Run:  PYTHONPATH=. python3 benchmarks/finite_width.py [--scip-cap 1800] [--bnb-cap 1800] [--seeds 10]
       [--skip-scip] [--skip-success]
-Writes benchmarks/results/finite_width.{json,md} and finite_width.png.
+Writes benchmarks/results/<name>.{json,md} and <name>.png (--name, default finite_width).
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def family(seed: int):
     """Small 2-D instances (name, X, lam) of the four families."""
     X_r = datasets.symmetric_rays(n_rays=4, dim=2, points_per_ray=3, seed=seed)
     X_r = X_r[0] if isinstance(X_r, tuple) else X_r
-    X_h = datasets.hierarchical(n_children=2, dim=2, points_per_child=5, seed=seed)
+    X_h = datasets.hierarchical(n_children=2, dim=3, points_per_child=3, child_scale=(1.0, 2.0), n_parent_only=2,
+                                n_inactive=4, seed=seed)
     X_h = X_h[0] if isinstance(X_h, tuple) else X_h
     X_e = datasets.exclusive_categories(n_categories=3, dim=2, points_per_category=4, seed=seed)
     X_e = X_e[0] if isinstance(X_e, tuple) else X_e
@@ -107,7 +108,7 @@ def part2(args) -> list[dict]:
     return rows
 
 
-def plot(rows1, rows2):
+def plot(rows1, rows2, name):
     from widelimit.plot import save_figure  # noqa: F401
 
     import matplotlib.figure as mf
@@ -133,7 +134,7 @@ def plot(rows1, rows2):
         ax2.set_ylim(0, 1.05)
     fig.tight_layout()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    fig.savefig(RESULTS / "finite_width.png", dpi=120)
+    fig.savefig(RESULTS / f"{name}.png", dpi=120)
 
 
 def _f(v, fmt):
@@ -152,10 +153,11 @@ def main():
     ap.add_argument("--skip-scip", action="store_true")
     ap.add_argument("--skip-part1", action="store_true")
     ap.add_argument("--skip-success", action="store_true")
+    ap.add_argument("--name", default="finite_width", help="results file stem")
     args = ap.parse_args()
     rows1 = [] if args.skip_part1 else part1(args)
     rows2 = [] if args.skip_success else part2(args)
-    plot(rows1, rows2)
+    plot(rows1, rows2, args.name)
     md = ["# finite width: branch and bound vs SCIP", "",
           f"SCIP cap {args.scip_cap:g} s, B&B cap {args.bnb_cap:g} s; shared 2-core machine (noisy timings).", "",
           "| k | N | B&B status | B&B s | B&B rel gap | SCIP status | SCIP s | SCIP rel gap | B&B gap at SCIP's time |"
@@ -172,7 +174,7 @@ def main():
     for r in rows2:
         md.append(f"| {r['family']} | {r['N']} | {r['k']} | {r['exact']:.8g} | {r['certified']} | "
                   f"{r['success_rate']:.0%} |")
-    write("finite_width", {"part1": rows1, "part2": rows2, "args": vars(args)}, "\n".join(md) + "\n")
+    write(args.name, {"part1": rows1, "part2": rows2, "args": vars(args)}, "\n".join(md) + "\n")
 
 
 if __name__ == "__main__":
