@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from ..exact.solve import solve
-from ._common import _console, _jsonable, certificate_table, print_json
+from .._json import write_json
+from ._common import _console, certificate_table, print_json
 
 
 def _parse_width(text: str) -> int:
@@ -29,7 +28,7 @@ def run_solve_width(args, X, lam, label) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         np.savez(args.out / "solution.npz", dictionary=sol.dictionary, codes=sol.codes, bias=sol.bias)
-        (args.out / "solution.json").write_text(json.dumps(_jsonable(sol.as_dict()), indent=2))
+        write_json(args.out / "solution.json", sol.as_dict())
         files = [args.out / "solution.npz", args.out / "solution.json"]
     if args.json:
         d = sol.as_dict()
