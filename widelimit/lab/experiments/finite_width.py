@@ -24,7 +24,7 @@ from ...learn.crossval import best_fit
 from . import register
 from .absorption import classify
 from .antipodal import antipodal_threshold
-from ._common import pyplot, save_figure, write_json
+from ._common import save_figure, subplots, write_json
 
 __all__ = ["run", "hierarchical_cells", "antipodal_cells"]
 
@@ -83,8 +83,7 @@ def antipodal_cells(ps, lam, *, n_points, cap):
 
 
 def _plot(hier, anti, out_dir):
-    plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(11, 4))
     kinds = sorted({c["kind"] for c in hier})
     for k, mk in ((2, "o"), (3, "s")):
         for i, kind in enumerate(kinds):
