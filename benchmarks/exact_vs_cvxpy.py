@@ -46,8 +46,8 @@ def main():
     rows = []
     for N in a.sizes:
         X = data(N, a.dim)
-        t_wl, sol = timed(wl.solve, X, a.lam, repeat=3)
-        t_med, med = timed(wl.huber_median, X, a.lam, repeat=3)
+        t_wl, sol = timed(wl.solve, X, lam=a.lam, repeat=3)
+        t_med, med = timed(wl.huber_median, X, lam=a.lam, repeat=3)
         t_cv, (v_cv, b_cv, status) = timed(cvxpy_huber, X, a.lam)
         rows.append(dict(N=N, n=a.dim, lam=a.lam, widelimit_solve_s=t_wl, widelimit_median_s=t_med, cvxpy_clarabel_s=t_cv,
                          ratio_solve=t_cv / t_wl, ratio_median=t_cv / t_med, value=sol.value,

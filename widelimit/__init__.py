@@ -29,6 +29,7 @@ from .exact.median import MedianResult, geometric_median, huber_median, huber_va
 from .exact.objective import ObjectiveValue, optimal_dictionary, q_objective, sae_objective
 from .exact.solve import WideLimitSolution, solve
 from .exact.stability import FeatureStability, feature_stability
+from .finite import FiniteSolution
 from .exact.stationarity import Stationarity, first_order_conditions
 from .learn.crossval import CrossValidation, crossvalidate
 from .learn.frontier import Frontier, frontier
@@ -48,7 +49,7 @@ __all__ = [
     # the front door and the data
     "Problem", "open_activations", "ActivationSource", "DataError", "Progress", "datasets",
     # the exact wide limit
-    "solve", "WideLimitSolution", "verify", "Certificate",
+    "solve", "WideLimitSolution", "FiniteSolution", "verify", "Certificate",
     "huber_median", "geometric_median", "huber_value", "MedianResult",
     "sae_objective", "ObjectiveValue", "q_objective", "optimal_dictionary",
     "first_order_conditions", "Stationarity", "feature_stability", "FeatureStability",

@@ -156,6 +156,8 @@ def _add_frontier(sub):
     _add_fit_options(p)
     p.add_argument("--widths", required=True, help="comma-separated widths, e.g. 1,2,4,8")
     p.add_argument("--out", type=Path, default=Path("widelimit-frontier"), help="folder for frontier.png/json")
+    p.add_argument("--exact", action="store_true", help="also the certified optimum per width (small data)")
+    p.add_argument("--exact-time-limit", type=float, default=600.0, help="seconds per width for --exact")
 
 
 def _run_frontier(args) -> int:
@@ -177,7 +179,7 @@ def _run_frontier(args) -> int:
         with _Progress() as prog:
             fr = frontier(X, lam=lam, widths=widths, n_restarts=max(1, args.restarts), seed=args.seed, inits=inits,
                           out=tmp / "frontier.png", callback=lambda w, v: prog.say(f"width {w}: {v:.8g}"),
-                          **_fit_kwargs(args))
+                          exact_widths=args.exact, exact_time_limit=args.exact_time_limit, **_fit_kwargs(args))
         d = fr.as_dict()
         d["data"] = label
         (tmp / "frontier.json").write_text(_dumps(d, indent=2))
@@ -189,8 +191,12 @@ def _run_frontier(args) -> int:
     t = Table(title=f"widelimit frontier: {label}, lam = {lam:g}")
     for c in ("width", "best value", "relative gap to bound"):
         t.add_column(c, justify="right")
-    for w, v, g in zip(fr.widths, fr.values, d["rel_gaps"]):
-        t.add_row(str(w), f"{v:.10g}", f"{g:.3e}")
+    if fr.exact_values is not None:
+        t.add_column("certified optimum", justify="right")
+    for i, (w, v, g) in enumerate(zip(fr.widths, fr.values, d["rel_gaps"])):
+        extra = [] if fr.exact_values is None else [
+            f"{fr.exact_values[i]:.10g}" + ("" if fr.exact_certified[i] else f" (>= {fr.exact_lower_bounds[i]:.10g})")]
+        t.add_row(str(w), f"{v:.10g}", f"{g:.3e}", *extra)
     con = _console()
     con.print(t)
     con.print(f"bound {fr.lower_bound:.10g}; rays {fr.n_rays}; saturation width {fr.saturation_width}; "

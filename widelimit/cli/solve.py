@@ -7,6 +7,7 @@ from pathlib import Path
 from ._common import (_console, _solution_rows, _write_solution, atomic_outputs, certificate_table, check_out_dir,
                       load_data, moved, nonneg_float, positive_float, print_json)
 from ..exact.solve import solve
+from .solve_width import run_solve_width
 
 
 # --------------------------------------------------------------------------------------
@@ -25,6 +26,9 @@ def _add_solve(sub):
     p.add_argument("--signed", action="store_true", help="signed codes (atoms are lines, not rays)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--out", type=Path, default=None, help="write solution.npz, solution.json, solution.png here")
+    p.add_argument("--width", default=None, help="certified global optimum at this finite width (branch and bound)")
+    p.add_argument("--time-limit", type=float, default=600.0, help="seconds for the --width search (default 600)")
+    p.add_argument("--rel-tol", type=float, default=1e-6, help="relative gap of the --width search (default 1e-6)")
 
 
 def _run_solve(args) -> int:
@@ -34,6 +38,9 @@ def _run_solve(args) -> int:
     lam = args.lam if args.lam is not None else lam0
     if lam is None:
         raise ValueError("--lam is required for data files")
+    if args.width is not None:
+
+        return run_solve_width(args, X, lam, label)
     sol = solve(X, lam=lam, ray_tol=args.ray_tol, signed=args.signed)
     files = []
     if args.out:

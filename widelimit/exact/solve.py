@@ -15,6 +15,8 @@ certifies it with :func:`widelimit.verify`'s machinery.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +33,10 @@ from ..engine import engine_for
 from ..engine.local import LocalEngine, ScaledRows, one_blas_thread, raise_nonfinite
 from ..engine.fingerprint import mismatch_error
 from .scaling import normaliser, scale_median, scaled_lam, unscale_certificate, unscale_median
+from ..finite import solve_finite
+
+if TYPE_CHECKING:  # the finite-width search imports this module
+    from ..finite import FiniteSolution
 
 __all__ = ["WideLimitSolution", "solve"]
 
@@ -186,7 +192,8 @@ def _narrowest_bias(X, med: MedianResult, lam, tol, signed, tap=None) -> tuple[n
 
 
 def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bool = False,
-          progress=None, checkpoint=None, median: MedianResult | None = None) -> WideLimitSolution:
+          progress=None, checkpoint=None, median: MedianResult | None = None, width: int | None = None,
+          **finite_options) -> WideLimitSolution | FiniteSolution:
     r"""Solve the wide-limit sparse dictionary-learning problem exactly, with a certificate.
 
     Minimises ``mean_i ||z_i W + b - x_i||^2 + 2 lam ||z_i||_1`` over unit-norm
@@ -213,6 +220,11 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
         Signed codes (``z`` in R with penalty ``|z|``): atoms are lines, not
         rays, so antipodal rays share one atom. The lower bound is the same.
 
+    width : int, optional
+        Solve at this finite width instead (``k`` unit atoms): the certified global optimum
+        by branch and bound over the atoms' directions (docs/theory.md §7), a
+        :class:`widelimit.finite.FiniteSolution`. ``**finite_options`` (``rel_tol``,
+        ``time_limit``, ``max_nodes``, ``seed``) go to :func:`widelimit.finite.solve_finite`.
     progress : callable, optional
         Receives :class:`widelimit.engine.local.Progress` events of the passes.
     checkpoint : str or Path, optional
@@ -239,6 +251,10 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     >>> round(sol.value, 12), sol.width, round(float(sol.bias[0]), 12)
     (4.666666666667, 1, 0.333333333333)
     """
+    if width is not None:
+        return _solve_width(X, lam, width, ray_tol=ray_tol, tol=tol, signed=signed, **finite_options)
+    if finite_options:
+        raise TypeError(f"solve() got unexpected keyword arguments {sorted(finite_options)} (only with width=)")
     X = check_data(X, finite=False)  # the median's first pass checks every row
     lam = check_lam(lam)
     tol = check_tol(tol, "tol")
@@ -271,6 +287,19 @@ def auto_ray_tol(dtype, lam, radius, tol) -> float:
     """
     cap = float(np.sqrt(0.025 * tol * lam / max(radius, lam)))
     return min(default_ray_tol(dtype), cap)
+
+
+def _solve_width(X, lam, width, *, ray_tol, tol, signed, **options):
+    """:func:`solve` at a finite width (the search lives in :mod:`widelimit.finite`)."""
+    if isinstance(width, (bool, np.bool_)) or not isinstance(width, (int, np.integer)) or width <= 0:
+        raise ValueError(f"width must be a positive integer, got {width!r}")
+    if signed:
+        raise ValueError("width= supports nonnegative codes only (signed=False)")
+
+    X = check_data(X)
+    lam = check_lam(lam)
+    wide = solve(X, lam=lam, ray_tol=ray_tol, tol=tol)
+    return solve_finite(np.asarray(X, dtype=np.float64), lam, int(width), wide=wide, **options)
 
 
 def _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median=None) -> WideLimitSolution:

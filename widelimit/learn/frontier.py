@@ -50,6 +50,10 @@ class Frontier:
     lam : float
     plot : str or None
         PNG written, if any.
+    exact_values, exact_lower_bounds : list of float or None
+        With ``exact_widths=True``: the certified optimum ``L*(k)`` per width (best found and
+        its certified lower bound; equal up to the relative gap when certified).
+    exact_certified : list of bool or None
     """
 
     widths: list
@@ -65,6 +69,9 @@ class Frontier:
     lam: float
     plot: str | None = None
     exact: WideLimitSolution | None = field(default=None, repr=False)
+    exact_values: list | None = None
+    exact_lower_bounds: list | None = None
+    exact_certified: list | None = None
 
     def as_dict(self) -> dict:
         """Plain-Python summary (JSON-serialisable)."""
@@ -74,11 +81,14 @@ class Frontier:
             "lower_bound": self.lower_bound, "exact_value": self.exact_value, "n_rays": self.n_rays,
             "saturation_width": self.saturation_width, "respects_bound": self.respects_bound,
             "monotone": self.monotone, "sat_tol": self.sat_tol, "lam": self.lam, "plot": self.plot,
+            "exact_values": self.exact_values, "exact_lower_bounds": self.exact_lower_bounds,
+            "exact_certified": self.exact_certified,
         }
 
 
 def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays", "data"),
              sat_tol: float = 1e-4, out=None, exact: WideLimitSolution | None = None, callback=None,
+             exact_widths: bool = False, exact_time_limit: float = 600.0,
              **fit_kwargs) -> Frontier:
     """Best objective per width (restarts), the wide-limit bound, the saturation width and a plot.
 
@@ -100,6 +110,9 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
         Precomputed :func:`widelimit.solve` result.
     callback : callable(width, best_value), optional
         Called after each width.
+    exact_widths : bool
+        Also compute the certified optimum at each width (``widelimit.solve(X, lam=, width=k)``,
+        branch and bound; small data only), each capped at ``exact_time_limit`` seconds.
     **fit_kwargs
         Passed to :func:`widelimit.fit_dictionary`.
 
@@ -129,9 +142,13 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
     respects = all(v >= lb - slack for vs in restarts for v in vs)
     sat = next((w for w, v in zip(ws, values) if v - lb <= sat_tol * abs(v)), None)
     mono = all(values[i + 1] <= values[i] * (1 + sat_tol) for i in range(len(values) - 1))
+    ev = el = ec = None
+    if exact_widths:
+        sols = [solve(X, lam=lam, width=w, time_limit=exact_time_limit) for w in ws]
+        ev, el, ec = [s.value for s in sols], [s.lower_bound for s in sols], [bool(s.certified) for s in sols]
     res = Frontier(widths=ws, values=values, restart_values=restarts, lower_bound=lb, exact_value=ex.value,
                    n_rays=ex.width, saturation_width=sat, respects_bound=respects, monotone=mono,
-                   sat_tol=sat_tol, lam=lam, exact=ex)
+                   sat_tol=sat_tol, lam=lam, exact=ex, exact_values=ev, exact_lower_bounds=el, exact_certified=ec)
     if out is not None:
         path = plot_frontier(res, out)
         res = Frontier(**{**res.__dict__, "plot": str(path)})
@@ -144,6 +161,10 @@ def plot_frontier(fr: Frontier, path, title: str | None = None) -> Path:
     for w, vs in zip(fr.widths, fr.restart_values):
         ax.plot([w] * len(vs), vs, "o", color="0.7", ms=4, zorder=1)
     ax.plot(fr.widths, fr.values, "o-", color="C0", label="best gradient solution", zorder=2)
+    if fr.exact_values is not None:
+        ax.plot(fr.widths, fr.exact_values, "s--", color="C1", mfc="none", ms=8,
+                label="certified optimum at width k", zorder=3)
+        ax.vlines(fr.widths, fr.exact_lower_bounds, fr.exact_values, color="C1", lw=3, zorder=3)
     ax.axhline(fr.lower_bound, color="C3", ls="--", label=f"wide-limit bound {fr.lower_bound:.6g}")
     ax.axvline(fr.n_rays, color="k", ls=":", lw=1, label=f"number of rays = {fr.n_rays}")
     if fr.saturation_width is not None:

@@ -1,0 +1,264 @@
+"""Finite-width global optimum (widelimit.finite): node bounds, certified optima, SCIP cross-check, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import cvxpy as cp
+import numpy as np
+import pytest
+import scipy.optimize as so
+
+import widelimit as wl
+from widelimit.finite import node_lower_bound
+from widelimit.finite import _kernels as K
+from widelimit.finite.bnb import _polish, box_cap, face_directions
+
+
+def _data(seed, N, n, scale=2.0):
+    return np.random.default_rng(seed).standard_normal((N, n)) * scale
+
+
+def _relaxation_cvxpy(X, lam, caps):
+    """The node relaxation (theory.md §7.2) as an SOCP in cvxpy (Clarabel)."""
+    N, n = X.shape
+    Ys = [cp.Variable((N, n)) for _ in caps]
+    b = cp.Variable(n)
+    cons = []
+    for Y, (c, th) in zip(Ys, caps):
+        c = np.asarray(c, float) / np.linalg.norm(c)
+        cons.append(cp.norm(Y, 2, axis=1) * math.cos(th) <= Y @ c)
+    R = sum(Ys) + np.ones((N, 1)) @ cp.reshape(b, (1, n), order="C") - X
+    obj = (cp.sum_squares(R) + 2 * lam * sum(cp.sum(cp.norm(Y, 2, axis=1)) for Y in Ys)) / N
+    prob = cp.Problem(cp.Minimize(obj), cons)
+    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    return prob.value
+
+
+def _fixed_dictionary_optimum(X, W, lam):
+    """min over Z >= 0, b of the objective for a fixed dictionary (a convex QP, cvxpy/Clarabel)."""
+    N, n = X.shape
+    Z = cp.Variable((N, W.shape[0]), nonneg=True)
+    b = cp.Variable(n)
+    R = Z @ W + np.ones((N, 1)) @ cp.reshape(b, (1, n), order="C") - X
+    prob = cp.Problem(cp.Minimize((cp.sum_squares(R) + 2 * lam * cp.sum(Z)) / N))
+    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+    return prob.value
+
+
+def _random_caps(rng, k, n, max_angle):
+    caps = []
+    for _ in range(k):
+        c = rng.standard_normal(n)
+        caps.append((c / np.linalg.norm(c), rng.uniform(0.02, max_angle)))
+    return caps
+
+
+def _in_cap(rng, c, th):
+    """A random unit vector within angle ``th`` of ``c``."""
+    while True:
+        v = c + rng.uniform(-1, 1, c.size) * math.tan(th)
+        v /= np.linalg.norm(v)
+        if v @ c >= math.cos(th):
+            return v
+
+
+@pytest.mark.parametrize("seed,n,k", [(0, 2, 1), (1, 2, 2), (2, 3, 2), (3, 3, 3)])
+def test_node_bound_is_the_relaxation_value(seed, n, k):
+    rng = np.random.default_rng(seed)
+    X = _data(seed, 7, n)
+    caps = _random_caps(rng, k, n, 1.2)
+    dual, primal = node_lower_bound(X, 0.4, caps, tol_abs=1e-12)
+    ref = _relaxation_cvxpy(X, 0.4, caps)
+    assert dual <= ref + 1e-8 * abs(ref)  # a lower bound of the relaxation (up to Clarabel's accuracy)
+    assert primal >= ref - 1e-8 * abs(ref)
+    assert abs(dual - ref) <= 1e-6 * abs(ref)  # and tight: the dual is the relaxation's value
+
+
+@pytest.mark.parametrize("seed,n,k", [(4, 2, 2), (5, 3, 2)])
+def test_node_bound_below_every_dictionary_in_the_caps(seed, n, k):
+    rng = np.random.default_rng(seed)
+    X = _data(seed, 6, n)
+    caps = _random_caps(rng, k, n, 0.5)
+    dual, _ = node_lower_bound(X, 0.3, caps)
+    vals = []
+    for _ in range(6):
+        W = np.array([_in_cap(rng, c, th) for c, th in caps])
+        vals.append(_fixed_dictionary_optimum(X, W, 0.3))
+    assert dual <= min(vals) + 1e-9
+    # the bound tightens as the caps shrink to the dictionary's directions
+    W = np.array([_in_cap(rng, c, th) for c, th in caps])
+    tiny = [(w, 1e-7) for w in W]
+    d_tiny, _ = node_lower_bound(X, 0.3, tiny, tol_abs=1e-13)
+    exact = _fixed_dictionary_optimum(X, W, 0.3)
+    assert d_tiny <= exact + 1e-9 and exact - d_tiny <= 1e-5 * exact
+
+
+def test_box_cap_contains_the_box_directions():
+    rng = np.random.default_rng(0)
+    for n in (2, 3):
+        for _ in range(20):
+            face = int(rng.integers(2 * n))
+            lo = rng.uniform(-1, 0.9, n - 1)
+            hi = np.minimum(lo + rng.uniform(0.001, 1.0, n - 1), 1.0)
+            c, th = box_cap(face, lo, hi, n)
+            P = lo + rng.uniform(0, 1, (500, n - 1)) * (hi - lo)
+            ang = np.arccos(np.clip(face_directions(face, P, n) @ c, -1, 1))
+            assert ang.max() <= th
+            corners = face_directions(face, np.array([lo, hi]), n)
+            assert np.arccos(np.clip(corners @ c, -1, 1)).max() >= th - 1e-6 or n == 3
+
+
+def _k1_brute_force(X, lam, n_angles=3600):
+    """Width 1 in 2-D: for each direction w the bias problem is convex (min_b mean ||r||^2 - (<r,w>-lam)_+^2)."""
+
+    def f_b(b, w):
+        r = X - b
+        t = r @ w
+        return np.mean(np.sum(r * r, axis=1) - np.maximum(t - lam, 0.0) ** 2)
+
+    def f(phi):
+        w = np.array([math.cos(phi), math.sin(phi)])
+        res = so.minimize(f_b, X.mean(axis=0), args=(w,), method="BFGS", options={"gtol": 1e-12})
+        return res.fun
+
+    phis = np.linspace(0, 2 * math.pi, 360, endpoint=False)
+    vals = np.array([f(p) for p in phis])
+    best = math.inf
+    for p0 in phis[np.argsort(vals)[:4]]:
+        r = so.minimize_scalar(f, bounds=(p0 - 0.02, p0 + 0.02), method="bounded", options={"xatol": 1e-12})
+        best = min(best, r.fun)
+    return best
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_width_one_matches_brute_force(seed):
+    X = _data(seed, 9, 2)
+    sol = wl.solve(X, lam=0.5, width=1)
+    ref = _k1_brute_force(X, 0.5)
+    assert sol.certified and sol.status == "optimal"
+    assert sol.lower_bound <= ref + 1e-9
+    assert abs(sol.value - ref) <= 1e-6 * ref
+
+
+def test_one_dimensional_data_both_signs():
+    X = _data(3, 12, 1) + 0.5
+    sol = wl.solve(X, lam=0.3, width=1)
+    ref = min(_fixed_dictionary_optimum(X, np.array([[s]]), 0.3) for s in (1.0, -1.0))
+    assert sol.certified
+    assert abs(sol.value - ref) <= 1e-7 * ref
+
+
+def _check_triple(X, lam, sol):
+    W, Z, b = sol.dictionary, sol.codes, sol.bias
+    assert W.shape == (sol.width, X.shape[1]) and Z.shape == (X.shape[0], sol.width)
+    np.testing.assert_allclose(np.linalg.norm(W, axis=1), 1.0, rtol=0, atol=1e-12)
+    assert Z.min() >= 0
+    assert wl.sae_objective(X, W, Z, b, lam=lam).value == sol.value  # re-evaluates exactly
+    assert sol.lower_bound <= sol.value
+    assert sol.gap == sol.value - sol.lower_bound
+
+
+def test_matches_multistart_and_reevaluates():
+    X = _data(1, 6, 2)
+    lam = 0.3
+    sol = wl.solve(X, lam=lam, width=2)
+    assert sol.certified and sol.rel_gap <= 1e-6
+    _check_triple(X, lam, sol)
+    lbs = [h[1] for h in sol.history]
+    assert lbs[-1] == sol.lower_bound and sol.history[-1][2] == sol.value
+    assert all(a <= b for a, b in zip(lbs, lbs[1:]))  # the certified bound only rises
+    rng = np.random.default_rng(0)
+    best = math.inf
+    for _ in range(300):
+        W0 = rng.standard_normal((2, 2))
+        W0 /= np.linalg.norm(W0, axis=1, keepdims=True)
+        best = min(best, _polish(X, lam, W0, X.mean(axis=0) + rng.standard_normal(2), 300)[0])
+    assert best >= sol.lower_bound - 1e-12  # no local optimum beats the certified bound
+    assert sol.value <= best + 1e-9  # and the search finds at least the best multistart value
+
+
+@pytest.mark.parametrize("seed,k", [(1, 1), (1, 2)])
+def test_agrees_with_scip(seed, k):
+    pytest.importorskip("pyscipopt")
+    from widelimit.finite.scip import solve_scip
+
+    X = _data(seed, 6, 2)
+    sol = wl.solve(X, lam=0.3, width=k)
+    ref = solve_scip(X, 0.3, k, time_limit=120)
+    assert ref.status == "optimal" and sol.certified
+    assert sol.lower_bound <= ref.value + 1e-12 and ref.lower_bound <= sol.value + 1e-12
+    assert abs(sol.value - ref.value) <= 2e-6 * ref.value
+
+
+def test_closed_form_at_the_number_of_rays():
+    X, _ = wl.datasets.rays2d()
+    wide = wl.solve(X, lam=1.0)
+    sol = wl.solve(X, lam=1.0, width=wide.width + 1)
+    assert sol.status == "closed_form" and sol.certified and sol.n_nodes == 0
+    assert abs(sol.value - wide.value) <= 1e-12 * wide.value
+    _check_triple(X, 1.0, sol)
+
+
+def test_time_limit_returns_uncertified_best():
+    X = _data(7, 20, 2)
+    sol = wl.solve(X, lam=0.3, width=3, time_limit=0.0)
+    assert sol.status == "time_limit" and not sol.certified
+    assert sol.rel_gap > 1e-6
+    _check_triple(X, 0.3, sol)
+    assert sol.lower_bound >= wl.solve(X, lam=0.3).lower_bound - 1e-12
+
+
+@pytest.mark.parametrize("width", [0, -2, 1.5, True, "2"])
+def test_bad_width(width):
+    with pytest.raises(ValueError, match="width must be a positive integer"):
+        wl.solve(_data(0, 5, 2), lam=0.3, width=width)
+
+
+def test_too_large_points_to_gradient_solver():
+    X = _data(0, 30, 5)
+    with pytest.raises(ValueError, match="gradient solver"):
+        wl.solve(X, lam=0.1, width=2)
+
+
+def test_cli_solve_width_json(tmp_path, capsys):
+    from widelimit.cli import main
+
+    X = _data(1, 6, 2)
+    f = tmp_path / "x.npy"
+    np.save(f, X)
+    assert main(["solve", str(f), "--lam", "0.3", "--width", "1", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert main(["solve", str(f), "--lam", "0.3", "--json"]) == 0
+    wide = json.loads(capsys.readouterr().out)
+    for key in ("value", "lower_bound", "gap", "rel_gap", "certified", "width", "bias", "lam", "n_points", "dim"):
+        assert key in d and key in wide
+    sol = wl.solve(X, lam=0.3, width=1)
+    assert d["width"] == 1 and d["certified"] is True and d["status"] == "optimal"
+    assert abs(d["value"] - sol.value) <= 1e-12 * sol.value
+    assert d["value"] >= wide["lower_bound"]
+    for bad in ("0", "1.5"):
+        assert main(["solve", str(f), "--lam", "0.3", "--width", bad]) == 2
+        err = capsys.readouterr().err
+        assert "--width must be a positive integer" in err and "Traceback" not in err
+
+
+def test_frontier_with_exact_widths():
+    X = _data(1, 6, 2)
+    fr = wl.frontier(X, lam=0.3, widths=[1, 2], n_restarts=1, exact_widths=True, max_steps=200)
+    assert fr.exact_certified == [True, True]
+    for w, v, e, lb in zip(fr.widths, fr.values, fr.exact_values, fr.exact_lower_bounds):
+        assert lb <= e and (e - lb) <= 1e-6 * e
+        assert v >= lb - 1e-12  # no gradient run beats the certified optimum at its width
+        assert abs(e - wl.solve(X, lam=0.3, width=w).value) <= 1e-12 * e
+    assert fr.exact_values[1] < fr.exact_values[0]
+
+
+@pytest.mark.parametrize("kw,msg", [({"rel_tol": 0.0}, "rel_tol"), ({"time_limit": -1.0}, "time_limit"),
+                                    ({"rel_tol": float("nan")}, "rel_tol")])
+def test_bad_search_options(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        wl.solve(_data(0, 6, 2), lam=0.3, width=1, **kw)

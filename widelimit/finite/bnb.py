@@ -1,0 +1,411 @@
+r"""Certified global optimum at a finite width ``k``: spatial branch and bound over the atoms' directions.
+
+Problem (theory.md §1), for ``k`` unit atoms:
+
+.. math:: L^*(k) = \min_{\|w_j\|=1,\ Z\ge 0,\ b}\ \frac1N\sum_i \Big\|\sum_j z_{ij} w_j + b - x_i\Big\|^2
+          + \frac{2\lambda}{N}\sum_{ij} z_{ij}.
+
+The search space is the atoms' directions. Each direction is branched on the faces of the cube
+``[-1, 1]^n`` (a face and a box of the face's coordinates, its image on the sphere lies in a
+spherical cap); a node fixes one box per atom. Its lower bound is the cone relaxation of
+docs/theory.md §7.2 (products ``y_ij = z_ij w_j`` free in the caps' convex cones),
+solved by block-coordinate descent and certified by an explicit dual point (docs/theory.md §7.3); it is a valid
+lower bound at every node and tends to the node's optimum as the caps shrink. The atoms'
+permutation symmetry is broken by ordering them by (face, first face coordinate) (docs/theory.md §7.4).
+Upper bounds come from alternating minimisation started at the relaxation's directions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..exact.objective import sae_objective
+from . import _kernels as K
+
+__all__ = ["FiniteSolution", "FiniteLimits", "solve_finite", "node_lower_bound"]
+
+
+@dataclass(frozen=True)
+class FiniteLimits:
+    """Sizes beyond which the exact search refuses (use the gradient solver, ``widelimit fit``)."""
+
+    max_dim: int = 3
+    max_width: int = 4
+    max_points: int = 5000
+
+
+@dataclass(frozen=True)
+class FiniteSolution:
+    """Global optimum at width ``k`` (or the best found, with its certified gap).
+
+    Attributes
+    ----------
+    value : float
+        Objective of the returned ``(dictionary, codes, bias)``, evaluated by
+        :func:`widelimit.sae_objective` (not assumed).
+    lower_bound : float
+        Certified lower bound on ``L*(k)`` (min of the open nodes' certified dual bounds).
+    gap, rel_gap : float
+        ``value - lower_bound`` and ``gap / |value|``.
+    certified : bool
+        ``rel_gap <= rel_tol``.
+    dictionary : ndarray (k, n)
+        Unit atoms.
+    codes : ndarray (N, k)
+        Nonnegative codes.
+    bias : ndarray (n,)
+    lam : float
+    rel_tol : float
+    status : str
+        ``"optimal"``, ``"time_limit"``, ``"node_limit"`` or ``"closed_form"`` (width >= number of rays).
+    n_nodes : int
+        Nodes whose bound was computed.
+    n_rays : int
+        Width of the narrowest wide-limit optimum.
+    wide_lower_bound : float
+        The wide-limit bound (valid at every width).
+    elapsed : float
+        Seconds.
+    history : list of (seconds, lower_bound, value)
+        The certified bounds as the search went (a row each time the relative gap passed a
+        power of ten, and at the end).
+    """
+
+    value: float
+    lower_bound: float
+    gap: float
+    rel_gap: float
+    certified: bool
+    dictionary: np.ndarray
+    codes: np.ndarray
+    bias: np.ndarray
+    lam: float
+    rel_tol: float
+    status: str
+    n_nodes: int
+    n_rays: int
+    wide_lower_bound: float
+    elapsed: float
+    history: tuple = ()
+
+    @property
+    def width(self) -> int:
+        return int(self.dictionary.shape[0])
+
+    @property
+    def sparse_codes(self) -> sp.csr_array:
+        return sp.csr_array(self.codes)
+
+    def as_dict(self) -> dict:
+        """Summary as plain Python (JSON-serialisable): the wide solve's keys plus the search's."""
+        return {
+            "value": self.value, "lower_bound": self.lower_bound, "gap": self.gap, "rel_gap": self.rel_gap,
+            "certified": bool(self.certified), "width": self.width, "bias": [float(v) for v in self.bias],
+            "lam": self.lam, "n_points": int(self.codes.shape[0]), "dim": int(self.bias.size),
+            "dictionary": [[float(v) for v in row] for row in self.dictionary],
+            "status": self.status, "n_nodes": self.n_nodes, "n_rays": self.n_rays,
+            "wide_lower_bound": self.wide_lower_bound, "rel_tol": self.rel_tol, "elapsed": self.elapsed,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# geometry: cube-face boxes and their enclosing caps (docs/theory.md §7.1)
+
+
+def face_directions(face: int, P: np.ndarray, n: int) -> np.ndarray:
+    """Unit vectors of face ``face`` (axis ``face // 2``, sign ``+`` if even) at face coordinates ``P`` (..., n-1)."""
+    axis, sign = divmod(face, 2)
+    P = np.asarray(P, dtype=np.float64)
+    v = np.insert(P, axis, -1.0 if sign else 1.0, axis=-1)
+    return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+
+def face_of(w: np.ndarray) -> tuple[int, np.ndarray]:
+    """The face (largest |coordinate|, ties to the lowest axis) and face coordinates of a nonzero vector."""
+    w = np.asarray(w, dtype=np.float64)
+    axis = int(np.argmax(np.abs(w)))
+    face = 2 * axis + (1 if w[axis] < 0 else 0)
+    return face, np.delete(w / abs(w[axis]), axis)
+
+
+def box_cap(face: int, lo: np.ndarray, hi: np.ndarray, n: int) -> tuple[np.ndarray, float]:
+    """Centre and angle of a spherical cap containing the directions of a face box.
+
+    The directions of a face box form the intersection of the sphere with the convex cone over
+    the box; ``<w, c>/||w||`` is quasi-concave on the box, so its minimum (the cap's angle) is at
+    a corner. A margin of 1e-12 rad covers the rounding of the corners' angles.
+    """
+    c = np.empty(n)
+    th = K.box_cap(int(face), np.asarray(lo, np.float64), np.asarray(hi, np.float64), n, c)
+    return c, float(th)
+
+
+class _Node:
+    """Boxes of the atoms (face -1: unrestricted), their caps, the relaxation's iterate and bound."""
+
+    __slots__ = ("faces", "lo", "hi", "Y", "lb", "C", "cth", "sth", "free")
+
+    def __init__(self, faces, lo, hi, Y, lb, caps):
+        self.faces, self.lo, self.hi, self.Y, self.lb = faces, lo, hi, Y, lb
+        self.C, self.cth, self.sth, self.free = caps
+
+    def child(self, j):
+        """A copy with its own arrays, whose atom ``j``'s box the caller changes, then :meth:`recap` ``j``."""
+        return _Node(self.faces.copy(), self.lo.copy(), self.hi.copy(), self.Y.copy(), self.lb,
+                     (self.C.copy(), self.cth.copy(), self.sth.copy(), self.free.copy()))
+
+    def recap(self, j, n):
+        """Recompute atom ``j``'s cap from its box."""
+        if self.faces[j] < 0:
+            self.free[j] = True
+            self.C[j] = 0.0
+            self.C[j, 0] = 1.0
+            return
+        th = K.box_cap(int(self.faces[j]), self.lo[j], self.hi[j], n, self.C[j])
+        if th >= 0.5 * math.pi:  # the cap's convex hull is R^n (or a half-space): relax to R^n
+            self.free[j] = True
+        else:
+            self.free[j] = False
+            self.cth[j], self.sth[j] = math.cos(th), math.sin(th)
+
+
+def _free_caps(k, n):
+    C = np.zeros((k, n))
+    C[:, 0] = 1.0
+    return C, np.zeros(k), np.ones(k), np.ones(k, dtype=np.bool_)
+
+
+def _symmetric_ok(node: _Node) -> bool:
+    """Can the boxes hold atoms ordered by (face, first face coordinate)? (docs/theory.md §7.4)"""
+    if node.lo.shape[1] == 0:
+        return K.symmetric_ok(node.faces, np.zeros(0), np.zeros(0))
+    return K.symmetric_ok(node.faces, node.lo[:, 0].copy(), node.hi[:, 0].copy())
+
+
+def node_lower_bound(X, lam, caps, *, max_sweeps: int = 20000, tol_abs: float = 1e-13, Y=None):
+    """Certified lower bound of the cone relaxation for atoms in given caps (docs/theory.md §7.2-§7.3).
+
+    Parameters
+    ----------
+    X : array (N, n)
+    lam : float
+    caps : sequence of (centre (n,), angle) or None
+        One per atom; ``None`` (or an angle >= pi/2) means the atom is unrestricted.
+
+    Returns
+    -------
+    (dual, primal) : certified lower bound and the relaxation's value at the final iterate.
+    """
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    N, n = X.shape
+    k = len(caps)
+    C = np.zeros((k, n))
+    cth = np.zeros(k)
+    sth = np.ones(k)
+    free = np.zeros(k, dtype=np.bool_)
+    for j, cap in enumerate(caps):
+        if cap is None or cap[1] >= 0.5 * math.pi:
+            free[j] = True
+            C[j, 0] = 1.0
+        else:
+            C[j] = np.asarray(cap[0], dtype=np.float64) / np.linalg.norm(cap[0])
+            cth[j], sth[j] = math.cos(cap[1]), math.sin(cap[1])
+    Y = np.zeros((N, k, n)) if Y is None else np.array(Y, dtype=np.float64)
+    dual, primal, _ = K.node_solve(X, float(lam), C, cth, sth, free, Y, np.inf, tol_abs, max_sweeps, 20)
+    return float(dual), float(primal)
+
+
+def _polish(X, lam, W, b, iters=60):
+    W = np.array(W, dtype=np.float64)
+    b = np.array(b, dtype=np.float64)
+    Z = np.zeros((X.shape[0], W.shape[0]))
+    val = K.polish(X, float(lam), W, b, Z, iters, 3)
+    return float(val), W, Z, b
+
+
+def _initial(X, lam, k, rng, wide, n_starts):
+    """Multistart alternating minimisation: wide-limit rays, data directions, random directions."""
+    N, n = X.shape
+    best = None
+    starts = []
+    Wwide = np.asarray(wide.dictionary, dtype=np.float64)
+    bw = np.asarray(wide.bias, dtype=np.float64)
+    if Wwide.shape[0] >= k:
+        cnt = np.bincount(wide.rays[wide.rays >= 0], weights=wide.code_values[wide.rays >= 0],
+                          minlength=Wwide.shape[0])
+        starts.append((Wwide[np.argsort(-cnt)[:k]], bw))
+    for _ in range(n_starts):
+        D = X[rng.choice(N, size=min(k, N), replace=False)] - bw
+        D = np.vstack([D, rng.standard_normal((k - D.shape[0], n))]) if D.shape[0] < k else D
+        D += 1e-9 * rng.standard_normal(D.shape)
+        starts.append((D / np.linalg.norm(D, axis=1, keepdims=True), bw))
+    for W0, b0 in starts:
+        cand = _polish(X, lam, W0, b0, 200)
+        if best is None or cand[0] < best[0]:
+            best = cand
+    return best
+
+
+def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=None, seed=0, n_starts=20,
+                 wide=None, limits: FiniteLimits = FiniteLimits()) -> FiniteSolution:
+    r"""Certified global optimum of the sparse dictionary-learning objective at width ``k``.
+
+    See :func:`widelimit.solve` (``width=k``), which validates the input and dispatches here.
+    ``wide`` is the wide-limit solution (its bound is valid at every width; at ``k >=`` its
+    number of rays it *is* the optimum, padded with unused atoms).
+    """
+    t0 = time.perf_counter()
+    if not (0 < float(rel_tol) < 1):
+        raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
+    if not float(time_limit) >= 0:
+        raise ValueError(f"time_limit must be >= 0 seconds, got {time_limit!r}")
+
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    N, n = X.shape
+    k = int(width)
+    n_rays = int(wide.width)
+    wlb = float(wide.lower_bound)
+    if k >= n_rays:  # closed form: the wide-limit optimum, padded with unused atoms
+        W = np.asarray(wide.dictionary, dtype=np.float64)
+        pad = np.zeros((k - W.shape[0], n))
+        pad[:, 0] = 1.0
+        W = np.vstack([W, pad])
+        Z = np.hstack([wide.codes, np.zeros((N, k - n_rays))])
+        val = float(sae_objective(X, W, Z, wide.bias, lam=lam).value)
+        return _result(val, max(wlb, -np.inf), W, Z, np.asarray(wide.bias, np.float64), lam, rel_tol,
+                       "closed_form", 0, n_rays, wlb, t0, certified_hint=wide.certified)
+    if n > limits.max_dim or k > limits.max_width or N > limits.max_points:
+        raise ValueError(
+            f"the exact search at width {k} handles dim <= {limits.max_dim}, width <= {limits.max_width} and "
+            f"N <= {limits.max_points} points (got dim {n}, N {N}); this problem is too large for it: use the "
+            "gradient solver (widelimit.fit_dictionary / `widelimit fit`) and compare with the wide-limit bound")
+    rng = np.random.default_rng(seed)
+    ub, W_best, Z_best, b_best = _initial(X, lam, k, rng, wide, n_starts)
+    # the best value's certificate is computed by the project's objective at the end
+    faces = -np.ones(k, dtype=np.int64)
+    lo = -np.ones((k, n - 1))
+    hi = np.ones((k, n - 1))
+    root = _Node(faces, lo, hi, np.zeros((N, k, n)), -np.inf, _free_caps(k, n))
+    scale = max(abs(ub), 1e-300)
+
+    def target():
+        return ub - rel_tol * scale * 0.999
+
+    n_nodes = 0
+
+    def bound(node: _Node) -> None:
+        nonlocal n_nodes
+        tol_abs = 1e-3 * rel_tol * scale
+        dual, primal, _ = K.node_solve(X, float(lam), node.C, node.cth, node.sth, node.free, node.Y, target(),
+                                       tol_abs, 20000, 10)
+        node.lb = max(node.lb, float(dual), wlb)
+        n_nodes += 1
+        return node.C
+
+    heap: list = []
+    counter = itertools.count()
+    bound(root)
+    heapq.heappush(heap, (root.lb, next(counter), root))
+    history = []
+    next_mark = [1.0]  # record the bounds each time the relative gap passes the next power of ten
+
+    def mark(lb_now):
+        g = (ub - lb_now) / scale
+        if g <= next_mark[0]:
+            history.append((time.perf_counter() - t0, float(lb_now), float(ub)))
+            while next_mark[0] >= g and next_mark[0] > 1e-12:
+                next_mark[0] /= 10.0
+
+    leaves_lb = np.inf  # bounds of nodes that cannot be split further
+    closed_lb = np.inf  # bounds of nodes pruned or closed (each >= the target of its time)
+    min_width = 1e-9
+    status = "optimal"
+    while heap:
+        if time.perf_counter() - t0 > time_limit:
+            status = "time_limit"
+            break
+        if max_nodes is not None and n_nodes >= max_nodes:
+            status = "node_limit"
+            break
+        lb, _, node = heapq.heappop(heap)
+        mark(min(lb, leaves_lb, closed_lb))
+        if lb >= target():
+            closed_lb = min(closed_lb, lb)
+            heap.clear()
+            break
+        children = _branch(node, n, min_width)
+        if children is None:
+            leaves_lb = min(leaves_lb, lb)
+            continue
+        for ch in children:
+            if not _symmetric_ok(ch):
+                continue
+            C = bound(ch)
+            if n_nodes < 2000 or n_nodes % 16 == 0:  # upper bounds matter most early on
+                cand = K.heuristic(X, float(lam), ch.Y, ch.C, 30)
+                if cand[0] < ub:
+                    ub, W_best, Z_best, b_best = cand
+            if ch.lb < target():
+                heapq.heappush(heap, (ch.lb, next(counter), ch))
+            else:
+                closed_lb = min(closed_lb, ch.lb)
+    open_lb = min([h[0] for h in heap] + [leaves_lb, closed_lb, ub])
+    val = float(sae_objective(X, W_best, Z_best, b_best, lam=lam).value)
+    history.append((time.perf_counter() - t0, float(max(open_lb, wlb)), val))
+    return _result(val, max(open_lb, wlb), W_best, Z_best, b_best, lam, rel_tol, status, n_nodes, n_rays, wlb, t0,
+                   history=tuple(history))
+
+
+def _branch(node: _Node, n: int, min_width: float):
+    """Children of a node: the first free atom over the 2n faces, else bisect the widest box side."""
+    k = node.faces.size
+    free = np.flatnonzero(node.faces < 0)
+    kids = []
+    if free.size:
+        j = int(free[0])
+        f0 = int(node.faces[j - 1]) if j > 0 else 0
+        for f in range(f0, 2 * n):
+            ch = node.child(j)
+            ch.faces[j] = f
+            ch.recap(j, n)
+            kids.append(ch)
+        return kids
+    if n == 1:
+        return None
+    # split the atom whose relaxed products spread the most over the widest cap
+    ext = node.hi - node.lo  # (k, n-1)
+    mass = np.linalg.norm(node.Y, axis=2).sum(axis=0)  # (k,)
+    score = ext.max(axis=1) * (mass + 1e-12 * (mass.max() + 1.0))
+    score[ext.max(axis=1) < min_width] = -1.0
+    j = int(np.argmax(score))
+    if score[j] < 0:
+        return None
+    d = int(np.argmax(ext[j]))
+    mid = 0.5 * (node.lo[j, d] + node.hi[j, d])
+    for lo_d, hi_d in ((node.lo[j, d], mid), (mid, node.hi[j, d])):
+        ch = node.child(j)
+        ch.lo[j, d], ch.hi[j, d] = lo_d, hi_d
+        ch.recap(j, n)
+        kids.append(ch)
+    return kids
+
+
+def _result(val, lb, W, Z, b, lam, rel_tol, status, n_nodes, n_rays, wlb, t0, certified_hint=None, history=()):
+    lb = min(float(lb), val)  # a bound above the value would only be rounding
+    gap = val - lb
+    rel = gap / max(abs(val), 1e-300)
+    cert = rel <= rel_tol and status in ("optimal", "closed_form")
+    if certified_hint is not None:
+        cert = cert and bool(certified_hint)
+    return FiniteSolution(value=val, lower_bound=lb, gap=gap, rel_gap=rel, certified=bool(cert),
+                          dictionary=np.asarray(W, np.float64), codes=np.asarray(Z, np.float64),
+                          bias=np.asarray(b, np.float64), lam=float(lam), rel_tol=float(rel_tol), status=status,
+                          n_nodes=int(n_nodes), n_rays=n_rays, wide_lower_bound=wlb,
+                          elapsed=time.perf_counter() - t0, history=tuple(history))
