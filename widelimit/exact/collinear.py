@@ -100,7 +100,11 @@ def project_chunk(c, s, o, u):
 def collinear_fit(engine, rng_idx, tol_abs):
     """Detect data on one line (or one point): (origin, unit direction or None), or None."""
     N = engine.N
-    if N > rng_idx.size:  # a random subsample that is not collinear rules it out cheaply
+    # rows off one line rule collinearity out: a few first (cheap), then a random subsample
+    head = engine.take(np.arange(min(N, 32)))
+    if _line_of(head, tol_abs) is None:
+        return None
+    if N > rng_idx.size:
         if _line_of(engine.take(rng_idx), tol_abs) is None:
             return None
     fit = _line_of(engine.take(np.arange(min(N, 4096))), tol_abs)
