@@ -41,7 +41,7 @@ import numpy as np
 import scipy.sparse as sp
 import time
 from .pdas import CodingResult, _check_problem
-from .pdas import optimal_codes as fista_codes
+from .pdas import finish_rows
 from .._validation import check_codes, row_norms
 
 __all__ = ["cd_codes", "GramCoder"]
@@ -530,13 +530,8 @@ def cd_codes(X, W, b, *, lam, tol: float = 1e-6, Z0=None, return_codes: bool = T
     codes = sp.csr_array(sp.vstack(blocks, format="csr")) if blocks else sp.csr_array((N, k))
     if leftovers and (deadline is None or time.perf_counter() < deadline):
         # the full-dictionary solver finishes these tokens, warm-started, float64
-        rows = np.concatenate(leftovers)
-        res = fista_codes(np.asarray(X[rows]), W, b, lam=lam, tol=tol, device="cpu", Z0=codes[rows], dtype="float64",
-                          max_iter=20000)
-        P_all[rows], gap_all[rows] = res.point_values, res.point_gaps
-        codes = codes.tolil()
-        codes[rows] = res.codes
-        codes = sp.csr_array(codes)
+        codes, res = finish_rows(X, W, b, codes, np.concatenate(leftovers), P_all, gap_all, lam=lam, tol=tol,
+                                 dtype="float64", max_iter=20000)
         n_iter += res.n_iter
     n_bad = int(np.sum(gap_all > tol * np.maximum(P_all, floor)))
     value = float(P_all.mean())

@@ -414,3 +414,18 @@ def optimal_codes(X, W, b, *, lam, tol: float = 1e-6, max_iter: int = 3000, batc
         max_gap=float(gap_all.max()), point_values=P_all, point_gaps=gap_all, n_iter=int(n_iter),
         converged=n_bad == 0, n_unconverged=int(n_bad), device=str(dev), lam=lam, tol=tol,
     )
+
+
+def finish_rows(X, W, b, codes, rows, P, gap, *, lam, tol, device="cpu", **options):
+    """Re-solve the tokens ``rows`` a faster coder left uncertified with :func:`optimal_codes` (warm-started).
+
+    ``codes`` (CSR, ``(N, k)``) is returned with those rows replaced; ``P`` and ``gap`` (the
+    per-token primal values and certified gaps) are updated in place. Returns
+    ``(codes, result)`` with ``result`` the :class:`CodingResult` of the re-solved rows.
+    """
+    res = optimal_codes(np.asarray(X[rows]), W, b, lam=lam, tol=tol, device=device, Z0=codes[rows],
+                        return_codes=True, **options)
+    P[rows], gap[rows] = res.point_values, res.point_gaps
+    lil = codes.tolil()
+    lil[rows] = res.codes
+    return sp.csr_array(lil), res

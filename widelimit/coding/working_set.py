@@ -34,7 +34,7 @@ import scipy.sparse as sp
 
 from .._runtime import resolve_device
 from .._validation import check_codes, row_norms
-from .pdas import CodingResult, _check_problem, optimal_codes
+from .pdas import CodingResult, _check_problem, finish_rows, optimal_codes
 
 __all__ = ["optimal_codes_working_set"]
 
@@ -244,12 +244,8 @@ def optimal_codes_working_set(X, W, b, *, lam, tol: float = 1e-6, device="auto",
                          shape=(N, k))
     n_iter = rounds_max
     if leftovers:  # the full solver finishes these tokens, warm-started
-        rows = np.concatenate(leftovers)
-        res = optimal_codes(X[rows], W, b, lam=lam, tol=tol, device=dev, Z0=codes[rows], return_codes=True)
-        P_all[rows], gap_all[rows] = res.point_values, res.point_gaps
-        codes = codes.tolil()
-        codes[rows] = res.codes
-        codes = sp.csr_array(codes)
+        codes, res = finish_rows(X, W, b, codes, np.concatenate(leftovers), P_all, gap_all, lam=lam, tol=tol,
+                                 device=dev)
         n_iter += res.n_iter
     n_bad = int(np.sum(gap_all > tol * np.maximum(P_all, floor)))
     value = float(P_all.mean())

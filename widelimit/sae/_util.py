@@ -7,7 +7,7 @@ import scipy.sparse as sp
 
 from .._validation import to_numpy
 import warnings
-from ..coding.pdas import optimal_codes as fista_codes
+from ..coding.pdas import finish_rows
 
 __all__ = ["violation_tolerance", "sample_rows", "pair_candidates", "csr_pair", "diag", "finish_codes", "Rows", "check_acts"]
 
@@ -67,12 +67,8 @@ def finish_codes(out: dict, Xb, U, b, lam: float, tol: float) -> None:
     """Tokens the working-set rounds left uncertified: full-dictionary FISTA in float64, warm-started (in place)."""
 
     rows = out["todo"]
-    res = fista_codes(Xb[rows], U, b, lam=lam, tol=tol, device="cpu", Z0=out["codes"][rows], dtype="float64",
-                      max_iter=20000)
-    out["P"][rows], out["gap"][rows] = res.point_values, res.point_gaps
-    codes = out["codes"].tolil()
-    codes[rows] = res.codes
-    out["codes"] = sp.csr_array(codes)
+    out["codes"], res = finish_rows(Xb, U, b, out["codes"], rows, out["P"], out["gap"], lam=lam, tol=tol,
+                                    dtype="float64", max_iter=20000)
     out["R"][rows] = (Xb[rows] - b) - np.asarray(res.codes @ U)
     out["rounds"] += res.n_iter
 
