@@ -37,7 +37,7 @@ import copy
 
 import numpy as np
 
-from .local import LocalEngine, NonFiniteRow, Progress, chunk_rows, data_fingerprint, is_dask_array, nonfinite_error
+from .local import LocalEngine, NonFiniteRow, _batches, Progress, chunk_rows, data_fingerprint, is_dask_array, nonfinite_error
 from .fingerprint import finish, hashed
 
 __all__ = ["DaskEngine", "from_source", "PERSIST", "BLOCK_BYTES"]
@@ -176,6 +176,10 @@ class DaskEngine:
             return dask.compute(obj)[0]
         except NonFiniteRow as err:
             raise nonfinite_error(self.X, err) from None
+
+    def batches(self, rows: int, *, name: str = "X"):
+        """Consecutive blocks of ``rows`` rows as ``(start, block)`` computed one by one (next one ahead)."""
+        yield from _batches(self.X, self.N, int(rows), name, prefetch=True)
 
     def reduce(self, fn, merge, *args, extras=(), stage: str | None = None, fingerprint: bool = False):
         """One pass: ``merge`` over blocks of ``fn(block, start, *args, *extra_blocks)``, as one Dask graph.

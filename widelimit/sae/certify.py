@@ -81,6 +81,7 @@ from .._runtime import limit_threads, resolve_device
 from .._validation import check_tol
 from ..coding import choose_algorithm, optimal_codes
 from ..coding.cd import GramCoder
+from ..engine import engine_for
 from ..engine.local import Progress
 from ..exact.certificate import is_certified
 from ..exact.median import huber_median, huber_value
@@ -350,16 +351,12 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     stab_codes = []
     stats = ReconstructionStats(k)
 
-    for bi, s in enumerate(range(0, N, batch_size)):
-        e = min(N, s + batch_size)
+    # the batches are a sequential pass of the data's engine: read ahead for sources, computed block by
+    # block for Dask, a NaN / Inf row named with its shard
+    for bi, (s, raw) in enumerate(engine_for(acts).batches(batch_size, name="activations")):
+        e = s + raw.shape[0]
         nb_ = e - s
-        raw = np.asarray(acts[s:e], dtype=np.float64)
-        ok = np.isfinite(raw).all(axis=1)
-        if not ok.all():
-            i = s + int(np.flatnonzero(~ok)[0])
-            what = "NaN" if np.isnan(raw[i - s]).any() else "Inf"
-            raise ValueError(f"activations have a non-finite value ({what}) in row {i}")
-        Xb = sae.preprocess(raw)
+        Xb = sae.preprocess(np.asarray(raw, dtype=np.float64))
         x = torch.as_tensor(Xb, device=dev)
         xt = x - bt
         sum_x += x.sum(0)
