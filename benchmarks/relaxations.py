@@ -139,8 +139,8 @@ def main(argv=None):
     if args.large:
         inst = make_instance("random", args.large, args.dim, seed=args.large_seed)
         exact = wl.solve(inst.X, lam=inst.lam).value
-        r = solve_dnn(inst.X, lam=inst.lam, tol=args.tol, time_limit=args.large_time, device="cpu", num_threads=1, callback=lambda h: print(f"  large N={args.large}: iter {h['iter']} t={h['time_s']:.0f}s "
-                                               f"rel_gap={h['rel_gap']:.2e}", flush=True) and False)
+        r = solve_dnn(inst.X, lam=inst.lam, tol=args.tol, time_limit=args.large_time, device="cpu", num_threads=1, progress=lambda e: print(f"  large N={args.large}: iter {e.rows_done} value {e.value:.10g} "
+                                               f"lower bound {e.lower_bound:.10g}", flush=True))
         large = {"N": args.large, "n": args.dim, "seed": args.large_seed, "exact_value": exact, "value": r.value, "lower_bound": r.lower_bound,
                  "load_average_after": os.getloadavg(), "threads": 1,
                  "rel_gap": r.rel_gap, "rel_error_upper": abs(r.value - exact) / exact,

@@ -110,8 +110,8 @@ def test_batches_warm_start_and_options(rng):
     none = optimal_codes(X, W, b, lam=lam, device="cpu", return_codes=False)
     assert none.codes is None and none.value == pytest.approx(full.value, rel=1e-6)
     seen = []
-    optimal_codes(X, W, b, lam=lam, device="cpu", batch_size=20, callback=lambda d, N: seen.append((d, N)))
-    assert seen == [(20, 53), (40, 53), (53, 53)]
+    optimal_codes(X, W, b, lam=lam, device="cpu", batch_size=20, progress=lambda e: seen.append((e.stage, e.rows_done, e.rows_total, e.done)))
+    assert seen == [("optimal codes", 20, 53, False), ("optimal codes", 40, 53, False), ("optimal codes", 53, 53, True)]
     assert full.as_dict()["nnz"] == full.codes.nnz
     assert isinstance(full.codes, sp.csr_array) and full.codes.shape == (53, 10)
 

@@ -286,10 +286,12 @@ def test_deterministic_on_cpu(rays):
 def test_history_is_monotone_full_batch(rays):
     X, _, lam = rays
     seen = []
-    fit = wl.fit_dictionary(X, lam=lam, width=3, init="random", device="cpu", seed=2, max_steps=50, callback=seen.append)
+    fit = wl.fit_dictionary(X, lam=lam, width=3, init="random", device="cpu", seed=2, max_steps=50, progress=seen.append)
     vals = [h["value"] for h in fit.history]
     assert all(v1 <= v0 * (1 + 1e-6) for v0, v1 in zip(vals, vals[1:]))
-    assert seen == fit.history
+    # one Progress event per recorded step, carrying the step and the value of the history
+    assert [(e.stage, e.rows_done, e.rows_total, e.value) for e in seen] == \
+        [("fit", h["step"], 50, h["value"]) for h in fit.history]
 
 
 def test_frontier_saturates_at_the_number_of_rays(rays, tmp_path):

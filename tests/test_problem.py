@@ -139,3 +139,22 @@ def test_certify_sae_batches_run_on_the_engine(tmp_path):
     np.save(tmp_path / "s" / "1.npy", bad)
     with pytest.raises(ValueError, match=r"non-finite value \(Inf\) in row 53 \(shard .*1\.npy, row 3\)"):
         wl.certify_sae(wl.open_activations(tmp_path / "s"), sae, lam=0.5, device="cpu", batch_size=16, threads=1)
+
+
+def test_one_progress_protocol_for_the_iterative_solvers(X):
+    """fit_dictionary, frontier, solve_dnn and optimal_codes all report widelimit.Progress events."""
+    Y = X[:40].astype(np.float64)
+    got = {}
+    for name, run in {
+        "fit": lambda cb: wl.fit_dictionary(Y, lam=1.5, width=3, device="cpu", max_steps=5, progress=cb),
+        "frontier": lambda cb: wl.frontier(Y, lam=1.5, widths=[1, 2], n_restarts=1, max_steps=5, device="cpu", progress=cb),
+        "dnn": lambda cb: wl.solve_dnn(Y[:12], lam=1.5, max_iter=30, check_every=5, device="cpu", progress=cb),
+        "codes": lambda cb: wl.optimal_codes(Y, np.eye(6)[:3], np.zeros(6), lam=1.5, device="cpu", batch_size=16, progress=cb),
+    }.items():
+        seen = []
+        run(seen.append)
+        assert seen and all(isinstance(e, wl.Progress) for e in seen), name
+        got[name] = seen
+    assert [e.stage for e in got["frontier"]] == ["width 1", "width 2"] and got["frontier"][-1].done
+    assert [e.rows_done for e in got["codes"]] == [16, 32, 40]
+    assert all(e.lower_bound <= e.value + 1e-9 for e in got["dnn"])

@@ -97,11 +97,11 @@ def _run_fit(args) -> int:
     with _Progress(enabled=True) as prog:
         run = {"i": 0}
 
-        def cb(h):
-            prog.say(f"run {run['i'] + 1}/{args.restarts}: step {h['step']}  objective {h['value']:.8g}")
+        def cb(ev):
+            prog.say(f"run {run['i'] + 1}/{args.restarts}: step {ev.rows_done}  objective {ev.value:.8g}")
 
         kw = _fit_kwargs(args)
-        kw["callback"] = cb
+        kw["progress"] = cb
         fits = []
         for i in range(max(1, args.restarts)):
             run["i"] = i
@@ -178,7 +178,7 @@ def _run_frontier(args) -> int:
     with atomic_outputs(args.out) as tmp:
         with _Progress() as prog:
             fr = frontier(X, lam=lam, widths=widths, n_restarts=max(1, args.restarts), seed=args.seed, inits=inits,
-                          out=tmp / "frontier.png", callback=lambda w, v: prog.say(f"width {w}: {v:.8g}"),
+                          out=tmp / "frontier.png", progress=lambda ev: prog.say(f"{ev.stage}: {ev.value:.8g}"),
                           exact_widths=args.exact, exact_time_limit=args.exact_time_limit, **_fit_kwargs(args))
         d = fr.as_dict()
         d["data"] = label

@@ -50,7 +50,7 @@ def choose_algorithm(k: int, device) -> str:
 
 @with_thread_limit
 def optimal_codes(X, W, b, *, lam, algorithm: str = "auto", tol: float = 1e-6, device="auto", Z0=None,
-                  return_codes: bool = True, batch_size: int | None = None, callback=None, **options) -> CodingResult:
+                  return_codes: bool = True, batch_size: int | None = None, progress=None, **options) -> CodingResult:
     r"""Certified optimal nonnegative codes for a fixed dictionary and bias (one lasso per point).
 
     For every point ``x_i`` solves
@@ -84,8 +84,8 @@ def optimal_codes(X, W, b, *, lam, algorithm: str = "auto", tol: float = 1e-6, d
         Return the codes as a CSR array.
     batch_size : int, optional
         Points per batch (memory is bounded by a batch).
-    callback : callable(done, N), optional
-        Called after each batch.
+    progress : callable(Progress), optional
+        Receives a :class:`widelimit.Progress` event after each batch (``stage="optimal codes"``).
     **options
         Passed to the algorithm (``max_iter``, ``dtype`` for ``"fista"``; ``ws_size``,
         ``max_rounds`` for ``"working_set"``; ``ws_extra``, ``max_rounds`` for ``"cd"``).
@@ -117,12 +117,12 @@ def optimal_codes(X, W, b, *, lam, algorithm: str = "auto", tol: float = 1e-6, d
             raise ValueError(f"algorithm='cd' runs on the CPU only, got device {device!r}")
 
         return cd_codes(X, W, b, lam=lam, tol=tol, Z0=Z0, return_codes=return_codes, batch_size=batch_size,
-                        callback=callback, **options)
+                        progress=progress, **options)
     if algorithm == "working_set":
-        if callback is not None:
-            raise ValueError("callback is not supported by algorithm='working_set'")
+        if progress is not None:
+            raise ValueError("progress is not supported by algorithm='working_set'")
 
         return optimal_codes_working_set(X, W, b, lam=lam, tol=tol, device=dev, Z0=Z0, return_codes=return_codes,
                                          batch_size=batch_size, **options)
     return fista_codes(X, W, b, lam=lam, tol=tol, device=dev, Z0=Z0, return_codes=return_codes, batch_size=batch_size,
-                       callback=callback, **options)
+                       progress=progress, **options)

@@ -43,6 +43,7 @@ import time
 from .pdas import CodingResult, _check_problem
 from .pdas import finish_rows
 from .._validation import check_codes, row_norms
+from ..engine.local import Progress
 
 __all__ = ["cd_codes", "GramCoder"]
 
@@ -482,7 +483,7 @@ class GramCoder:
 
 
 def cd_codes(X, W, b, *, lam, tol: float = 1e-6, Z0=None, return_codes: bool = True, batch_size: int | None = None,
-             ws_extra: int = 128, max_rounds: int = 20, max_time: float | None = None, callback=None):
+             ws_extra: int = 128, max_rounds: int = 20, max_time: float | None = None, progress=None):
     r"""Certified optimal nonnegative codes by working-set coordinate descent (module docstring); CPU.
 
     Parameters and result as :func:`widelimit.coding.optimal_codes` (``algorithm="cd"``);
@@ -525,8 +526,8 @@ def cd_codes(X, W, b, *, lam, tol: float = 1e-6, Z0=None, return_codes: bool = T
         Zb = sp.csr_array(out["codes"] @ Dinv)
         blocks.append(sp.csr_array((Zb.data, live[Zb.indices], Zb.indptr), shape=(e - s, k)) if live.size
                       else sp.csr_array((e - s, k)))
-        if callback is not None:
-            callback(e, N)
+        if progress is not None:
+            progress(Progress(stage="optimal codes", pass_index=1, rows_done=e, rows_total=N, done=e == N))
     codes = sp.csr_array(sp.vstack(blocks, format="csr")) if blocks else sp.csr_array((N, k))
     if leftovers and (deadline is None or time.perf_counter() < deadline):
         # the full-dictionary solver finishes these tokens, warm-started, float64

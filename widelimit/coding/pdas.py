@@ -49,6 +49,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._runtime import resolve_device, torch_dtype
+from ..engine.local import Progress
 from .._validation import check_codes, check_data, check_dictionary, check_lam, check_vector, row_norms, writable
 
 __all__ = ["CodingResult", "optimal_codes"]
@@ -264,7 +265,7 @@ def _check_problem(X, W, b, lam, tol):
 
 def optimal_codes(X, W, b, *, lam, tol: float = 1e-6, max_iter: int = 3000, batch_size: int | None = None,
                   device="auto", Z0=None, return_codes: bool = True, dtype="float32",
-                  check_every: int = 10, callback: Callable[[int, int], None] | None = None) -> CodingResult:
+                  check_every: int = 10, progress: Callable[[Progress], None] | None = None) -> CodingResult:
     r"""Optimal nonnegative codes for a fixed dictionary and bias (one nonnegative lasso per point).
 
     Solves, for every point ``x_i``,
@@ -308,8 +309,8 @@ def optimal_codes(X, W, b, *, lam, tol: float = 1e-6, max_iter: int = 3000, batc
         Working precision of the main phase (the evaluation is always float64).
     check_every : int
         Iterations between gap checks.
-    callback : callable(done, N), optional
-        Called after each batch with the number of points finished.
+    progress : callable(Progress), optional
+        Receives a :class:`widelimit.Progress` event after each batch (``stage="optimal codes"``).
 
     Returns
     -------
@@ -402,8 +403,8 @@ def optimal_codes(X, W, b, *, lam, tol: float = 1e-6, max_iter: int = 3000, batc
                 Zb = np.zeros((e - s, k))
                 Zb[:, live] = Yc / norms[live]
                 blocks.append(sp.csr_array(Zb))
-            if callback is not None:
-                callback(e, N)
+            if progress is not None:
+                progress(Progress(stage="optimal codes", pass_index=1, rows_done=e, rows_total=N, done=e == N))
     codes = None
     if return_codes:
         codes = sp.csr_array(sp.vstack(blocks, format="csr")) if blocks else sp.csr_array((N, k))

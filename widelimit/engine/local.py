@@ -65,7 +65,12 @@ def chunk_rows(n_cols: int, budget: int | None = None) -> int:
 
 @dataclass(frozen=True)
 class Progress:
-    """One progress event of a streaming computation.
+    """One progress event: the one progress protocol of every solver (``progress=`` callbacks).
+
+    Passes over the data report rows; iterative solvers (``fit_dictionary``, ``solve_dnn``,
+    ``frontier``, the superposition trainer) report iterations in ``rows_done`` of
+    ``rows_total`` (0 when there is no fixed budget) with the current ``value`` (and
+    ``lower_bound`` where the solver has one).
 
     Attributes
     ----------

@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from .._runtime import resolve_device
+from ..engine.local import Progress
 from .superposition import (
     _torch,
     check_m,
@@ -196,7 +197,7 @@ def train(
     W0=None,
     log_every: int = 50,
     polish: bool = True,
-    callback: Callable | None = None,
+    progress: Callable | None = None,
 ) -> TrainResult:
     r"""Gradient ascent (Adam) on ``Ltilde`` from random starts; returns the best restart.
 
@@ -211,7 +212,8 @@ def train(
     W0 : optional starting weights ``(d, n)`` for the first restart.
     polish : after Adam, run L-BFGS (strong Wolfe) on the exact objective to converge to the
         nearby stationary point (``objective="exact"`` only).
-    callback : called as ``callback(restart, step, value)`` every ``log_every`` steps.
+    progress : callable(Progress), optional
+        Receives a :class:`widelimit.Progress` event every ``log_every`` steps (``stage="restart r"``).
 
     The objective is divided by ``n p mu_2`` (= ``E||x||^2``) for a scale-free learning
     rate. The result is rescaled optimally (:func:`optimal_scale`) and evaluated exactly.
@@ -260,8 +262,9 @@ def train(
             if step % log_every == 0 or step == steps - 1:
                 v = float(val.detach())
                 hist.append(v)
-                if callback is not None:
-                    callback(rs, step, v)
+                if progress is not None:
+                    progress(Progress(stage=f"restart {rs}", pass_index=step + 1, rows_done=step + 1, rows_total=steps,
+                                      value=v))
         if polish and objective == "exact":
             lbfgs = torch.optim.LBFGS([Wt], lr=1.0, max_iter=150, tolerance_grad=1e-12, tolerance_change=1e-16,
                                       history_size=50, line_search_fn="strong_wolfe")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .._validation import check_data, check_int, check_lam, check_seed
 from .crossval import best_fit
+from ..engine.local import Progress
 from ..exact.solve import WideLimitSolution, solve
 from ..plot import save_figure, subplots
 
@@ -87,7 +88,7 @@ class Frontier:
 
 
 def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays", "data"),
-             sat_tol: float = 1e-4, out=None, exact: WideLimitSolution | None = None, callback=None,
+             sat_tol: float = 1e-4, out=None, exact: WideLimitSolution | None = None, progress=None,
              exact_widths: bool = False, exact_time_limit: float = 600.0,
              **fit_kwargs) -> Frontier:
     """Best objective per width (restarts), the wide-limit bound, the saturation width and a plot.
@@ -108,8 +109,9 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
         Write the loss-vs-width PNG here.
     exact : WideLimitSolution, optional
         Precomputed :func:`widelimit.solve` result.
-    callback : callable(width, best_value), optional
-        Called after each width.
+    progress : callable(Progress), optional
+        Receives a :class:`widelimit.Progress` event after each width (``stage="width k"``,
+        ``value`` = the best objective found at that width).
     exact_widths : bool
         Also compute the certified optimum at each width (``widelimit.solve(X, lam=, width=k)``,
         branch and bound; small data only), each capped at ``exact_time_limit`` seconds.
@@ -132,12 +134,13 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
     ex = solve(X, lam=lam) if exact is None else exact
     lb = float(ex.lower_bound)
     values, restarts = [], []
-    for w in ws:
+    for i, w in enumerate(ws):
         best, fits = best_fit(X, lam=lam, width=w, n_restarts=n_restarts, seed=seed, inits=inits, **fit_kwargs)
         values.append(best.value)
         restarts.append([f.value for f in fits])
-        if callback is not None:
-            callback(w, best.value)
+        if progress is not None:
+            progress(Progress(stage=f"width {w}", pass_index=i + 1, rows_done=i + 1, rows_total=len(ws),
+                              value=best.value, done=i + 1 == len(ws)))
     slack = 1e-9 * max(abs(lb), 1e-300)
     respects = all(v >= lb - slack for vs in restarts for v in vs)
     sat = next((w for w, v in zip(ws, values) if v - lb <= sat_tol * abs(v)), None)

@@ -78,6 +78,7 @@ from ..coding import GRAM_LIMIT
 from ..coding import optimal_codes as _entry_codes
 from ..coding.pdas import optimal_codes
 from ..exact.median import huber_median
+from ..engine.local import Progress
 from ..exact.objective import sae_objective
 from ._steps import _fit_free, _fit_free_minibatch, _init_dictionary, _rownorm
 from ..sae.model import SAE
@@ -207,15 +208,16 @@ _FINAL_SHARE = 0.15
 
 
 class _Reporter:
-    """History, stopping rule (relative improvement / step or time budget) and the user callback.
+    """History, stopping rule (relative improvement / step or time budget) and the progress events.
 
     Deterministic (full-batch) objectives: stop when ``v[-1-window] - v[-1] <= rtol * window * |v[-1]|``.
     Stochastic ones (``stochastic=True``: minibatch losses): the same test on the means of the
     last two blocks of ``window`` steps, so batch noise does not stop or prolong the run.
     """
 
-    def __init__(self, rtol, window, max_time, callback, t0, stochastic=False):
-        self.rtol, self.window, self.max_time, self.callback, self.t0 = rtol, window, max_time, callback, t0
+    def __init__(self, rtol, window, max_time, progress, t0, stochastic=False, budget=0):
+        self.rtol, self.window, self.max_time, self.progress, self.t0 = rtol, window, max_time, progress, t0
+        self.budget = int(budget or 0)
         self.stochastic = stochastic
         self.history: list[dict] = []
         self.raw: list[float] = []
@@ -229,8 +231,9 @@ class _Reporter:
         w = self.window
         shown = float(np.mean(self.raw[-w:])) if self.stochastic else float(value)
         self.history.append({"step": int(step), "time_s": t, "value": shown})
-        if self.callback is not None:
-            self.callback(dict(self.history[-1]))
+        if self.progress is not None:
+            self.progress(Progress(stage="fit", pass_index=int(step), rows_done=int(step), rows_total=self.budget,
+                                   value=shown))
         if self.max_time is not None and t >= self.max_time:
             self.reason = "max_time"
             return True
@@ -257,7 +260,7 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
                    dict_steps: int = 2, ws_size: int = 16, resample_every: int = 25, bias=None,
                    learn_bias: bool = True, lr: float = 1e-3,
                    topk: int | None = None, bandwidth: float | None = None, coding_tol: float = 1e-7,
-                   callback: Callable[[dict], None] | None = None) -> FitResult:
+                   progress: Callable[[Progress], None] | None = None) -> FitResult:
     r"""Learn a width-``k`` dictionary, codes and bias by minimising the SAE objective (theory.md §1).
 
     .. math:: \min_{W, Z\ge 0, b}\ \frac1N\sum_i \|z_i W + b - x_i\|^2 + 2\lambda\|z_i\|_1,\quad \|w_d\| = 1.
@@ -321,9 +324,9 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
         JumpReLU straight-through bandwidth (default ``0.1 lam``).
     coding_tol : float
         Tolerance of the final optimal (re-)coding (:func:`widelimit.optimal_codes`).
-    callback : callable(dict), optional
-        Called with ``{"step", "time_s", "value"}`` after each recorded step (the CLI
-        draws its progress bar with it). A solver never prints.
+    progress : callable(Progress), optional
+        Receives a :class:`widelimit.Progress` event per recorded step (``stage="fit"``,
+        ``rows_done`` = step, ``value`` = the objective shown in the history).
 
     Returns
     -------
@@ -403,8 +406,8 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     # the budget covers the whole fit: the steps stop early enough to leave the final certified
     # re-coding (and the encoder's evaluation) _FINAL_SHARE of it
     loop_time = None if max_time is None else (1.0 - _FINAL_SHARE) * float(max_time)
-    report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), loop_time, callback, t0,
-                       stochastic=stochastic)
+    report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), loop_time, progress, t0,
+                       stochastic=stochastic, budget=max_steps)
     opts = {"max_steps": int(max_steps), "cd_sweeps": 30 if code_steps is None else int(code_steps),
             "dict_steps": int(dict_steps),
             "ws_size": int(ws_size), "resample_every": int(resample_every), "batch_size": batch_size,

@@ -73,6 +73,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._runtime import resolve_device
+from ..engine.local import Progress
 from .._validation import check_data, check_int, check_lam, check_real, check_vector, to_numpy
 
 __all__ = ["DNNResult", "solve_dnn", "dnn_dual_bound"]
@@ -254,7 +255,7 @@ def dnn_dual_bound(X, lam, Q, b=None, sweeps: int = 3) -> float:
 
 def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time_limit: float | None = None,
               Q0=None, u0=None, step0: float | None = None, check_every: int = 5, device: str = "auto",
-              num_threads: int | None = None, callback=None) -> DNNResult:
+              num_threads: int | None = None, progress=None) -> DNNResult:
     r"""Solve the DNN relaxation of the Q-problem to a certified relative gap.
 
     Parameters
@@ -280,8 +281,9 @@ def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
         CPU threads for torch during the solve (restored afterwards). Default:
         1 for ``N <= 512`` (thread start-up dominates small eigendecompositions,
         by an order of magnitude on a busy machine), torch's setting otherwise.
-    callback : callable, optional
-        Called with the history dict at each check; return True to stop.
+    progress : callable(Progress), optional
+        Receives a :class:`widelimit.Progress` event at each certificate check (``stage="dnn"``,
+        ``rows_done`` = iteration of ``rows_total = max_iter``, ``value``, ``lower_bound``).
 
     Returns
     -------
@@ -297,16 +299,16 @@ def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
     dev = resolve_device(device)
     threads = num_threads if num_threads is not None else (1 if X.shape[0] <= 512 else None)
     if dev.type != "cpu" or threads is None:
-        return _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, callback)
+        return _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, progress)
     old = torch.get_num_threads()
     torch.set_num_threads(int(threads))
     try:
-        return _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, callback)
+        return _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, progress)
     finally:
         torch.set_num_threads(old)
 
 
-def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, callback,
+def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, progress,
                grow: float = 1.2, sweeps: int = 3) -> DNNResult:
     import torch
 
@@ -402,8 +404,9 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
             if rel <= tol:
                 converged = True
                 break
-            if callback is not None and callback(rec):
-                break
+            if progress is not None:
+                progress(Progress(stage="dnn", pass_index=it, rows_done=it, rows_total=max_iter, value=upper,
+                                  lower_bound=lower))
             if time_limit is not None and time.perf_counter() - t0 > time_limit:
                 break
     upper, Qbest, bbest = best
