@@ -43,3 +43,19 @@ def test_readme_python_example_runs(capsys):
     psi = np.where(r <= lam, D, lam * D / np.maximum(r, 1e-300))  # -grad of h_lam(||x - b||) / 2
     assert np.linalg.norm(psi.mean(axis=0)) <= 1e-6 * lam
     assert 0 <= nums[3] <= 1e-6 * objective(b)
+
+
+def test_readme_second_example_streams_the_same_optimum(capsys, tmp_path, monkeypatch):
+    """The README's on-disk example (run in a scratch folder): the memory-mapped file gives the same optimum."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 2
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(blocks[0], "README.md", "exec"), ns)
+    capsys.readouterr()
+    exec(compile(blocks[1], "README.md", "exec"), ns)
+    assert capsys.readouterr().out.split() == ["True"]
+    assert (tmp_path / "acts.npy").exists()
+    # the printed True is the comparison of two independently computed optima
+    assert ns["src"].shape == ns["X"].shape
