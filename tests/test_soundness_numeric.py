@@ -156,11 +156,15 @@ def test_3_cli_tolerances_exit_2(tmp_path, capsys):
     np.save(tmp_path / "acts.npy", X.astype(np.float32))
     base = ["certify", str(tmp_path / "sae"), str(tmp_path / "acts.npy"), "--lam", "0.5", "--device", "cpu"]
     # refused by argparse, naming the flag (issue 13: messages name the CLI flag)
-    for flag, bad in (("--tol", "inf"), ("--tol", "-1"), ("--tol", "nan")):
-        _one_line_error(capsys, base + [flag, bad], f"argument {flag}: must be a finite number >= 0")
-    _one_line_error(capsys, base + ["--coding-tol", "inf"], "argument --coding-tol: must be a finite number > 0")
-    _one_line_error(capsys, base + ["--norm-scaling-factor", "-1"],
-                    "argument --norm-scaling-factor: must be a finite number > 0")
+    cases = [(base + ["--tol", v], "argument --tol: must be a finite number >= 0") for v in ("inf", "-1", "nan")]
+    cases += [(base + ["--coding-tol", "inf"], "argument --coding-tol: must be a finite number > 0"),
+              (base + ["--norm-scaling-factor", "-1"], "argument --norm-scaling-factor: must be a finite number > 0")]
+    for argv, needle in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("widelimit certify: error: ") and err.count("\n") == 1 and needle in err, err
+    # the same command with valid tolerances certifies (so the refusals above are about the values)
+    assert main(base + ["--tol", "1e-6", "--json"]) == 0
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
