@@ -2,7 +2,7 @@
 # Usage: git worktree add ../widelimit-before a148990 && BEFORE=$(realpath ../widelimit-before) bash benchmarks/before_after.sh
 # The three foundation benchmarks on the tree before this round (a148990) and on main, each run with its own code.
 set -u
-OUT=${OUT:-benchmarks/results/before_after_0.2}; mkdir -p $OUT
+OUT=$(realpath -m "${OUT:-benchmarks/results/before_after_0.2}"); mkdir -p "$OUT"
 for tree in before main; do
   d=${BEFORE:-../widelimit-before}; [ $tree = main ] && d=$(pwd)
   export PYTHONPATH=$d

@@ -1,3 +1,7 @@
+"""In-memory huber_median (2e6 x 128 float32) and solve (20000 x 64): best-of timings for one tree.
+
+    PYTHONPATH=<tree> python3 benchmarks/before_after_median.py <label>
+"""
 import time, sys, numpy as np, widelimit as wl
 X = np.random.default_rng(0).standard_normal((2_000_000, 128)).astype(np.float32)
 Y = np.random.default_rng(1).standard_normal((20000, 64))
