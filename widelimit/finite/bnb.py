@@ -28,6 +28,7 @@ import scipy.sparse as sp
 
 from ..exact.objective import sae_objective
 from . import _kernels as K
+from . import _taylor as T
 
 __all__ = ["FiniteSolution", "FiniteLimits", "solve_finite", "node_lower_bound"]
 
@@ -147,28 +148,37 @@ def box_cap(face: int, lo: np.ndarray, hi: np.ndarray, n: int) -> tuple[np.ndarr
     return c, float(th)
 
 
+_TAYLOR_MAX_ANGLE = 0.3  # caps narrower than this get the second-order bound (docs/theory.md §7.6)
+_CONE_MIN_ANGLE = 0.03  # below this the cone bound (first order) is not worth its sweeps
+
+
 class _Node:
     """Boxes of the atoms (face -1: unrestricted), their caps, the relaxation's iterate and bound."""
 
-    __slots__ = ("faces", "lo", "hi", "Y", "lb", "C", "cth", "sth", "free")
+    __slots__ = ("faces", "lo", "hi", "Y", "lb", "C", "cth", "sth", "free", "th", "Z0", "b0", "mass")
 
-    def __init__(self, faces, lo, hi, Y, lb, caps):
+    def __init__(self, faces, lo, hi, Y, lb, caps, ref=None):
         self.faces, self.lo, self.hi, self.Y, self.lb = faces, lo, hi, Y, lb
-        self.C, self.cth, self.sth, self.free = caps
+        self.C, self.cth, self.sth, self.free, self.th = caps
+        self.Z0, self.b0 = ref if ref is not None else (None, None)
+        self.mass = None
 
     def child(self, j):
         """A copy with its own arrays, whose atom ``j``'s box the caller changes, then :meth:`recap` ``j``."""
+        ref = None if self.Z0 is None else (self.Z0.copy(), self.b0.copy())
         return _Node(self.faces.copy(), self.lo.copy(), self.hi.copy(), self.Y.copy(), self.lb,
-                     (self.C.copy(), self.cth.copy(), self.sth.copy(), self.free.copy()))
+                     (self.C.copy(), self.cth.copy(), self.sth.copy(), self.free.copy(), self.th.copy()), ref)
 
     def recap(self, j, n):
         """Recompute atom ``j``'s cap from its box."""
         if self.faces[j] < 0:
             self.free[j] = True
+            self.th[j] = math.pi
             self.C[j] = 0.0
             self.C[j, 0] = 1.0
             return
         th = K.box_cap(int(self.faces[j]), self.lo[j], self.hi[j], n, self.C[j])
+        self.th[j] = th
         if th >= 0.5 * math.pi:  # the cap's convex hull is R^n (or a half-space): relax to R^n
             self.free[j] = True
         else:
@@ -179,7 +189,7 @@ class _Node:
 def _free_caps(k, n):
     C = np.zeros((k, n))
     C[:, 0] = 1.0
-    return C, np.zeros(k), np.ones(k), np.ones(k, dtype=np.bool_)
+    return C, np.zeros(k), np.ones(k), np.ones(k, dtype=np.bool_), np.full(k, math.pi)
 
 
 def _symmetric_ok(node: _Node) -> bool:
@@ -300,14 +310,28 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
 
     n_nodes = 0
 
-    def bound(node: _Node) -> None:
+    def bound(node: _Node):
+        """Certify ``node.lb``; return an explicit candidate ``(value, W, Z, b)`` or None."""
         nonlocal n_nodes
+        n_nodes += 1
+        cand = None
+        thmax = float(node.th.max())
+        if thmax < _TAYLOR_MAX_ANGLE:  # second-order bound (docs/theory.md §7.6) around the caps' centres
+            if node.Z0 is None:
+                node.Z0, node.b0 = np.zeros((N, k)), X.mean(axis=0)
+            val = T.fixed_dictionary(X, float(lam), node.C, node.b0, node.Z0, 100000, 1e-13)
+            cand = (float(val), node.C, node.Z0, node.b0)
+            node.mass = node.Z0.sum(axis=0)
+            lb2 = T.second_order_bound(X, float(lam), node.C, node.th, node.Z0, node.b0)
+            node.lb = max(node.lb, float(lb2), wlb)
+            if node.lb >= target() or thmax < _CONE_MIN_ANGLE:
+                return cand
         tol_abs = 1e-3 * rel_tol * scale
         dual, primal, _ = K.node_solve(X, float(lam), node.C, node.cth, node.sth, node.free, node.Y, target(),
                                        tol_abs, 20000, 10)
         node.lb = max(node.lb, float(dual), wlb)
-        n_nodes += 1
-        return node.C
+        node.mass = np.linalg.norm(node.Y, axis=2).sum(axis=0)
+        return cand
 
     heap: list = []
     counter = itertools.count()
@@ -347,7 +371,9 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
         for ch in children:
             if not _symmetric_ok(ch):
                 continue
-            C = bound(ch)
+            cand = bound(ch)
+            if cand is not None and cand[0] < ub:  # the fixed-dictionary optimum at the caps' centres
+                ub, W_best, Z_best, b_best = cand[0], cand[1].copy(), cand[2].copy(), cand[3].copy()
             if n_nodes < 2000 or n_nodes % 16 == 0:  # upper bounds matter most early on
                 cand = K.heuristic(X, float(lam), ch.Y, ch.C, 30)
                 if cand[0] < ub:
@@ -381,7 +407,7 @@ def _branch(node: _Node, n: int, min_width: float):
         return None
     # split the atom whose relaxed products spread the most over the widest cap
     ext = node.hi - node.lo  # (k, n-1)
-    mass = np.linalg.norm(node.Y, axis=2).sum(axis=0)  # (k,)
+    mass = node.mass if node.mass is not None else np.linalg.norm(node.Y, axis=2).sum(axis=0)  # (k,)
     score = ext.max(axis=1) * (mass + 1e-12 * (mass.max() + 1.0))
     score[ext.max(axis=1) < min_width] = -1.0
     j = int(np.argmax(score))

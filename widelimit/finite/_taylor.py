@@ -1,0 +1,337 @@
+r"""The second-order node bound of the finite-width branch and bound (docs/theory.md §7.6).
+
+The cone relaxation of docs/theory.md §7.2 loses, in a cap of angle ``theta``, an amount of
+order ``theta`` even at a stationary dictionary (each point tilts its own copy of the atom). The
+bound here loses only ``O(theta * |grad| + theta^2)``: it takes the exact optimum ``(Z0, b0)``
+of the problem at the caps' centres ``C`` (a convex lasso with a bias), its dual point
+``u0_i = x_i - b0 - sum_j z0_ij c_j``, and for every dictionary ``W`` of the node a dual point
+``u(W) = u0 + delta(W)`` that stays feasible for ``W`` (it keeps each tight constraint
+``<w_j, u_i> = <c_j, u0_i>`` and ``sum_i u_i = 0``). ``delta(W)`` is never computed: only
+bounds on its norms enter
+
+.. math:: L \ge q(u_0) + \frac2N\Big[\sum_j m_j - \sum_{ij} z^0_{ij}\,\chi_j D_i
+          - \sum_i \|e_i\| D_i\Big] - \frac1N \sum_i D_i^2 ,
+
+with ``chi_j = 2 sin(theta_j / 2)`` (the largest ``||w_j - c_j||``),
+``m_j = min_{w in cap j} <c_j - w, G_j>``, ``G_j = sum_i z0_ij u0_i`` (zero first-order term at a
+stationary ``C``), ``D_i >= ||delta_i(W)||`` over the node and ``e_i`` the defect of the identity
+``x_i - u0_i = b0 + sum_j z0_ij c_j`` after rounding and scaling. The proof is in docs/theory.md §7.6.
+float64 without fast-math; the bound is lowered by a rigorous bound on the rounding of ``q``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+_JIT = dict(nogil=True, cache=True)
+_U = 2.0 ** -53
+
+
+@nb.njit(**_JIT)
+def fixed_dictionary(X, lam, W, b, Z, max_sweeps, tol):  # pragma: no cover - compiled
+    """Exact minimisation over ``(Z >= 0, b)`` at a fixed dictionary ``W``, in place on ``b``, ``Z``.
+
+    Coordinate descent on the codes (``z_ij = max(0, <r_i + z_ij w_j, w_j> - lam)``, exact for
+    unit atoms) alternated with the optimal bias, until no code moves by more than ``tol`` times
+    the largest code, or ``max_sweeps``. Returns the objective.
+    """
+    N, n = X.shape
+    k = W.shape[0]
+    R = np.empty((N, n))
+    for i in range(N):
+        for d in range(n):
+            s = X[i, d] - b[d]
+            for j in range(k):
+                s -= Z[i, j] * W[j, d]
+            R[i, d] = s
+    for _ in range(max_sweeps):
+        move = 0.0
+        zmax = 0.0
+        for i in range(N):
+            for j in range(k):
+                a = 0.0
+                for d in range(n):
+                    a += R[i, d] * W[j, d]
+                a += Z[i, j]
+                z = a - lam if a > lam else 0.0
+                dz = z - Z[i, j]
+                if dz != 0.0:
+                    for d in range(n):
+                        R[i, d] -= dz * W[j, d]
+                    Z[i, j] = z
+                    if abs(dz) > move:
+                        move = abs(dz)
+                if z > zmax:
+                    zmax = z
+        for d in range(n):
+            m = 0.0
+            for i in range(N):
+                m += R[i, d]
+            m /= N
+            if abs(m) > move:
+                move = abs(m)
+            b[d] += m
+            for i in range(N):
+                R[i, d] -= m
+        if move <= tol * max(zmax, 1.0):
+            break
+    val = 0.0
+    for i in range(N):
+        for d in range(n):
+            val += R[i, d] * R[i, d]
+        for j in range(k):
+            val += 2.0 * lam * Z[i, j]
+    return val / N
+
+
+@nb.njit(**_JIT)
+def _sym_min_eig(A):  # pragma: no cover - compiled
+    return np.linalg.eigvalsh(A)[0]
+
+
+@nb.njit(**_JIT)
+def second_order_bound(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
+    """Certified lower bound of the objective over every dictionary with ``w_j`` in the cap
+    ``(C[j], theta[j])`` (``theta_j < pi/2``), from the reference ``(Z0, b0)`` at ``W = C``.
+
+    Returns ``-inf`` when the construction does not apply (a point tight on more atoms than it
+    can keep, or ill-conditioned corrections): the caller then relies on the cone bound.
+    """
+    N, n = X.shape
+    k = C.shape[0]
+    U = np.empty((N, n))
+    for i in range(N):
+        for d in range(n):
+            s = X[i, d] - b0[d]
+            for j in range(k):
+                s -= Z0[i, j] * C[j, d]
+            U[i, d] = s
+    for d in range(n):  # recentre: sum_i u_i = 0
+        m = 0.0
+        for i in range(N):
+            m += U[i, d]
+        m /= N
+        for i in range(N):
+            U[i, d] -= m
+    lev = np.empty((N, k))
+    hmax = 0.0
+    for i in range(N):
+        for j in range(k):
+            s = 0.0
+            for d in range(n):
+                s += C[j, d] * U[i, d]
+            lev[i, j] = s
+            if s > hmax:
+                hmax = s
+    if hmax > lam:  # scale into the feasible set at W = C
+        alpha = lam / hmax * (1.0 - 4.0 * _U)
+        for i in range(N):
+            for d in range(n):
+                U[i, d] *= alpha
+            for j in range(k):
+                lev[i, j] *= alpha
+    unorm = np.empty(N)
+    enorm = np.empty(N)  # defect of x_i - u_i = b0 + sum_j z0_ij c_j
+    for i in range(N):
+        s = 0.0
+        e2 = 0.0
+        for d in range(n):
+            s += U[i, d] * U[i, d]
+            e = X[i, d] - U[i, d] - b0[d]
+            for j in range(k):
+                e -= Z0[i, j] * C[j, d]
+            e2 += e * e
+        unorm[i] = math.sqrt(s)
+        enorm[i] = math.sqrt(e2) + 8.0 * _U * (abs(unorm[i]) + 1.0) * (1.0 + k)  # rounding of the defect
+    chord = np.empty(k)
+    omc = np.empty(k)  # 1 - cos(theta_j): the largest <c_j - w_j, w_j>
+    for j in range(k):
+        chord[j] = 2.0 * math.sin(0.5 * theta[j])
+        omc[j] = 2.0 * math.sin(0.5 * theta[j]) ** 2
+    perp = np.empty((N, k))  # ||P_{c_j^perp} u_i||
+    for i in range(N):
+        for j in range(k):
+            p2 = unorm[i] * unorm[i] - lev[i, j] * lev[i, j]
+            perp[i, j] = math.sqrt(p2) if p2 > 0.0 else 0.0
+    best = -np.inf
+    for carriers in range(3):  # who absorbs the change of sum_i u_i: free points / + single / all
+        act = np.zeros((N, k), dtype=np.bool_)
+        for i in range(N):
+            for j in range(k):
+                if Z0[i, j] > 0.0 or lam - lev[i, j] <= 1e-12 * lam:
+                    act[i, j] = True
+        r = _corrections(U, C, lam, lev, unorm, perp, chord, omc, act, carriers)
+        if r[0] == -np.inf:
+            continue
+        val = _assemble(X, lam, C, theta, Z0, U, enorm, chord, omc, act, r[1], r[2], r[3])
+        if val > best:
+            best = val
+    return best
+
+
+@nb.njit(**_JIT)
+def _corrections(U, C, lam, lev, unorm, perp, chord, omc, act, carriers):  # pragma: no cover - compiled
+    """Bounds on the correction ``delta_i(W) = delta'_i + v_i`` over the caps (docs/theory.md §7.6).
+
+    ``delta'_i`` keeps point ``i``'s tight constraints (``M_i(W) delta'_i = r_i``); the ``v_i`` (in the
+    null space of ``M_i(W)``, on the carrier points only) cancel ``sum_i delta'_i``. Adds to ``act`` every
+    pair whose slack could be used up, and repeats. Returns ``(ok, d1, vb, tang)``: bounds on
+    ``||delta'_i||``, ``||v_i||`` and ``|<c_j - w_j, delta_i>| - chord_j ||v_i||`` (per point).
+    """
+    N, n = U.shape
+    k = C.shape[0]
+    d1 = np.zeros(N)
+    tang = np.zeros(N)
+    vb = np.zeros(N)
+    for _round in range(k + 1):
+        S = np.zeros((n, n))
+        sbound = 0.0
+        gsum = np.zeros((k, n))  # sum of u_i over the points tight on atom j alone
+        ptot = 0.0
+        carrier = np.zeros(N, dtype=np.bool_)
+        for i in range(N):
+            a = 0
+            jj = 0
+            for j in range(k):
+                if act[i, j]:
+                    a += 1
+                    jj = j
+            carrier[i] = a == 0 or (carriers >= 1 and a == 1) or carriers >= 2
+            if a == 0:
+                d1[i] = 0.0
+                tang[i] = 0.0
+                if carrier[i]:
+                    for d in range(n):
+                        S[d, d] += 1.0
+            elif a == 1:
+                # delta'_i = w_j r_ij, |r_ij| = |<c_j - w_j, u_i>| <= lev (1 - cos) + sin ||P_perp u_i||
+                sj = chord[jj] if chord[jj] < 1.0 else 1.0
+                sth = math.sin(min(0.5 * math.pi, 2.0 * math.asin(min(1.0, 0.5 * chord[jj]))))
+                d1[i] = abs(lev[i, jj]) * omc[jj] + sth * perp[i, jj]
+                tang[i] = omc[jj] * d1[i]  # <c_j - w_j, w_j> r_ij
+                for d in range(n):
+                    gsum[jj, d] += U[i, d]
+                if carrier[i]:
+                    ptot += sj
+                    for d in range(n):
+                        for e in range(n):
+                            S[d, e] += (1.0 if d == e else 0.0) - C[jj, d] * C[jj, e]
+            else:
+                if a > n:
+                    return -np.inf, d1, vb, tang
+                M = np.empty((a, n))
+                q = 0
+                E2 = 0.0
+                cmax = 0.0
+                for j in range(k):
+                    if act[i, j]:
+                        for d in range(n):
+                            M[q, d] = C[j, d]
+                        E2 += chord[j] * chord[j]
+                        cmax = max(cmax, chord[j])
+                        q += 1
+                G = M @ M.T
+                gmin = np.linalg.eigvalsh(G)[0]
+                E = math.sqrt(E2)
+                slo = math.sqrt(max(gmin, 0.0)) * (1.0 - 1e-12) - E
+                if slo <= 0.0:
+                    return -np.inf, d1, vb, tang
+                d1[i] = unorm[i] * E / slo
+                tang[i] = cmax * d1[i]
+                sbound += d1[i]
+                if carrier[i]:
+                    ptot += E / slo
+                    Pi = M.T @ np.linalg.solve(G, M)
+                    for d in range(n):
+                        for e in range(n):
+                            S[d, e] += (1.0 if d == e else 0.0) - Pi[d, e]
+        for j in range(k):
+            g2 = 0.0
+            for d in range(n):
+                g2 += gsum[j, d] * gsum[j, d]
+            # sum over the points tight on j alone of w_j <c_j - w_j, u_i>
+            lv = 0.0
+            for d in range(n):
+                lv += C[j, d] * gsum[j, d]
+            p2 = g2 - lv * lv
+            sth = math.sin(min(0.5 * math.pi, 2.0 * math.asin(min(1.0, 0.5 * chord[j]))))
+            sbound += abs(lv) * omc[j] + sth * (math.sqrt(p2) if p2 > 0.0 else 0.0)
+        mu = 0.0
+        if sbound > 0.0:
+            smin = np.linalg.eigvalsh(S)[0] - 1e-12 * N - ptot
+            if smin <= 0.0:
+                return -np.inf, d1, vb, tang
+            mu = sbound / smin
+        for i in range(N):
+            vb[i] = mu if carrier[i] else 0.0
+        added = False
+        for i in range(N):
+            for j in range(k):
+                if not act[i, j] and lam - lev[i, j] < chord[j] * unorm[i] + d1[i] + vb[i]:
+                    act[i, j] = True
+                    added = True
+        if not added:
+            return 0.0, d1, vb, tang
+    return -np.inf, d1, vb, tang
+
+
+@nb.njit(**_JIT)
+def _assemble(X, lam, C, theta, Z0, U, enorm, chord, omc, act, d1, vb, tang):  # pragma: no cover - compiled
+    """The bound of docs/theory.md §7.6 from the corrections' bounds."""
+    N, n = X.shape
+    k = C.shape[0]
+    # q(u0), with a bound on its rounding
+    q = 0.0
+    qabs = 0.0
+    for i in range(N):
+        for d in range(n):
+            t = 2.0 * X[i, d] * U[i, d] - U[i, d] * U[i, d]
+            q += t
+            qabs += abs(2.0 * X[i, d] * U[i, d]) + U[i, d] * U[i, d]
+    K = N * n + 8
+    q = (q - (K * _U / (1.0 - K * _U)) * qabs) / N
+    # first-order term: min over the cap of <c_j - w, G_j>
+    lin = 0.0
+    for j in range(k):
+        g2 = 0.0
+        cg = 0.0
+        Gj = np.zeros(n)
+        for i in range(N):
+            z = Z0[i, j]
+            if z > 0.0:
+                for d in range(n):
+                    Gj[d] += z * U[i, d]
+        for d in range(n):
+            g2 += Gj[d] * Gj[d]
+            cg += C[j, d] * Gj[d]
+        g = math.sqrt(g2)
+        if g > 0.0:
+            cb = cg / g
+            if cb > 1.0:
+                cb = 1.0
+            if cb < -1.0:
+                cb = -1.0
+            beta = math.acos(cb)
+            rest = beta - theta[j]
+            best = g * (math.cos(rest) if rest > 0.0 else 1.0)
+            lin += (cg - best) - 1e-12 * g
+    corr = 0.0
+    quad = 0.0
+    for i in range(N):
+        a = 0
+        for j in range(k):
+            if act[i, j]:
+                a += 1
+        for j in range(k):
+            if Z0[i, j] > 0.0:
+                corr += Z0[i, j] * (tang[i] + chord[j] * vb[i])
+        corr += enorm[i] * (d1[i] + vb[i])
+        if a == 1:  # delta'_i along w_j, v_i orthogonal to it
+            quad += d1[i] * d1[i] + vb[i] * vb[i]
+        else:
+            quad += (d1[i] + vb[i]) ** 2
+    bound = q + (2.0 / N) * (lin - corr) - quad / N
+    return bound - 1e-13 * (abs(bound) + 1.0)
