@@ -100,6 +100,32 @@ def second_order_bound(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
     Returns ``-inf`` when the construction does not apply (a point tight on more atoms than it
     can keep, or ill-conditioned corrections): the caller then relies on the cone bound.
     """
+    U, lev, unorm, enorm, perp, chord, omc = _prepare(X, lam, C, theta, Z0, b0)
+    N, n = X.shape
+    k = C.shape[0]
+    best = -np.inf
+    for carriers in range(3):  # who absorbs the change of sum_i u_i: free points / + single / all
+        act = np.zeros((N, k), dtype=np.bool_)
+        for i in range(N):
+            for j in range(k):
+                if Z0[i, j] > 0.0 or lam - lev[i, j] <= 1e-12 * lam:
+                    act[i, j] = True
+        r = _corrections(U, C, lam, lev, unorm, perp, chord, omc, act, carriers)
+        if r[0] == -np.inf:
+            continue
+        val = _assemble(X, lam, C, theta, Z0, U, enorm, chord, omc, act, r[1], r[2], r[3])
+        if val > best:
+            best = val
+    return best
+
+
+@nb.njit(**_JIT)
+def _prepare(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
+    """The reference dual point ``u0`` (recentred, scaled feasible at ``C``) and the sizes the bound uses.
+
+    Returns ``(U, lev, unorm, enorm, perp, chord, omc)``: ``u0``, ``<c_j, u0_i>``, ``||u0_i||``, a bound on
+    the defect ``||e_i||``, ``||P_{c_j^perp} u0_i||``, ``2 sin(theta_j/2)`` and ``1 - cos(theta_j)``.
+    """
     N, n = X.shape
     k = C.shape[0]
     U = np.empty((N, n))
@@ -145,7 +171,8 @@ def second_order_bound(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
                 e -= Z0[i, j] * C[j, d]
             e2 += e * e
         unorm[i] = math.sqrt(s)
-        enorm[i] = math.sqrt(e2) + 8.0 * _U * (abs(unorm[i]) + 1.0) * (1.0 + k)  # rounding of the defect
+        mag = unorm[i] + math.sqrt(np.sum(X[i] * X[i])) + math.sqrt(np.sum(b0 * b0)) + np.sum(Z0[i])
+        enorm[i] = math.sqrt(e2) + 4.0 * (k + 4) * n * _U * mag  # plus the rounding of the defect itself
     chord = np.empty(k)
     omc = np.empty(k)  # 1 - cos(theta_j): the largest <c_j - w_j, w_j>
     for j in range(k):
@@ -154,22 +181,12 @@ def second_order_bound(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
     perp = np.empty((N, k))  # ||P_{c_j^perp} u_i||
     for i in range(N):
         for j in range(k):
-            p2 = unorm[i] * unorm[i] - lev[i, j] * lev[i, j]
-            perp[i, j] = math.sqrt(p2) if p2 > 0.0 else 0.0
-    best = -np.inf
-    for carriers in range(3):  # who absorbs the change of sum_i u_i: free points / + single / all
-        act = np.zeros((N, k), dtype=np.bool_)
-        for i in range(N):
-            for j in range(k):
-                if Z0[i, j] > 0.0 or lam - lev[i, j] <= 1e-12 * lam:
-                    act[i, j] = True
-        r = _corrections(U, C, lam, lev, unorm, perp, chord, omc, act, carriers)
-        if r[0] == -np.inf:
-            continue
-        val = _assemble(X, lam, C, theta, Z0, U, enorm, chord, omc, act, r[1], r[2], r[3])
-        if val > best:
-            best = val
-    return best
+            p2 = 0.0
+            for d in range(n):
+                t = U[i, d] - lev[i, j] * C[j, d]
+                p2 += t * t
+            perp[i, j] = math.sqrt(p2) * (1.0 + 8.0 * n * _U) + 4.0 * n * _U * unorm[i]
+    return U, lev, unorm, enorm, perp, chord, omc
 
 
 @nb.njit(**_JIT)
