@@ -111,7 +111,7 @@ def second_order_bound(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
                 if Z0[i, j] > 0.0 or lam - lev[i, j] <= 1e-12 * lam:
                     act[i, j] = True
         r = _corrections(U, C, lam, lev, unorm, perp, chord, omc, act, carriers)
-        if r[0] == -np.inf:
+        if r[0] < 0.0:
             continue
         val = _assemble(X, lam, C, theta, Z0, U, enorm, chord, omc, act, r[1], r[2], r[3])
         if val > best:
@@ -190,12 +190,35 @@ def _prepare(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
 
 
 @nb.njit(**_JIT)
+def _rbound(C, mask, g, chord, omc, sth):  # pragma: no cover - compiled
+    """Bound on ``||(<c_j - w_j, g>)_{j in mask}||`` over the caps: each term is at most
+    ``|<c_j, g>| (1 - cos theta_j) + sin theta_j ||P_{c_j^perp} g||``."""
+    k, n = C.shape
+    tot = 0.0
+    for j in range(k):
+        if (mask >> j) & 1:
+            lv = 0.0
+            for d in range(n):
+                lv += C[j, d] * g[d]
+            p2 = 0.0
+            for d in range(n):
+                t = g[d] - lv * C[j, d]
+                p2 += t * t
+            r = abs(lv) * omc[j] + sth[j] * math.sqrt(p2)
+            tot += r * r
+    return math.sqrt(tot) * (1.0 + 16.0 * n * _U)
+
+
+@nb.njit(**_JIT)
 def _corrections(U, C, lam, lev, unorm, perp, chord, omc, act, carriers):  # pragma: no cover - compiled
     """Bounds on the correction ``delta_i(W) = delta'_i + v_i`` over the caps (docs/theory.md §7.6).
 
     ``delta'_i`` keeps point ``i``'s tight constraints (``M_i(W) delta'_i = r_i``); the ``v_i`` (in the
-    null space of ``M_i(W)``, on the carrier points only) cancel ``sum_i delta'_i``. Adds to ``act`` every
-    pair whose slack could be used up, and repeats. Returns ``(ok, d1, vb, tang)``: bounds on
+    null space of ``M_i(W)``, on the carrier points only) cancel ``sum_i delta'_i``, which is bounded per
+    group of points with the same tight atoms (``M(W)^+`` applied to the group's sum of ``r_i``). Adds
+    to ``act`` every pair whose slack could be used up, and repeats. Returns ``(status, d1, vb, tang)``,
+    status 0 or negative (-1: a point tight on more than n atoms, -2: ill-conditioned tight atoms, -3:
+    the carriers' projectors do not span, -4: slack still used up after k + 1 rounds), and bounds on
     ``||delta'_i||``, ``||v_i||`` and ``|<c_j - w_j, delta_i>| - chord_j ||v_i||`` (per point).
     """
     N, n = U.shape
@@ -203,96 +226,119 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, act, carriers):  # pra
     d1 = np.zeros(N)
     tang = np.zeros(N)
     vb = np.zeros(N)
+    sth = np.empty(k)
+    for j in range(k):
+        sth[j] = math.sin(min(0.5 * math.pi, 2.0 * math.asin(min(1.0, 0.5 * chord[j]))))
+    nm = 1 << k
     for _round in range(k + 1):
+        # per group of tight atoms (a bit mask): the smallest singular value's lower bound over the caps,
+        # the projector's largest move, and the group's sum of u_i
+        mask_of = np.zeros(N, dtype=np.int64)
+        for i in range(N):
+            m = 0
+            for j in range(k):
+                if act[i, j]:
+                    m |= 1 << j
+            mask_of[i] = m
+        used = np.zeros(nm, dtype=np.bool_)
+        for i in range(N):
+            used[mask_of[i]] = True
+        slo = np.ones(nm)
+        pmove = np.zeros(nm)
+        Pnull = np.zeros((nm, n, n))
+        gsum = np.zeros((nm, n))
+        for m in range(nm):
+            if not used[m]:
+                continue
+            a = 0
+            for j in range(k):
+                a += (m >> j) & 1
+            if a > n:
+                return -1.0, d1, vb, tang
+            for d in range(n):
+                Pnull[m, d, d] = 1.0
+            if a == 0:
+                continue
+            M = np.empty((a, n))
+            q = 0
+            E2 = 0.0
+            for j in range(k):
+                if (m >> j) & 1:
+                    for d in range(n):
+                        M[q, d] = C[j, d]
+                    E2 += chord[j] * chord[j]
+                    q += 1
+            G = M @ M.T
+            if a > 1 and np.linalg.eigvalsh(G)[0] <= 1e-8:
+                return -2.0, d1, vb, tang
+            Pi = M.T @ np.linalg.solve(G, M)
+            for d in range(n):
+                for e in range(n):
+                    Pnull[m, d, e] -= Pi[d, e]
+            if a == 1:  # exact: delta' = w_j r, the projector moves by sin(angle) <= min(1, chord)
+                slo[m] = 1.0
+                pmove[m] = min(1.0, math.sqrt(E2))
+            else:
+                gmin = np.linalg.eigvalsh(G)[0]
+                E = math.sqrt(E2)
+                sl = math.sqrt(max(gmin, 0.0)) * (1.0 - 1e-12) - E
+                if sl <= 0.0:
+                    return -2.0, d1, vb, tang
+                slo[m] = sl
+                pmove[m] = E / sl
         S = np.zeros((n, n))
-        sbound = 0.0
-        gsum = np.zeros((k, n))  # sum of u_i over the points tight on atom j alone
         ptot = 0.0
         carrier = np.zeros(N, dtype=np.bool_)
         for i in range(N):
+            m = mask_of[i]
             a = 0
-            jj = 0
+            cmax = 0.0
             for j in range(k):
-                if act[i, j]:
+                if (m >> j) & 1:
                     a += 1
-                    jj = j
+                    cmax = max(cmax, chord[j])
             carrier[i] = a == 0 or (carriers >= 1 and a == 1) or carriers >= 2
-            if a == 0:
-                d1[i] = 0.0
-                tang[i] = 0.0
-                if carrier[i]:
-                    for d in range(n):
-                        S[d, d] += 1.0
-            elif a == 1:
-                # delta'_i = w_j r_ij, |r_ij| = |<c_j - w_j, u_i>| <= lev (1 - cos) + sin ||P_perp u_i||
-                sj = chord[jj] if chord[jj] < 1.0 else 1.0
-                sth = math.sin(min(0.5 * math.pi, 2.0 * math.asin(min(1.0, 0.5 * chord[jj]))))
-                d1[i] = abs(lev[i, jj]) * omc[jj] + sth * perp[i, jj]
-                tang[i] = omc[jj] * d1[i]  # <c_j - w_j, w_j> r_ij
-                for d in range(n):
-                    gsum[jj, d] += U[i, d]
-                if carrier[i]:
-                    ptot += sj
-                    for d in range(n):
-                        for e in range(n):
-                            S[d, e] += (1.0 if d == e else 0.0) - C[jj, d] * C[jj, e]
-            else:
-                if a > n:
-                    return -np.inf, d1, vb, tang
-                M = np.empty((a, n))
-                q = 0
-                E2 = 0.0
-                cmax = 0.0
+            d1[i] = _rbound(C, m, U[i], chord, omc, sth) / slo[m]
+            if a == 1:
+                jj = 0
                 for j in range(k):
-                    if act[i, j]:
-                        for d in range(n):
-                            M[q, d] = C[j, d]
-                        E2 += chord[j] * chord[j]
-                        cmax = max(cmax, chord[j])
-                        q += 1
-                G = M @ M.T
-                gmin = np.linalg.eigvalsh(G)[0]
-                E = math.sqrt(E2)
-                slo = math.sqrt(max(gmin, 0.0)) * (1.0 - 1e-12) - E
-                if slo <= 0.0:
-                    return -np.inf, d1, vb, tang
-                d1[i] = unorm[i] * E / slo
+                    if (m >> j) & 1:
+                        jj = j
+                tang[i] = omc[jj] * d1[i]  # <c_j - w_j, w_j> r_ij
+            else:
                 tang[i] = cmax * d1[i]
-                sbound += d1[i]
-                if carrier[i]:
-                    ptot += E / slo
-                    Pi = M.T @ np.linalg.solve(G, M)
-                    for d in range(n):
-                        for e in range(n):
-                            S[d, e] += (1.0 if d == e else 0.0) - Pi[d, e]
-        for j in range(k):
-            g2 = 0.0
             for d in range(n):
-                g2 += gsum[j, d] * gsum[j, d]
-            # sum over the points tight on j alone of w_j <c_j - w_j, u_i>
-            lv = 0.0
-            for d in range(n):
-                lv += C[j, d] * gsum[j, d]
-            p2 = g2 - lv * lv
-            sth = math.sin(min(0.5 * math.pi, 2.0 * math.asin(min(1.0, 0.5 * chord[j]))))
-            sbound += abs(lv) * omc[j] + sth * (math.sqrt(p2) if p2 > 0.0 else 0.0)
+                gsum[m, d] += U[i, d]
+            if carrier[i]:
+                ptot += pmove[m]
+                for d in range(n):
+                    for e in range(n):
+                        S[d, e] += Pnull[m, d, e]
+        sbound = 0.0
+        for m in range(1, nm):
+            if used[m]:
+                sbound += _rbound(C, m, gsum[m], chord, omc, sth) / slo[m]
         mu = 0.0
         if sbound > 0.0:
             smin = np.linalg.eigvalsh(S)[0] - 1e-12 * N - ptot
             if smin <= 0.0:
-                return -np.inf, d1, vb, tang
+                return -3.0, d1, vb, tang
             mu = sbound / smin
         for i in range(N):
             vb[i] = mu if carrier[i] else 0.0
         added = False
         for i in range(N):
             for j in range(k):
-                if not act[i, j] and lam - lev[i, j] < chord[j] * unorm[i] + d1[i] + vb[i]:
+                if act[i, j]:
+                    continue
+                # <w_j, u_i + delta_i> <= lev + max(0, -lev)(1 - cos) + sin ||P_perp u_i|| + ||delta_i||
+                rise = max(0.0, -lev[i, j]) * omc[j] + sth[j] * perp[i, j] + d1[i] + vb[i]
+                if lam - lev[i, j] < rise * (1.0 + 16.0 * _U):
                     act[i, j] = True
                     added = True
         if not added:
             return 0.0, d1, vb, tang
-    return -np.inf, d1, vb, tang
+    return -4.0, d1, vb, tang
 
 
 @nb.njit(**_JIT)

@@ -149,7 +149,7 @@ def box_cap(face: int, lo: np.ndarray, hi: np.ndarray, n: int) -> tuple[np.ndarr
 
 
 _TAYLOR_MAX_ANGLE = 0.3  # caps narrower than this get the second-order bound (docs/theory.md §7.6)
-_CONE_MIN_ANGLE = 0.03  # below this the cone bound (first order) is not worth its sweeps
+_CONE_MIN_ANGLE = 0.1  # below this (and where the second-order bound applies) the cone bound's sweeps are skipped
 
 
 class _Node:
@@ -324,7 +324,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
             node.mass = node.Z0.sum(axis=0)
             lb2 = T.second_order_bound(X, float(lam), node.C, node.th, node.Z0, node.b0)
             node.lb = max(node.lb, float(lb2), wlb)
-            if node.lb >= target() or thmax < _CONE_MIN_ANGLE:
+            if node.lb >= target() or (thmax < _CONE_MIN_ANGLE and np.isfinite(lb2)):
                 return cand
         tol_abs = 1e-3 * rel_tol * scale
         dual, primal, _ = K.node_solve(X, float(lam), node.C, node.cth, node.sth, node.free, node.Y, target(),
