@@ -12,7 +12,11 @@ docs/theory.md §7.2 (products ``y_ij = z_ij w_j`` free in the caps' convex cone
 solved by block-coordinate descent and certified by an explicit dual point (docs/theory.md §7.3); it is a valid
 lower bound at every node and tends to the node's optimum as the caps shrink. The atoms'
 permutation symmetry is broken by ordering them by (face, first face coordinate) (docs/theory.md §7.4).
-Upper bounds come from alternating minimisation started at the relaxation's directions.
+Once every cap is narrower than 0.15 rad a node also gets the second-order bound of docs/theory.md §7.6
+(``_taylor.py``: the exact fixed-dictionary optimum at the caps' centres and a dual point kept feasible
+as the atoms tilt), whose loss is ``O(theta |grad| + theta^2)`` instead of ``O(theta)``; that optimum
+is also an upper bound. Upper bounds also come from alternating minimisation started at the
+relaxation's directions.
 """
 
 from __future__ import annotations
@@ -148,8 +152,7 @@ def box_cap(face: int, lo: np.ndarray, hi: np.ndarray, n: int) -> tuple[np.ndarr
     return c, float(th)
 
 
-_TAYLOR_MAX_ANGLE = 0.3  # caps narrower than this get the second-order bound (docs/theory.md §7.6)
-_CONE_MIN_ANGLE = 0.1  # below this (and where the second-order bound applies) the cone bound's sweeps are skipped
+_TAYLOR_MAX_ANGLE = 0.15  # caps narrower than this get the second-order bound (docs/theory.md §7.6)
 
 
 class _Node:
@@ -324,7 +327,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
             node.mass = node.Z0.sum(axis=0)
             lb2 = T.second_order_bound(X, float(lam), node.C, node.th, node.Z0, node.b0)
             node.lb = max(node.lb, float(lb2), wlb)
-            if node.lb >= target() or (thmax < _CONE_MIN_ANGLE and np.isfinite(lb2)):
+            if node.lb >= target():
                 return cand
         tol_abs = 1e-3 * rel_tol * scale
         dual, primal, _ = K.node_solve(X, float(lam), node.C, node.cth, node.sth, node.free, node.Y, target(),
