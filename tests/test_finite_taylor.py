@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import cvxpy as cp
 import numpy as np
 import pytest
 
@@ -17,15 +16,7 @@ import widelimit as wl
 from widelimit.finite import _kernels as K
 from widelimit.finite import _taylor as T
 
-
-def _fixed_dictionary_cvxpy(X, W, lam):
-    N, n = X.shape
-    Z = cp.Variable((N, W.shape[0]), nonneg=True)
-    b = cp.Variable(n)
-    R = Z @ W + np.ones((N, 1)) @ cp.reshape(b, (1, n), order="C") - X
-    prob = cp.Problem(cp.Minimize((cp.sum_squares(R) + 2 * lam * cp.sum(Z)) / N))
-    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12)
-    return prob.value
+from test_finite import _fixed_dictionary_optimum
 
 
 def _stationary(X, lam, k, seed):
@@ -66,7 +57,7 @@ def test_fixed_dictionary_matches_cvxpy():
     W = rng.standard_normal((3, 3))
     W /= np.linalg.norm(W, axis=1, keepdims=True)
     val, Z, b = _reference(X, 0.3, W)
-    assert val == pytest.approx(_fixed_dictionary_cvxpy(X, W, 0.3), rel=1e-8)
+    assert val == pytest.approx(_fixed_dictionary_optimum(X, W, 0.3), rel=1e-8)
     # and the value is the objective of the returned (W, Z, b)
     assert val == pytest.approx(float(wl.sae_objective(X, W, Z, b, lam=0.3).value), rel=1e-13)
 
@@ -87,7 +78,7 @@ def test_bound_below_every_dictionary_in_the_caps(seed, n, k, offset):
         if not np.isfinite(lb):
             continue
         n_checked += 1
-        vals = [_fixed_dictionary_cvxpy(X, np.array([_tilt(rng, c, th, s % 2 == 0) for c in C]), lam)
+        vals = [_fixed_dictionary_optimum(X, np.array([_tilt(rng, c, th, s % 2 == 0) for c in C]), lam)
                 for s in range(12)]
         assert min(vals) >= lb - 1e-9 * abs(lb)
     assert n_checked >= 2  # the bound applied at the two narrower caps at least

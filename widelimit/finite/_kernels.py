@@ -181,43 +181,80 @@ def node_solve(X, lam, C, cth, sth, free, Y, target, tol_abs, max_sweeps, check_
 
 
 @nb.njit(**_JIT)
+def residual(X, W, b, Z, R):  # pragma: no cover - compiled
+    """``R = X - b - Z W`` in place."""
+    N, n = X.shape
+    k = W.shape[0]
+    for i in range(N):
+        for d in range(n):
+            s = X[i, d] - b[d]
+            for j in range(k):
+                s -= Z[i, j] * W[j, d]
+            R[i, d] = s
+
+
+@nb.njit(**_JIT)
+def codes_then_bias(X, lam, W, b, Z, R, code_sweeps):  # pragma: no cover - compiled
+    """Coordinate-descent sweeps on the codes (``z_ij = max(0, <r_i + z_ij w_j, w_j> - lam)``, exact for
+    unit atoms), then the optimal bias, in place on ``b, Z`` and the residual ``R``.
+
+    Returns the largest change of a code or a bias coordinate.
+    """
+    N, n = X.shape
+    k = W.shape[0]
+    move = 0.0
+    for _ in range(code_sweeps):
+        for i in range(N):
+            for j in range(k):
+                a = 0.0
+                for d in range(n):
+                    a += (R[i, d] + Z[i, j] * W[j, d]) * W[j, d]
+                z = a - lam if a > lam else 0.0
+                dz = z - Z[i, j]
+                if dz != 0.0:
+                    for d in range(n):
+                        R[i, d] -= dz * W[j, d]
+                    Z[i, j] = z
+                    move = max(move, abs(dz))
+    for d in range(n):
+        m = 0.0
+        for i in range(N):
+            m += R[i, d]
+        m /= N
+        b[d] += m
+        move = max(move, abs(m))
+        for i in range(N):
+            R[i, d] -= m
+    return move
+
+
+@nb.njit(**_JIT)
+def objective_from_residual(lam, Z, R):  # pragma: no cover - compiled
+    """``(1/N) (sum ||r_i||^2 + 2 lam sum z_ij)``."""
+    N, n = R.shape
+    val = 0.0
+    for i in range(N):
+        for d in range(n):
+            val += R[i, d] * R[i, d]
+        for j in range(Z.shape[1]):
+            val += 2.0 * lam * Z[i, j]
+    return val / N
+
+
+@nb.njit(**_JIT)
 def polish(X, lam, W, b, Z, iters, code_sweeps):  # pragma: no cover - compiled
     """Alternating minimisation of the objective from ``(W, b)``, in place on W (k, n), b, Z (N, k).
 
-    Codes by coordinate descent (``z_ij = max(0, <r, w_j> - lam)``), then the optimal bias,
-    then each unit atom ``w_j ∝ sum_i z_ij r_ij``. Every step does not increase the objective.
+    Codes by coordinate descent, then the optimal bias (:func:`codes_then_bias`), then each unit atom
+    ``w_j ∝ sum_i z_ij r_ij``. Every step does not increase the objective.
     Returns the objective of the final ``(W, Z, b)``.
     """
     N, n = X.shape
     k = W.shape[0]
     R = np.empty((N, n))  # residual x - b - z W
     for it in range(iters + 1):
-        for i in range(N):
-            for d in range(n):
-                s = X[i, d] - b[d]
-                for j in range(k):
-                    s -= Z[i, j] * W[j, d]
-                R[i, d] = s
-        for _ in range(code_sweeps):
-            for i in range(N):
-                for j in range(k):
-                    a = 0.0
-                    for d in range(n):
-                        a += (R[i, d] + Z[i, j] * W[j, d]) * W[j, d]
-                    z = a - lam if a > lam else 0.0
-                    dz = z - Z[i, j]
-                    if dz != 0.0:
-                        for d in range(n):
-                            R[i, d] -= dz * W[j, d]
-                        Z[i, j] = z
-        for d in range(n):
-            m = 0.0
-            for i in range(N):
-                m += R[i, d]
-            m /= N
-            b[d] += m
-            for i in range(N):
-                R[i, d] -= m
+        residual(X, W, b, Z, R)
+        codes_then_bias(X, lam, W, b, Z, R, code_sweeps)
         if it == iters:
             break
         for j in range(k):
@@ -237,13 +274,7 @@ def polish(X, lam, W, b, Z, iters, code_sweeps):  # pragma: no cover - compiled
                             R[i, d] += Z[i, j] * (W[j, d] - v[d] / nv)
                 for d in range(n):
                     W[j, d] = v[d] / nv
-    val = 0.0
-    for i in range(N):
-        for d in range(n):
-            val += R[i, d] * R[i, d]
-        for j in range(k):
-            val += 2.0 * lam * Z[i, j]
-    return val / N
+    return objective_from_residual(lam, Z, R)
 
 
 @nb.njit(**_JIT)

@@ -26,6 +26,8 @@ import math
 import numba as nb
 import numpy as np
 
+from ._kernels import codes_then_bias, objective_from_residual, residual
+
 _JIT = dict(nogil=True, cache=True)
 _U = 2.0 ** -53
 
@@ -34,62 +36,21 @@ _U = 2.0 ** -53
 def fixed_dictionary(X, lam, W, b, Z, max_sweeps, tol):  # pragma: no cover - compiled
     """Exact minimisation over ``(Z >= 0, b)`` at a fixed dictionary ``W``, in place on ``b``, ``Z``.
 
-    Coordinate descent on the codes (``z_ij = max(0, <r_i + z_ij w_j, w_j> - lam)``, exact for
-    unit atoms) alternated with the optimal bias, until no code moves by more than ``tol`` times
-    the largest code, or ``max_sweeps``. Returns the objective.
+    Coordinate descent on the codes alternated with the optimal bias (``_kernels.codes_then_bias``),
+    until nothing moves by more than ``tol`` times the largest code (at least 1), or ``max_sweeps``.
+    Returns the objective.
     """
-    N, n = X.shape
-    k = W.shape[0]
-    R = np.empty((N, n))
-    for i in range(N):
-        for d in range(n):
-            s = X[i, d] - b[d]
-            for j in range(k):
-                s -= Z[i, j] * W[j, d]
-            R[i, d] = s
+    R = np.empty(X.shape)
+    residual(X, W, b, Z, R)
     for _ in range(max_sweeps):
-        move = 0.0
-        zmax = 0.0
-        for i in range(N):
-            for j in range(k):
-                a = 0.0
-                for d in range(n):
-                    a += R[i, d] * W[j, d]
-                a += Z[i, j]
-                z = a - lam if a > lam else 0.0
-                dz = z - Z[i, j]
-                if dz != 0.0:
-                    for d in range(n):
-                        R[i, d] -= dz * W[j, d]
-                    Z[i, j] = z
-                    if abs(dz) > move:
-                        move = abs(dz)
-                if z > zmax:
-                    zmax = z
-        for d in range(n):
-            m = 0.0
-            for i in range(N):
-                m += R[i, d]
-            m /= N
-            if abs(m) > move:
-                move = abs(m)
-            b[d] += m
-            for i in range(N):
-                R[i, d] -= m
-        if move <= tol * max(zmax, 1.0):
+        move = codes_then_bias(X, lam, W, b, Z, R, 1)
+        zmax = 1.0
+        for i in range(Z.shape[0]):
+            for j in range(Z.shape[1]):
+                zmax = max(zmax, Z[i, j])
+        if move <= tol * zmax:
             break
-    val = 0.0
-    for i in range(N):
-        for d in range(n):
-            val += R[i, d] * R[i, d]
-        for j in range(k):
-            val += 2.0 * lam * Z[i, j]
-    return val / N
-
-
-@nb.njit(**_JIT)
-def _sym_min_eig(A):  # pragma: no cover - compiled
-    return np.linalg.eigvalsh(A)[0]
+    return objective_from_residual(lam, Z, R)
 
 
 @nb.njit(**_JIT)
@@ -129,12 +90,7 @@ def _prepare(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
     N, n = X.shape
     k = C.shape[0]
     U = np.empty((N, n))
-    for i in range(N):
-        for d in range(n):
-            s = X[i, d] - b0[d]
-            for j in range(k):
-                s -= Z0[i, j] * C[j, d]
-            U[i, d] = s
+    residual(X, C, b0, Z0, U)
     for d in range(n):  # recentre: sum_i u_i = 0
         m = 0.0
         for i in range(N):
