@@ -194,6 +194,20 @@ def test_agrees_with_scip(seed, k):
     assert abs(sol.value - ref.value) <= 2e-6 * ref.value
 
 
+def test_3d_bounds_bracket_scip():
+    """3-D, where SCIP does not finish in CI time: its incumbent (an independent feasible value) is above
+    our certified lower bound, and its lower bound below our value; our optimum is at least as good."""
+    pytest.importorskip("pyscipopt")
+    from widelimit.finite.scip import solve_scip
+
+    X = _data(2, 6, 3)
+    sol = wl.solve(X, lam=0.3, width=2)
+    ref = solve_scip(X, 0.3, 2, time_limit=15)
+    assert sol.certified
+    assert sol.lower_bound <= ref.value + 1e-12 and ref.lower_bound <= sol.value + 1e-12
+    assert sol.value <= ref.value * (1 + 1e-6)
+
+
 def test_closed_form_at_the_number_of_rays():
     X, _ = wl.datasets.rays2d()
     wide = wl.solve(X, lam=1.0)

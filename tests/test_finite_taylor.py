@@ -157,7 +157,7 @@ def test_search_certifies_where_the_cone_bound_alone_could_not():
 
 
 @pytest.mark.parametrize("seed,n,k,th,N", [(0, 2, 2, 0.01, 16), (1, 2, 3, 0.003, 16), (3, 3, 2, 0.01, 16),
-                                          (4, 3, 2, 0.003, 16), (5, 3, 2, 0.03, 20)])
+                                          (4, 3, 2, 0.003, 16), (5, 3, 2, 0.03, 20), (6, 3, 3, 0.002, 16)])
 def test_the_proofs_dual_point_is_feasible_and_its_sizes_are_bounded(seed, n, k, th, N):
     """Build the proof's u(W) = u0 + delta'(W) + v(W) explicitly (numpy linear algebra) at dictionaries in the
     caps, boundary included: it is dual feasible for W, its corrections are within the kernel's bounds
