@@ -172,11 +172,11 @@ def test_the_proofs_dual_point_is_feasible_and_its_sizes_are_bounded(seed, n, k,
     C = np.array([_tilt(rng, c, 0.005, True) for c in C])
     _, Z0, b0 = _reference(X, lam, C)
     theta = np.full(k, th)
-    U, lev, unorm, enorm, perp, chord, omc = T._prepare(X, lam, C, theta, Z0, b0)
+    U, lev, unorm, enorm, perp, chord, omc, sth = T._prepare(X, lam, C, theta, Z0, b0)
     n_ok = 0
     for carriers in range(3):
         act = (Z0 > 0) | (lam - lev <= 1e-12 * lam)
-        ok, d1, vb, tang = T._corrections(U, C, lam, lev, unorm, perp, chord, omc, act, carriers)
+        ok, d1, vb, tang = T._corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers)
         if ok < 0:
             continue
         n_ok += 1

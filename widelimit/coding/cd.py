@@ -83,8 +83,19 @@ def _cholesky_solve(A, rhs):  # pragma: no cover - compiled
 
 
 @nb.njit(**_JIT)
-def _restricted_gap(xx, qy, yc, l1, mx, lam):  # pragma: no cover - compiled
-    """``(P, gap)`` of the restricted problem from ``||xt||^2``, ``q.y``, ``y.c``, ``sum y``, ``max c``."""
+def _restricted_gap(xx, q, y, c, w, lam):  # pragma: no cover - compiled
+    """``(P, gap)`` of the restricted problem on the first ``w`` working atoms, from ``||xt||^2``, the
+    products ``q = G_w y``, the codes ``y`` and the correlations ``c``."""
+    qy = 0.0
+    yc = 0.0
+    l1 = 0.0
+    mx = -np.inf
+    for a in range(w):
+        qy += q[a] * y[a]
+        yc += y[a] * c[a]
+        l1 += y[a]
+        if c[a] > mx:
+            mx = c[a]
     rr = xx - qy - yc
     if rr < 0.0:
         rr = 0.0
@@ -133,17 +144,7 @@ def _solve_token(G, c, xx, w_idx, y, lam, tol, floor, max_sweeps, newton_every):
     sweeps = 0
     for sweep in range(max_sweeps):
         # restricted certificate
-        qy = 0.0
-        yc = 0.0
-        l1 = 0.0
-        mx = -np.inf
-        for a in range(w):
-            qy += q[a] * y[a]
-            yc += y[a] * c[a]
-            l1 += y[a]
-            if c[a] > mx:
-                mx = c[a]
-        P, gap = _restricted_gap(xx, qy, yc, l1, mx, lam)
+        P, gap = _restricted_gap(xx, q, y, c, w, lam)
         if gap <= tol * max(P, floor):
             break
         if newton_every > 0 and sweep > 0 and sweep % newton_every == 0:
@@ -181,17 +182,7 @@ def _solve_token(G, c, xx, w_idx, y, lam, tol, floor, max_sweeps, newton_every):
                             row = act[i]
                             for bb in range(w):
                                 c2[bb] -= zi * Gw[row, bb]
-                        qy2 = 0.0
-                        yc2 = 0.0
-                        l12 = 0.0
-                        mx2 = -np.inf
-                        for a in range(w):
-                            qy2 += q[a] * y2[a]
-                            yc2 += y2[a] * c2[a]
-                            l12 += y2[a]
-                            if c2[a] > mx2:
-                                mx2 = c2[a]
-                        P2, gap2 = _restricted_gap(xx, qy2, yc2, l12, mx2, lam)
+                        P2, gap2 = _restricted_gap(xx, q, y2, c2, w, lam)
                         if gap2 < gap:
                             for a in range(w):
                                 y[a] = y2[a]

@@ -67,6 +67,17 @@ def _cone_norm(t, c, cth, sth, free, tmp):  # pragma: no cover - compiled
 
 
 @nb.njit(**_JIT)
+def _optimal_bias(X, S, b):  # pragma: no cover - compiled
+    """``b = mean_i (x_i - s_i)``: the optimal bias for the summed products ``S`` (N, n), in place."""
+    N, n = X.shape
+    for d in range(n):
+        m = 0.0
+        for i in range(N):
+            m += X[i, d] - S[i, d]
+        b[d] = m / N
+
+
+@nb.njit(**_JIT)
 def certify(X, lam, C, cth, sth, free, Y):  # pragma: no cover - compiled
     """Primal value of the relaxation at ``Y`` (optimal bias) and a certified dual lower bound.
 
@@ -85,11 +96,7 @@ def certify(X, lam, C, cth, sth, free, Y):  # pragma: no cover - compiled
                 s += Y[i, j, d] * Y[i, j, d]
             pen += math.sqrt(s)
     b = np.zeros(n)
-    for i in range(N):
-        for d in range(n):
-            b[d] += X[i, d] - S[i, d]
-    for d in range(n):
-        b[d] /= N
+    _optimal_bias(X, S, b)
     U = np.empty((N, n))
     rec = 0.0
     mu = np.zeros(n)
@@ -138,11 +145,7 @@ def node_solve(X, lam, C, cth, sth, free, Y, target, tol_abs, max_sweeps, check_
             for d in range(n):
                 S[i, d] += Y[i, j, d]
     b = np.zeros(n)
-    for i in range(N):
-        for d in range(n):
-            b[d] += X[i, d] - S[i, d]
-    for d in range(n):
-        b[d] /= N
+    _optimal_bias(X, S, b)
     t = np.empty(n)
     p = np.empty(n)
     primal, dual = np.inf, -np.inf
@@ -163,13 +166,7 @@ def node_solve(X, lam, C, cth, sth, free, Y, target, tol_abs, max_sweeps, check_
                         v = f * p[d]
                         S[i, d] += v - Y[i, j, d]
                         Y[i, j, d] = v
-            for d in range(n):
-                b[d] = 0.0
-            for i in range(N):
-                for d in range(n):
-                    b[d] += X[i, d] - S[i, d]
-            for d in range(n):
-                b[d] /= N
+            _optimal_bias(X, S, b)
             sweeps += 1
         primal, dual, _b = certify(X, lam, C, cth, sth, free, Y)
         g = primal - dual

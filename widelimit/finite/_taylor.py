@@ -61,7 +61,7 @@ def second_order_bound(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
     Returns ``-inf`` when the construction does not apply (a point tight on more atoms than it
     can keep, or ill-conditioned corrections): the caller then relies on the cone bound.
     """
-    U, lev, unorm, enorm, perp, chord, omc = _prepare(X, lam, C, theta, Z0, b0)
+    U, lev, unorm, enorm, perp, chord, omc, sth = _prepare(X, lam, C, theta, Z0, b0)
     N, n = X.shape
     k = C.shape[0]
     best = -np.inf
@@ -71,7 +71,7 @@ def second_order_bound(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
             for j in range(k):
                 if Z0[i, j] > 0.0 or lam - lev[i, j] <= 1e-12 * lam:
                     act[i, j] = True
-        r = _corrections(U, C, lam, lev, unorm, perp, chord, omc, act, carriers)
+        r = _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers)
         if r[0] < 0.0:
             continue
         val = _assemble(X, lam, C, theta, Z0, U, enorm, chord, omc, act, r[1], r[2], r[3])
@@ -84,8 +84,9 @@ def second_order_bound(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
 def _prepare(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
     """The reference dual point ``u0`` (recentred, scaled feasible at ``C``) and the sizes the bound uses.
 
-    Returns ``(U, lev, unorm, enorm, perp, chord, omc)``: ``u0``, ``<c_j, u0_i>``, ``||u0_i||``, a bound on
-    the defect ``||e_i||``, ``||P_{c_j^perp} u0_i||``, ``2 sin(theta_j/2)`` and ``1 - cos(theta_j)``.
+    Returns ``(U, lev, unorm, enorm, perp, chord, omc, sth)``: ``u0``, ``<c_j, u0_i>``, ``||u0_i||``, a
+    bound on the defect ``||e_i||``, ``||P_{c_j^perp} u0_i||``, ``2 sin(theta_j/2)``, ``1 - cos(theta_j)``
+    and ``sin(theta_j)``.
     """
     N, n = X.shape
     k = C.shape[0]
@@ -131,9 +132,11 @@ def _prepare(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
         enorm[i] = math.sqrt(e2) + 4.0 * (k + 4) * n * _U * mag  # plus the rounding of the defect itself
     chord = np.empty(k)
     omc = np.empty(k)  # 1 - cos(theta_j): the largest <c_j - w_j, w_j>
+    sth = np.empty(k)  # sin(theta_j): the largest ||P_{c_j^perp} w_j|| (theta_j <= pi/2)
     for j in range(k):
         chord[j] = 2.0 * math.sin(0.5 * theta[j])
         omc[j] = 2.0 * math.sin(0.5 * theta[j]) ** 2
+        sth[j] = math.sin(min(theta[j], 0.5 * math.pi))
     perp = np.empty((N, k))  # ||P_{c_j^perp} u_i||
     for i in range(N):
         for j in range(k):
@@ -142,7 +145,7 @@ def _prepare(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
                 t = U[i, d] - lev[i, j] * C[j, d]
                 p2 += t * t
             perp[i, j] = math.sqrt(p2) * (1.0 + 8.0 * n * _U) + 4.0 * n * _U * unorm[i]
-    return U, lev, unorm, enorm, perp, chord, omc
+    return U, lev, unorm, enorm, perp, chord, omc, sth
 
 
 @nb.njit(**_JIT)
@@ -166,7 +169,7 @@ def _rbound(C, mask, g, chord, omc, sth):  # pragma: no cover - compiled
 
 
 @nb.njit(**_JIT)
-def _corrections(U, C, lam, lev, unorm, perp, chord, omc, act, carriers):  # pragma: no cover - compiled
+def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  # pragma: no cover - compiled
     """Bounds on the correction ``delta_i(W) = delta'_i + v_i`` over the caps (docs/theory.md §7.6).
 
     ``delta'_i`` keeps point ``i``'s tight constraints (``M_i(W) delta'_i = r_i``); the ``v_i`` (in the
@@ -182,9 +185,6 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, act, carriers):  # pra
     d1 = np.zeros(N)
     tang = np.zeros(N)
     vb = np.zeros(N)
-    sth = np.empty(k)
-    for j in range(k):
-        sth[j] = math.sin(min(0.5 * math.pi, 2.0 * math.asin(min(1.0, 0.5 * chord[j]))))
     nm = 1 << k
     for _round in range(k + 1):
         # per group of tight atoms (a bit mask): the smallest singular value's lower bound over the caps,
