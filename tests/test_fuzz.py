@@ -439,6 +439,33 @@ def r9_ctrl_c_real_signal(tmp, capsys, files):
     assert not out.exists()
 
 
+def _interrupt_at(tmp, delay):
+    big = tmp / "big.npy"
+    if not big.exists():
+        np.save(big, np.random.default_rng(0).standard_normal((3000, 20)))
+    out = tmp / f"fitout{delay}"
+    p = subprocess.Popen([sys.executable, "-m", "widelimit", "fit", str(big), "--lam", "0.5", "--width", "100",
+                          "--max-steps", "1000000", "--rtol", "0", "--max-time", "300", "--out", str(out)], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    return p.returncode, err, out
+
+
+def r9_ctrl_c_during_start_up(tmp, capsys, files):
+    """A SIGINT at any moment of start-up (package imports, C-extension initialisation, the lazy
+    torch import of the fit): still one line and status 130, never a traceback or a death by SIGINT.
+
+    Before the fix, a signal in the first ~0.7 s printed a 10-50-line traceback and the process died
+    with -SIGINT; one landing inside an extension's initialisation gave ``ImportError``."""
+    for delay in (0.05, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9):
+        status, err, out = _interrupt_at(tmp, delay)
+        assert status == 130, (delay, err[-1500:])
+        assert one_line(err) in ("widelimit: interrupted", "widelimit fit: interrupted"), (delay, err[-1500:])
+        assert not out.exists()
+
+
 def r9_dask_local_zero_workers(tmp, capsys, files):
     pytest.importorskip("distributed")
     line = cli_error(capsys, "bound", files["npy"], "--lam", "1", "--dask", "local:0")
@@ -634,7 +661,8 @@ REPRODUCERS = [
     r5_csv_bad_first_row, r5_csv_header_only_when_all_fields_are_text, r5_csv_header_when_asked,
     r5_csv_malformed_row_names_line_and_column, r5_masked_array_refused,
     r8_fit_width_above_n, r8_fit_huge_learning_rate, r8_checkpoint_meta_is_a_list, r8_api_parameters,
-    r9_ctrl_c_leaves_nothing_half_written, r9_ctrl_c_real_signal, r9_dask_local_zero_workers,
+    r9_ctrl_c_leaves_nothing_half_written, r9_ctrl_c_real_signal, r9_ctrl_c_during_start_up,
+    r9_dask_local_zero_workers,
     r9_dask_unreachable_scheduler_times_out, r9_out_is_a_file_checked_before_computing,
     r10_pt_weights_only_advice_rephrased, r10_state_json_outside_the_cache, r10_npy_negative_shape,
     r10_safetensors_offsets_not_at_zero, r10_newline_in_file_name, r10_symlink_loop, r10_messages_name_the_flags,

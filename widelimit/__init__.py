@@ -20,28 +20,59 @@ Internals live in the subpackages: ``data``, ``engine``, ``exact``, ``coding``, 
 ``relax``, ``sae``, ``lab``, ``cli`` (docs/architecture.md).
 """
 
-from .data import datasets  # noqa: F401  (wl.datasets: the built-in datasets)
-from .coding import CodingResult, optimal_codes
-from .data import ActivationSource, DataError, open_activations
-from .engine import Progress
-from .exact.certificate import Certificate, verify
-from .exact.median import MedianResult, geometric_median, huber_median, huber_value
-from .exact.objective import ObjectiveValue, optimal_dictionary, q_objective, sae_objective
-from .exact.solve import WideLimitSolution, solve
-from .exact.stability import FeatureStability, feature_stability
-from .finite import FiniteSolution
-from .exact.stationarity import Stationarity, first_order_conditions
-from .learn.crossval import CrossValidation, crossvalidate
-from .learn.frontier import Frontier, frontier
-from .learn.gradient import FitResult, fit_dictionary
-from .problem import Problem
-from .relax.cones import RelaxationResult, relax
-from .relax.cpfactor import CPFactorization, RefinedSolution, factorize_cp, refine
-from .relax.dnn import DNNResult, solve_dnn
-from .relax.sandwich import SandwichReport, sandwich
-from .sae.certify import SAECertificate, certify_sae
-from .sae.formats import load_sae
-from .sae.model import SAE
+import importlib as _importlib
+import sys as _sys
+import types as _types
+from typing import TYPE_CHECKING
+
+_LAZY = {  # public name -> module that defines it; imported on first use (PEP 562)
+    "datasets": ".data.datasets",  # a module
+    "CodingResult": ".coding",
+    "optimal_codes": ".coding",
+    "ActivationSource": ".data",
+    "DataError": ".data",
+    "open_activations": ".data",
+    "Progress": ".engine",
+    "Certificate": ".exact.certificate",
+    "verify": ".exact.certificate",
+    "MedianResult": ".exact.median",
+    "geometric_median": ".exact.median",
+    "huber_median": ".exact.median",
+    "huber_value": ".exact.median",
+    "ObjectiveValue": ".exact.objective",
+    "optimal_dictionary": ".exact.objective",
+    "q_objective": ".exact.objective",
+    "sae_objective": ".exact.objective",
+    "WideLimitSolution": ".exact.solve",
+    "solve": ".exact.solve",
+    "FeatureStability": ".exact.stability",
+    "feature_stability": ".exact.stability",
+    "FiniteSolution": ".finite",
+    "Stationarity": ".exact.stationarity",
+    "first_order_conditions": ".exact.stationarity",
+    "CrossValidation": ".learn.crossval",
+    "crossvalidate": ".learn.crossval",
+    "Frontier": ".learn.frontier",
+    "frontier": ".learn.frontier",
+    "FitResult": ".learn.gradient",
+    "fit_dictionary": ".learn.gradient",
+    "Problem": ".problem",
+    "RelaxationResult": ".relax.cones",
+    "relax": ".relax.cones",
+    "CPFactorization": ".relax.cpfactor",
+    "RefinedSolution": ".relax.cpfactor",
+    "factorize_cp": ".relax.cpfactor",
+    "refine": ".relax.cpfactor",
+    "DNNResult": ".relax.dnn",
+    "solve_dnn": ".relax.dnn",
+    "SandwichReport": ".relax.sandwich",
+    "sandwich": ".relax.sandwich",
+    "SAECertificate": ".sae.certify",
+    "certify_sae": ".sae.certify",
+    "load_sae": ".sae.formats",
+    "SAE": ".sae.model",
+}
+_SUBPACKAGES = ("cli", "coding", "data", "engine", "exact", "finite", "lab", "learn", "plot", "problem", "relax", "sae")
 
 __version__ = "0.2.0"
 
@@ -63,3 +94,59 @@ __all__ = [
     # trained SAEs
     "load_sae", "SAE", "certify_sae", "SAECertificate",
 ]
+
+
+def __getattr__(name):
+    """Import a public name, or a subpackage, the first time it is used.
+
+    ``import widelimit`` stays cheap (no numpy, torch or cvxpy), so ``python -m widelimit``
+    starts fast and a Ctrl-C during start-up is caught by the command line's own handler."""
+    if name in _LAZY:
+        module = _importlib.import_module(_LAZY[name], __name__)
+        value = module if module.__name__.endswith(f".{name}") and not hasattr(module, name) else getattr(module, name)
+        globals()[name] = value
+        return value
+    if name in _SUBPACKAGES:
+        return _importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'widelimit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))
+
+
+class _Package(_types.ModuleType):
+    """Keeps ``wl.relax`` the function when the import system binds the subpackage ``relax``."""
+
+    def __setattr__(self, name, value):
+        if name in _LAZY and isinstance(value, _types.ModuleType) and value.__name__ == f"{__name__}.{name}":
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .data import datasets  # noqa: F401  (wl.datasets: the built-in datasets)
+    from .coding import CodingResult, optimal_codes
+    from .data import ActivationSource, DataError, open_activations
+    from .engine import Progress
+    from .exact.certificate import Certificate, verify
+    from .exact.median import MedianResult, geometric_median, huber_median, huber_value
+    from .exact.objective import ObjectiveValue, optimal_dictionary, q_objective, sae_objective
+    from .exact.solve import WideLimitSolution, solve
+    from .exact.stability import FeatureStability, feature_stability
+    from .finite import FiniteSolution
+    from .exact.stationarity import Stationarity, first_order_conditions
+    from .learn.crossval import CrossValidation, crossvalidate
+    from .learn.frontier import Frontier, frontier
+    from .learn.gradient import FitResult, fit_dictionary
+    from .problem import Problem
+    from .relax.cones import RelaxationResult, relax
+    from .relax.cpfactor import CPFactorization, RefinedSolution, factorize_cp, refine
+    from .relax.dnn import DNNResult, solve_dnn
+    from .relax.sandwich import SandwichReport, sandwich
+    from .sae.certify import SAECertificate, certify_sae
+    from .sae.formats import load_sae
+    from .sae.model import SAE

@@ -1,8 +1,10 @@
 """Runtime settings shared by the solvers: torch device selection and one thread limiter for torch, numba and BLAS."""
 
 from __future__ import annotations
-import os
 import functools
+import os
+import signal
+import threading
 
 __all__ = ["resolve_device", "torch_dtype", "default_threads", "limit_threads", "with_thread_limit"]
 
@@ -151,3 +153,28 @@ def with_thread_limit(fn):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+_SIGINT_SEEN = False
+
+
+def _on_sigint(signum, frame):
+    global _SIGINT_SEEN
+    _SIGINT_SEEN = True
+    raise KeyboardInterrupt
+
+
+def track_interrupts() -> None:
+    """Install a SIGINT handler that raises KeyboardInterrupt, as Python's does, and remembers it.
+
+    For the command line only (a library does not touch signal handlers). A Ctrl-C that lands
+    inside a C extension's initialisation surfaces as ``ImportError: initialization failed``,
+    not KeyboardInterrupt; :func:`interrupted` lets the command line still report it as an
+    interrupt (status 130) instead of an error."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
+def interrupted() -> bool:
+    """Whether a SIGINT reached the handler of :func:`track_interrupts`."""
+    return _SIGINT_SEEN

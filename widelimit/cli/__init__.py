@@ -23,6 +23,7 @@ from .relax import _add_relax, _run_relax
 from .relax_bench import _add_relax_bench, _run_relax_bench
 from .solve import _add_solve, _run_solve
 from .. import __version__
+from .._runtime import interrupted
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -113,6 +114,9 @@ def main(argv=None) -> int:
                 print(f"{prefix}: error: {e.code}", file=sys.stderr)
             return code
         except Exception as e:  # noqa: BLE001 - one line for every error, expected or not
+            if interrupted():  # Ctrl-C inside a C extension's import surfaces as an ImportError
+                print(f"{prefix}: interrupted", file=sys.stderr)
+                return 130
             if os.environ.get("WIDELIMIT_DEBUG"):
                 raise
             # the error says what went wrong; warnings on the way there would only add lines
