@@ -131,14 +131,19 @@ def part2(args) -> list[dict]:
     return rows
 
 
-def plot(rows1, rows2, name):
+def plot(rows1, rows2, rows3, name, cap=None):
+    """One panel per part that has rows: B&B vs SCIP, the gradient success rates, the size grid."""
     from widelimit.plot import save_figure  # noqa: F401
 
     import matplotlib.figure as mf
 
-    fig = mf.Figure(figsize=(10, 4))
-    ax1, ax2 = fig.subplots(1, 2)
+    parts = [r for r in (rows1, rows2, rows3) if r]
+    if not parts:
+        return
+    fig = mf.Figure(figsize=(5.2 * len(parts), 4.2))
+    axes = list(np.atleast_1d(fig.subplots(1, len(parts))))
     if rows1:
+        ax1 = axes.pop(0)
         ks = [r["k"] for r in rows1]
         x = np.arange(len(ks))
         ax1.bar(x - 0.2, [r["bnb_time"] for r in rows1], 0.4, label="widelimit B&B")
@@ -150,11 +155,28 @@ def plot(rows1, rows2, name):
         ax1.legend(fontsize=8)
         ax1.set_title(f"N = {rows1[0]['N']}, 2-D")
     if rows2:
-        labels = [f"{r['family']}\nk={r['k']}" for r in rows2]
+        ax2 = axes.pop(0)
+        labels = [f"{r['family'][:5]}.\nk={r['k']}" if len(r["family"]) > 6 else f"{r['family']}\nk={r['k']}"
+                  for r in rows2]
         ax2.bar(np.arange(len(rows2)), [r["success_rate"] for r in rows2])
         ax2.set_xticks(np.arange(len(rows2)), labels, fontsize=7)
         ax2.set_ylabel("gradient seeds within 1e-6 of the optimum")
         ax2.set_ylim(0, 1.05)
+    if rows3:
+        ax3 = axes.pop(0)
+        x = np.arange(len(rows3))
+        done = [r["certified"] for r in rows3]
+        ax3.bar(x, [r["time"] for r in rows3], color=["tab:blue" if d else "tab:red" for d in done])
+        for xi, r in zip(x, rows3):
+            if not r["certified"]:  # stopped at the cap: its certified gap there
+                ax3.annotate(f"gap {r['rel_gap']:.0e}", (xi, r["time"]), ha="center", va="bottom", fontsize=7)
+        if cap:
+            ax3.axhline(cap, color="k", ls="--", lw=1, label=f"cap {cap:g} s")
+            ax3.legend(fontsize=8, loc="upper left")
+        ax3.set_xticks(x, [f"{r['n']}-D\nk={r['k']}" for r in rows3], fontsize=8)
+        ax3.set_yscale("log")
+        ax3.set_ylabel("seconds to certified rel. gap 1e-6 (red: cap)")
+        ax3.set_title(f"N = {rows3[0]['N']}, Gaussian data")
     fig.tight_layout()
     RESULTS.mkdir(parents=True, exist_ok=True)
     fig.savefig(RESULTS / f"{name}.png", dpi=120)
@@ -181,11 +203,18 @@ def main():
                     default=[], help="part 3: comma-separated dim x width cells, e.g. 2x2,2x3,2x4,3x2,3x3,3x4")
     ap.add_argument("--grid-points", type=int, default=40)
     ap.add_argument("--grid-cap", type=float, default=600.0)
+    ap.add_argument("--replot", action="store_true", help="redraw results/NAME.png from results/NAME.json only")
     args = ap.parse_args()
+    if args.replot:
+        import json
+
+        old = json.loads((RESULTS / f"{args.name}.json").read_text())
+        plot(old.get("part1", []), old.get("part2", []), old.get("part3", []), args.name, cap=old["args"].get("grid_cap"))
+        return
     rows1 = [] if args.skip_part1 else part1(args)
     rows2 = [] if args.skip_success else part2(args)
     rows3 = part3(args) if args.grid else []
-    plot(rows1, rows2, args.name)
+    plot(rows1, rows2, rows3, args.name, cap=args.grid_cap)
     md = ["# finite width: branch and bound vs SCIP", "",
           f"SCIP cap {args.scip_cap:g} s, B&B cap {args.bnb_cap:g} s; shared 2-core machine (noisy timings).", "",
           "| k | N | B&B status | B&B s | B&B rel gap | SCIP status | SCIP s | SCIP rel gap | B&B gap at SCIP's time |"

@@ -177,7 +177,7 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
     group of points with the same tight atoms (``M(W)^+`` applied to the group's sum of ``r_i``). Adds
     to ``act`` every pair whose slack could be used up, and repeats. Returns ``(status, d1, vb, tang)``,
     status 0 or negative (-1: a point tight on more than n atoms, -2: ill-conditioned tight atoms, -3:
-    the carriers' projectors do not span, -4: slack still used up after k + 1 rounds), and bounds on
+    the carriers' projectors do not span, -4: slack still used up after N k + 1 rounds), and bounds on
     ``||delta'_i||``, ``||v_i||`` and ``|<c_j - w_j, delta_i>| - chord_j ||v_i||`` (per point).
     """
     N, n = U.shape
@@ -186,7 +186,7 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
     tang = np.zeros(N)
     vb = np.zeros(N)
     nm = 1 << k
-    for _round in range(k + 1):
+    for _round in range(N * k + 1):  # each round adds a pair, or stops
         # per group of tight atoms (a bit mask): the smallest singular value's lower bound over the caps,
         # the projector's largest move, and the group's sum of u_i
         mask_of = np.zeros(N, dtype=np.int64)
@@ -253,7 +253,9 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
                 if (m >> j) & 1:
                     a += 1
                     cmax = max(cmax, chord[j])
-            carrier[i] = a == 0 or (carriers >= 1 and a == 1) or carriers >= 2
+            # a point tight on n atoms has the null space {0} at C and at every W of the caps (its
+            # tight atoms stay independent, slo > 0): it can carry nothing, and its projector never moves
+            carrier[i] = a < n and (a == 0 or (carriers >= 1 and a == 1) or carriers >= 2)
             d1[i] = _rbound(C, m, U[i], chord, omc, sth) / slo[m]
             if a == 1:
                 jj = 0
