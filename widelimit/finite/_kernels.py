@@ -78,6 +78,19 @@ def _optimal_bias(X, S, b):  # pragma: no cover - compiled
 
 
 @nb.njit(**_JIT)
+def recentre(U):  # pragma: no cover - compiled
+    """Subtract the column means in place, so that ``sum_i u_i = 0`` (the bias's dual constraint)."""
+    N, n = U.shape
+    for d in range(n):
+        m = 0.0
+        for i in range(N):
+            m += U[i, d]
+        m /= N
+        for i in range(N):
+            U[i, d] -= m
+
+
+@nb.njit(**_JIT)
 def certify(X, lam, C, cth, sth, free, Y):  # pragma: no cover - compiled
     """Primal value of the relaxation at ``Y`` (optimal bias) and a certified dual lower bound.
 
@@ -99,19 +112,13 @@ def certify(X, lam, C, cth, sth, free, Y):  # pragma: no cover - compiled
     _optimal_bias(X, S, b)
     U = np.empty((N, n))
     rec = 0.0
-    mu = np.zeros(n)
     for i in range(N):
         for d in range(n):
             u = X[i, d] - b[d] - S[i, d]
             U[i, d] = u
             rec += u * u
-            mu[d] += u
     primal = (rec + 2.0 * lam * pen) / N
-    for d in range(n):
-        mu[d] /= N
-    for i in range(N):
-        for d in range(n):
-            U[i, d] -= mu[d]
+    recentre(U)
     hmax = 0.0
     tmp = np.empty(n)
     for i in range(N):

@@ -26,7 +26,7 @@ import math
 import numba as nb
 import numpy as np
 
-from ._kernels import codes_then_bias, objective_from_residual, residual
+from ._kernels import codes_then_bias, objective_from_residual, recentre, residual
 
 _JIT = dict(nogil=True, cache=True)
 _U = 2.0 ** -53
@@ -92,13 +92,7 @@ def _prepare(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
     k = C.shape[0]
     U = np.empty((N, n))
     residual(X, C, b0, Z0, U)
-    for d in range(n):  # recentre: sum_i u_i = 0
-        m = 0.0
-        for i in range(N):
-            m += U[i, d]
-        m /= N
-        for i in range(N):
-            U[i, d] -= m
+    recentre(U)
     lev = np.empty((N, k))
     hmax = 0.0
     for i in range(N):
