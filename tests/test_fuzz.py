@@ -483,6 +483,25 @@ def r9_ctrl_c_during_start_up(tmp, capsys, files):
         assert not out.exists()
 
 
+def r9_ctrl_c_swallowed_by_a_finaliser(tmp, capsys, files):
+    """A SIGINT that lands while Python runs a finaliser or callback (seen in a fresh clone: an import
+    lock's weakref callback during the first, compiling run) raises KeyboardInterrupt there; Python
+    prints "Exception ignored" and drops it, and `widelimit fit` ran on to its time limit. The CLI's
+    hook now ends the process: one line, status 130."""
+    code = ("from widelimit._runtime import track_interrupts\n"
+            "track_interrupts()\n"
+            "class Finaliser:\n"
+            "    def __del__(self):\n"
+            "        raise KeyboardInterrupt  # what the SIGINT handler does when it runs here\n"
+            "Finaliser()\n"
+            "import time; time.sleep(30)\n"
+            "print('ran on')\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 130, p.stderr[-1500:]
+    assert one_line(p.stderr) == "widelimit: interrupted"
+    assert p.stdout == ""
+
+
 def r9_dask_local_zero_workers(tmp, capsys, files):
     pytest.importorskip("distributed")
     line = cli_error(capsys, "bound", files["npy"], "--lam", "1", "--dask", "local:0")
@@ -679,7 +698,7 @@ REPRODUCERS = [
     r5_csv_malformed_row_names_line_and_column, r5_masked_array_refused,
     r8_fit_width_above_n, r8_fit_huge_learning_rate, r8_checkpoint_meta_is_a_list, r8_api_parameters,
     r9_ctrl_c_leaves_nothing_half_written, r9_ctrl_c_real_signal, r9_ctrl_c_during_start_up,
-    r9_dask_local_zero_workers,
+    r9_ctrl_c_swallowed_by_a_finaliser, r9_dask_local_zero_workers,
     r9_dask_unreachable_scheduler_times_out, r9_out_is_a_file_checked_before_computing,
     r10_pt_weights_only_advice_rephrased, r10_state_json_outside_the_cache, r10_npy_negative_shape,
     r10_safetensors_offsets_not_at_zero, r10_newline_in_file_name, r10_symlink_loop, r10_messages_name_the_flags,

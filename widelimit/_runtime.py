@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import sys
 import threading
 
 __all__ = ["resolve_device", "torch_dtype", "default_threads", "limit_threads", "with_thread_limit"]
@@ -167,12 +168,44 @@ def _on_sigint(signum, frame):
 def track_interrupts() -> None:
     """Install a SIGINT handler that raises KeyboardInterrupt, as Python's does, and remembers it.
 
-    For the command line only (a library does not touch signal handlers). A Ctrl-C that lands
-    inside a C extension's initialisation surfaces as ``ImportError: initialization failed``,
-    not KeyboardInterrupt; :func:`interrupted` lets the command line still report it as an
-    interrupt (status 130) instead of an error."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _on_sigint)
+    For the command line only (a library does not touch signal handlers). Two ways an interrupt
+    can go astray are covered:
+
+    - a Ctrl-C inside a C extension's initialisation surfaces as ``ImportError: initialization
+      failed``, not KeyboardInterrupt: :func:`interrupted` lets the command line still report it
+      as an interrupt (status 130) instead of an error;
+    - a KeyboardInterrupt raised while Python runs a callback or finaliser (an import lock's
+      weakref callback, a ``__del__``) is printed as "Exception ignored" and dropped, and the
+      command would run on: ``sys.unraisablehook`` then ends the process as interrupted.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGINT, _on_sigint)
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            exit_interrupted("widelimit: interrupted")
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+
+
+def exit_interrupted(message: str | None = None) -> None:
+    """Write ``message`` (one line) to stderr, flush, and end the process with status 130 now.
+
+    ``os._exit``: an interrupt that passed through C code running Python (``PyRun_String``, e.g.
+    inside an extension's import) leaves CPython's "unhandled KeyboardInterrupt" flag set, and the
+    interpreter would kill itself with SIGINT at a normal exit even though the interrupt was
+    handled. Outputs are written atomically, so exiting now loses nothing."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is sys.stderr and message:
+                stream.write(message + "\n")
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed pipe must not turn 130 into a traceback
+            pass
+    os._exit(130)
 
 
 def interrupted() -> bool:
