@@ -79,6 +79,54 @@ def test_unconverged_cd_still_certifies_a_true_bound():
     assert np.all(out["P"] >= ref - 1e-8)
 
 
+@pytest.mark.parametrize("gram_updates", [True, False])
+def test_both_certificate_paths_match_cvxpy_over_several_rounds(gram_updates):
+    # a poor warm start and a tight tolerance: several working-set rounds, each certified either from the
+    # Gram updates of the correlations or from a new product R U^T (float32 with the exact maximum)
+    from widelimit.coding.cd import GramCoder
+
+    X, W, b = _problem(11, N=25, n=20, k=60)
+    lam = 0.3
+    ref = _cvxpy_values(X, W, b, lam)
+    U = W / np.linalg.norm(W, axis=1, keepdims=True)
+    Y0 = np.maximum(np.random.default_rng(2).standard_normal((25, 60)) - 1.5, 0.0)
+    coder = GramCoder(U, lam=lam, tol=1e-11, ws_extra=3, gram_updates=gram_updates, fast_products=True)
+    out = coder.solve(X - b, Y0)
+    assert out["rounds"] >= 3 and out["todo"].size == 0
+    assert ("C" in out) == gram_updates
+    np.testing.assert_allclose(out["P"], ref, rtol=1e-8)
+    assert np.all(out["P"] - out["gap"] <= ref + 1e-9 * np.maximum(ref, 1))
+    Y = out["codes"].toarray()
+    np.testing.assert_allclose(((X - b - Y @ U) ** 2).sum(1) + 2 * lam * Y.sum(1), out["P"], rtol=1e-12)
+
+
+def test_gram_updated_correlations_stay_within_their_rounding_bound():
+    # every entry of the correlations the rounds maintain by c <- c - delta G is compared with the exact
+    # rational value <u_d, xt - y U> of the returned codes; the bound cerr must cover the difference
+    from fractions import Fraction
+
+    from widelimit.coding.cd import GramCoder
+
+    rng = np.random.default_rng(5)
+    m, n, k, lam = 12, 10, 30, 0.2
+    U = rng.standard_normal((k, n))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    xt = 3.0 * rng.standard_normal((m, n))
+    Y0 = np.maximum(rng.standard_normal((m, k)) - 1.0, 0.0)
+    out = GramCoder(U, lam=lam, tol=1e-12, ws_extra=4, gram_updates=True).solve(xt, Y0)
+    assert out["rounds"] >= 2
+    Y = out["codes"].toarray()
+    Uf = [[Fraction(v) for v in row] for row in U]
+    err = np.zeros((m, k))
+    for i in range(m):
+        r = [Fraction(xt[i, j]) - sum(Fraction(Y[i, d]) * Uf[d][j] for d in range(k) if Y[i, d]) for j in range(n)]
+        for d in range(k):
+            err[i, d] = abs(float(Fraction(out["C"][i, d]) - sum(Uf[d][j] * r[j] for j in range(n))))
+    assert np.all(err <= out["cerr"][:, None])
+    assert err.max() > 0  # rounding happened: a zero bound would fail
+    assert out["cerr"].max() < 1e-11  # and the bound is not vacuous
+
+
 def test_float32_products_give_the_exact_float64_maximum():
     from widelimit.coding.cd import _exact_max
 
@@ -142,6 +190,26 @@ def test_thread_limiter_sets_and_restores_all_pools(monkeypatch):
     assert default_threads() == 2
     monkeypatch.setattr(os, "getloadavg", lambda: (16.0, 16.0, 16.0))  # overloaded by other processes
     assert default_threads() == 1
+
+
+def test_blas_threads_override_only_numpys_blas(monkeypatch):
+    import numba
+    import torch
+    from threadpoolctl import threadpool_info
+
+    from widelimit._runtime import limit_threads
+
+    def blas():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = (torch.get_num_threads(), numba.get_num_threads(), blas())
+    with limit_threads(2, blas_threads=1):
+        assert (torch.get_num_threads(), numba.get_num_threads()) == (2, min(2, numba.config.NUMBA_NUM_THREADS))
+        assert blas() and set(blas()) == {1}
+    assert (torch.get_num_threads(), numba.get_num_threads(), blas()) == before
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="blas_threads must be a positive integer"):
+            limit_threads(2, blas_threads=bad)
 
 
 def test_certify_progress_events_and_algorithms_agree():

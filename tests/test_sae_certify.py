@@ -312,3 +312,41 @@ def test_diagnostics_agree_with_first_order_conditions():
     assert np.max(F["max_violation_silent"]) == pytest.approx(max(0.0, -foc.code_margin), rel=1e-9, abs=1e-12)
     assert np.max(F["tangent_grad_norm"]) == pytest.approx(foc.atom_residual, rel=1e-9)
     assert cert.bias_stationarity == pytest.approx(foc.bias_residual, rel=1e-9)
+
+
+@pytest.mark.parametrize("parts_bytes", [None, 1])
+def test_sparse_code_kernels_match_dense_products(monkeypatch, parts_bytes):
+    # the CPU kernels of certify_sae against plain dense float64 numpy: residuals with the per-token sums,
+    # and Z^T R with per-thread accumulators (parts_bytes=1 forces a single accumulator)
+    import numba
+    import scipy.sparse as sp
+
+    from widelimit.sae import _kernels
+
+    if parts_bytes is not None:
+        monkeypatch.setattr(_kernels, "ACCUMULATOR_BYTES", parts_bytes)
+    rng = np.random.default_rng(3)
+    m, n, k = 57, 13, 40
+    U = rng.standard_normal((k, n))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    x, b = rng.standard_normal((m, n)), rng.standard_normal(n)
+    Z = sp.random(m, k, density=0.15, format="csr", random_state=1)
+    Z.data = np.abs(Z.data)
+    Z[4] = 0.0  # a token with no code
+    Z = sp.csr_array(Z)
+    R, sums = _kernels.residuals(x, b, U, Z)
+    Rd = x - b - Z.toarray() @ U
+    xh = x - Rd
+    np.testing.assert_allclose(R, Rd, rtol=0, atol=1e-13)
+    expect = np.stack([(x * x).sum(1), (xh * xh).sum(1), (x * xh).sum(1), (Rd * Rd).sum(1), (Rd * (x - b)).sum(1)], 1)
+    np.testing.assert_allclose(sums, expect, rtol=1e-13)
+    torch_sums = _kernels.token_sums(torch.from_numpy(x), torch.from_numpy(x - b), torch.from_numpy(Rd)).numpy()
+    np.testing.assert_allclose(torch_sums, expect, rtol=1e-13)
+    prev = numba.get_num_threads()
+    try:
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        out = np.full((k, n), 0.5)
+        _kernels.add_codes_t_residuals(Z, R, out)
+    finally:
+        numba.set_num_threads(prev)
+    np.testing.assert_allclose(out, 0.5 + Z.toarray().T @ Rd, rtol=0, atol=1e-12)

@@ -10,8 +10,9 @@ scaling, ``gap = P - D(s r) >= P - P*``). Built for the SAE regime, many atoms
 and few active per token (``L0 << k``), and warm starts that are already good
 (an SAE's own encoder codes):
 
-1. **Correlations, BLAS-3.** ``c = U r`` for every token of a batch is one
-   matrix product ``R U^T``; the Gram ``G = U U^T`` is formed once per dictionary.
+1. **Correlations.** ``c = U r`` for every token of a batch is one matrix product
+   ``R U^T`` (or given by the caller: ``certify_sae`` has it); the Gram ``G = U U^T`` is
+   formed once per dictionary.
 2. **Working set per token.** ``W`` = the current support plus the atoms that
    violate dual feasibility (``c_d > lam``), most violating first, capped at
    ``ws_extra`` new atoms a round; atoms the gap-safe rule removes
@@ -23,10 +24,12 @@ and few active per token (``L0 << k``), and warm starts that are already good
    ``G_AA y_A = q_A - lam`` (Cholesky), accepted if positive and better, which
    makes the solve exact once the support is found. Stops at the restricted gap
    ``0.1 tol`` (relative). Tokens run in parallel (numba ``prange``).
-4. **Certificate, float64.** ``r = xt - y U`` (sparse), ``c = r U^T`` (BLAS),
-   per-token ``gap`` from ``||r||^2``, ``<r, xt>``, ``max_d c_d`` and ``sum y``.
-   Tokens meeting ``gap <= tol max(P, lam^2)`` are done; the others go back to
-   step 2 with the new correlations.
+4. **Certificate, float64.** ``r = xt - y U`` (sparse), per-token ``gap`` from
+   ``||r||^2``, ``<r, xt>``, ``max_d c_d`` and ``sum y``. For up to 1,024 atoms the
+   correlations are updated inside the round from the Gram (``c -= delta G``, with a
+   rigorous bound on their rounding, theory.md §8.6); for wider dictionaries a new
+   product ``R U^T`` (float32, its maximum made exact in float64). Tokens meeting
+   ``gap <= tol max(P, lam^2)`` are done; the others go back to step 2.
 
 Tokens still uncertified after ``max_rounds`` go to :func:`widelimit.coding.pdas.optimal_codes`
 (float64, warm-started), so every returned gap is certified the same way.
@@ -40,184 +43,43 @@ import numba as nb
 import numpy as np
 import scipy.sparse as sp
 import time
+from ._restricted import solve_token as _solve_token
 from .pdas import CodingResult, _check_problem
 from .pdas import finish_rows
+from .._runtime import matmul
 from .._validation import check_codes, row_norms
 from ..engine.local import Progress
 
 __all__ = ["cd_codes", "GramCoder"]
 
 _JIT = dict(nogil=True, cache=True)
-
-
-@nb.njit(**_JIT)
-def _cholesky_solve(A, rhs):  # pragma: no cover - compiled
-    """Solve ``A z = rhs`` for symmetric ``A`` by Cholesky; returns ``(z, ok)`` (``ok`` False if not PD)."""
-    m = A.shape[0]
-    L = np.zeros((m, m))
-    for j in range(m):
-        s = A[j, j]
-        for p in range(j):
-            s -= L[j, p] * L[j, p]
-        if not (s > 1e-12 * A[j, j]) or not (s > 0.0):
-            return rhs.copy(), False
-        d = math.sqrt(s)
-        L[j, j] = d
-        for i in range(j + 1, m):
-            t = A[i, j]
-            for p in range(j):
-                t -= L[i, p] * L[j, p]
-            L[i, j] = t / d
-    z = rhs.copy()
-    for i in range(m):
-        t = z[i]
-        for p in range(i):
-            t -= L[i, p] * z[p]
-        z[i] = t / L[i, i]
-    for i in range(m - 1, -1, -1):
-        t = z[i]
-        for p in range(i + 1, m):
-            t -= L[p, i] * z[p]
-        z[i] = t / L[i, i]
-    return z, True
-
-
-@nb.njit(**_JIT)
-def _restricted_gap(xx, q, y, c, w, lam):  # pragma: no cover - compiled
-    """``(P, gap)`` of the restricted problem on the first ``w`` working atoms, from ``||xt||^2``, the
-    products ``q = G_w y``, the codes ``y`` and the correlations ``c``."""
-    qy = 0.0
-    yc = 0.0
-    l1 = 0.0
-    mx = -np.inf
-    for a in range(w):
-        qy += q[a] * y[a]
-        yc += y[a] * c[a]
-        l1 += y[a]
-        if c[a] > mx:
-            mx = c[a]
-    rr = xx - qy - yc
-    if rr < 0.0:
-        rr = 0.0
-    rx = xx - qy
-    P = rr + 2.0 * lam * l1
-    s = rx / rr if rr > 0.0 else 0.0
-    if s < 0.0:
-        s = 0.0
-    if mx > 0.0 and s > lam / mx:
-        s = lam / mx
-    gap = P - (2.0 * s * rx - s * s * rr)
-    return P, (gap if gap > 0.0 else 0.0)
-
-
-@nb.njit(**_JIT)
-def _gather_row(G, w_idx, a, Gw):  # pragma: no cover - compiled
-    """``Gw[a, :] = G[w_idx[a], w_idx]``."""
-    row = w_idx[a]
-    for bb in range(w_idx.shape[0]):
-        Gw[a, bb] = G[row, w_idx[bb]]
-
-
-@nb.njit(**_JIT)
-def _solve_token(G, c, xx, w_idx, y, lam, tol, floor, max_sweeps, newton_every):  # pragma: no cover - compiled
-    """Coordinate descent + Newton on the working set ``w_idx`` (codes ``y`` and ``c`` updated in place).
-
-    ``c = U_W r`` (float64) for the current residual ``r``; returns the sweeps used.
-    """
-    w = w_idx.shape[0]
-    # rows of G_WW are gathered when first needed (an atom that never moves off zero needs only
-    # its diagonal entry): the gathers are cache misses in the large Gram
-    Gw = np.empty((w, w))
-    have = np.zeros(w, np.bool_)
-    diag = np.empty(w)
-    for a in range(w):
-        diag[a] = G[w_idx[a], w_idx[a]]
-        if y[a] != 0.0:
-            _gather_row(G, w_idx, a, Gw)
-            have[a] = True
-    q = c.copy()  # q = c + G y
-    for a in range(w):
-        ya = y[a]
-        if ya != 0.0:
-            for bb in range(w):
-                q[bb] += ya * Gw[a, bb]
-    sweeps = 0
-    for sweep in range(max_sweeps):
-        # restricted certificate
-        P, gap = _restricted_gap(xx, q, y, c, w, lam)
-        if gap <= tol * max(P, floor):
-            break
-        if newton_every > 0 and sweep > 0 and sweep % newton_every == 0:
-            na = 0
-            for a in range(w):
-                if y[a] > 0.0:
-                    na += 1
-            if na > 0:
-                act = np.empty(na, np.int64)
-                j = 0
-                for a in range(w):
-                    if y[a] > 0.0:
-                        act[j] = a
-                        j += 1
-                GA = np.empty((na, na))
-                rhs = np.empty(na)
-                for i in range(na):
-                    rhs[i] = q[act[i]] - lam
-                    for jj in range(na):
-                        GA[i, jj] = Gw[act[i], act[jj]]
-                z, ok = _cholesky_solve(GA, rhs)
-                if ok:
-                    pos = True
-                    for i in range(na):
-                        if not (z[i] > 0.0):
-                            pos = False
-                            break
-                    if pos:
-                        y2 = np.zeros(w)
-                        for i in range(na):
-                            y2[act[i]] = z[i]
-                        c2 = q.copy()
-                        for i in range(na):
-                            zi = z[i]
-                            row = act[i]
-                            for bb in range(w):
-                                c2[bb] -= zi * Gw[row, bb]
-                        P2, gap2 = _restricted_gap(xx, q, y2, c2, w, lam)
-                        if gap2 < gap:
-                            for a in range(w):
-                                y[a] = y2[a]
-                                c[a] = c2[a]
-                            if gap2 <= tol * max(P2, floor):
-                                sweeps = sweep + 1
-                                break
-        for a in range(w):
-            new = y[a] + (c[a] - lam) / diag[a]
-            if new < 0.0:
-                new = 0.0
-            delta = new - y[a]
-            if delta != 0.0:
-                if not have[a]:
-                    _gather_row(G, w_idx, a, Gw)
-                    have[a] = True
-                y[a] = new
-                for bb in range(w):
-                    c[bb] -= delta * Gw[a, bb]
-        sweeps = sweep + 1
-    return sweeps
+GRAM_UPDATE_LIMIT = 1024  # widest dictionary certified by Gram updates (GramCoder's gram_updates)
 
 
 @nb.njit(parallel=True, **_JIT)
-def _round(G, U, R, C, xx, rr, rx, gaps, todo, idx, val, cnt, lam, tol, floor, ws_extra, margin, max_sweeps,
-           newton_every):  # pragma: no cover - compiled
-    """One working-set round for the tokens ``todo``: grow each working set, solve on it.
+def _round(G, U, xt, R, C, crow, cerr, xx, P, rr, rx, gaps, todo, idx, val, cnt, lam, tol, floor, ws_extra, margin,
+           max_sweeps, newton_every, update):  # pragma: no cover - compiled
+    r"""One working-set round for the tokens ``todo``: grow each working set, solve on it.
 
     ``idx/val/cnt`` (m, cap): per token the atoms of its working set and their codes.
-    ``R`` (m, n): the current residuals (float64); ``C`` (len(todo), k): their correlations (row ``t`` for token ``todo[t]``)
-    ``R U^T`` (any precision: they only choose the working set; the solve recomputes
-    ``c_W = U_W r`` in float64). ``rr, rx, gaps``: ``||r||^2``, ``<r, xt>`` and the
-    certified gap of the current residual (for the gap-safe rule).
+    ``R`` (m, n): the current residuals (float64); ``C``: their correlations ``R U^T``, row ``crow[t]``
+    for token ``todo[t]``. ``rr, rx, gaps``: ``||r||^2``, ``<r, xt>`` and the certified gap of the
+    current residual (for the gap-safe rule).
     A working set gains at most ``ws_extra`` atoms: those with ``c_d > (1 - margin) lam``
     that survive the gap-safe rule, most correlated first. Returns the sweeps used per token.
+
+    ``update=False``: ``C`` may be of any precision (it only chooses the working set; the solve
+    recomputes ``c_W = U_W r`` in float64) and the caller certifies the new codes (:func:`_certify`).
+
+    ``update=True``: ``C`` is float64, every entry within ``cerr[i]`` of the exact ``<u_d, r_i>``;
+    the round certifies its own result without a matrix product (theory.md §8.6). With
+    ``delta_a`` the change of the code of working atom ``a``,
+
+    .. math:: c_d \leftarrow c_d - \textstyle\sum_a \delta_a G_{a d} ,
+
+    ``|W_delta| k`` flops per token against ``n k`` for ``R U^T``; the residual is recomputed
+    from the codes (``R``, ``rr``, ``rx``) and ``cerr`` grows by the rounding of the update
+    (:func:`_update_error`). The certificate uses ``max_d c_d + cerr``, so it stays a true bound.
     """
     k = C.shape[1]
     n = R.shape[1]
@@ -225,11 +87,12 @@ def _round(G, U, R, C, xx, rr, rx, gaps, todo, idx, val, cnt, lam, tol, floor, w
     used = np.zeros(todo.shape[0], np.int64)
     for t in nb.prange(todo.shape[0]):
         i = todo[t]
+        ct = crow[t]
         # dual scaling of the current residual, for the gap-safe rule
         mx = -np.inf
         for d in range(k):
-            if C[t, d] > mx:
-                mx = C[t, d]
+            if C[ct, d] > mx:
+                mx = C[ct, d]
         s = rx[i] / rr[i] if rr[i] > 0.0 else 0.0
         if s < 0.0:
             s = 0.0
@@ -249,7 +112,7 @@ def _round(G, U, R, C, xx, rr, rx, gaps, todo, idx, val, cnt, lam, tol, floor, w
         # candidates: atoms near dual feasibility's boundary that survive the gap-safe rule
         nc = 0
         for d in range(k):
-            cd = C[t, d]
+            cd = C[ct, d]
             if not inw[d] and cd > thr and s * cd + radius >= lam:
                 nc += 1
         if nc > 0:
@@ -257,7 +120,7 @@ def _round(G, U, R, C, xx, rr, rx, gaps, todo, idx, val, cnt, lam, tol, floor, w
             cv = np.empty(nc)
             j = 0
             for d in range(k):
-                cd = C[t, d]
+                cd = C[ct, d]
                 if not inw[d] and cd > thr and s * cd + radius >= lam:
                     cand[j] = d
                     cv[j] = -cd
@@ -278,15 +141,87 @@ def _round(G, U, R, C, xx, rr, rx, gaps, todo, idx, val, cnt, lam, tol, floor, w
         cw = np.empty(nw)
         for a in range(nw):
             d = w_idx[a]
-            acc = 0.0
-            for j in range(n):
-                acc += U[d, j] * R[i, j]
-            cw[a] = acc
+            if update:
+                cw[a] = C[ct, d]
+            else:
+                acc = 0.0
+                for j in range(n):
+                    acc += U[d, j] * R[i, j]
+                cw[a] = acc
         y = val[i, :nw].copy()
         used[t] = _solve_token(G, cw, xx[i], w_idx, y, lam, tol, floor, max_sweeps, newton_every)
+        if update:
+            # c <- c - sum_a delta_a G[w_a, :]  (float64), and the bound on its rounding
+            cmax = 0.0
+            for d in range(k):
+                if abs(C[ct, d]) > cmax:
+                    cmax = abs(C[ct, d])
+            sd = 0.0
+            nd = 0
+            for a in range(nw):
+                delta = y[a] - val[i, a]
+                if delta != 0.0:
+                    nd += 1
+                    sd += abs(delta)
+                    row = w_idx[a]
+                    for d in range(k):
+                        C[ct, d] -= delta * G[row, d]
+            cerr[i] += _update_error(n, nd, cmax, sd)
         for a in range(nw):
             val[i, a] = y[a]
+        if update:
+            l1 = 0.0
+            for j in range(n):
+                R[i, j] = xt[i, j]
+            for a in range(nw):
+                v = val[i, a]
+                l1 += v
+                if v != 0.0:
+                    d = w_idx[a]
+                    for j in range(n):
+                        R[i, j] -= v * U[d, j]
+            r2 = 0.0
+            r1 = 0.0
+            for j in range(n):
+                r2 += R[i, j] * R[i, j]
+                r1 += R[i, j] * xt[i, j]
+            mx = -np.inf
+            for d in range(k):
+                if C[ct, d] > mx:
+                    mx = C[ct, d]
+            rr[i], rx[i] = r2, r1
+            P[i], gaps[i] = _token_gap(r2, r1, mx + cerr[i], l1, lam)
     return used
+
+
+@nb.njit(**_JIT)
+def _update_error(n, nd, cmax, sd):  # pragma: no cover - compiled
+    """Bound on the rounding added to every ``c_d`` by ``c_d - sum_a delta_a G_ad`` (``nd`` terms).
+
+    With ``gamma_m = m u / (1 - m u)`` (Higham Thm 3.5, unit roundoff ``u = 2^-53``): each ``G_ad``
+    is an ``n``-term float64 dot product of unit rows (error ``<= gamma_(n+2)``, the ``+2`` for the
+    rows' own normalisation), each ``delta_a`` one subtraction (relative error ``u``), and the
+    ``nd + 1``-term sum of ``c_d`` and the products errs by ``gamma_(nd+1) (|c_d| + sum |delta_a G_ad|)``.
+    With ``|G_ad| <= 1 + gamma_(n+2)`` all of it is below
+    ``gamma_(n+nd+4) (max_d |c_d| + 3 sum_a |delta_a|)``.
+    """
+    m = n + nd + 4
+    u = 2.0 ** -53
+    gamma = m * u / (1.0 - m * u)
+    return gamma * (cmax + 3.0 * sd)
+
+
+@nb.njit(**_JIT)
+def _token_gap(rr, rx, mx, l1, lam):  # pragma: no cover - compiled
+    """Scalar :func:`_gap_from`: ``(P, gap)`` of one token from ``||r||^2``, ``<r, xt>``, ``max_d c_d``, ``sum y``."""
+    P = rr + 2.0 * lam * l1
+    s = rx / rr if rr > 0.0 else 0.0
+    if s < 0.0:
+        s = 0.0
+    if mx > 0.0 and s > lam / mx:
+        s = lam / mx
+    gap = P - (2.0 * s * rx - s * s * rr)
+    return P, (gap if gap > 0.0 else 0.0)
 
 
 @nb.njit(parallel=True, **_JIT)
@@ -338,6 +273,50 @@ def _exact_max(C32, R, U, todo, gamma, out):  # pragma: no cover - compiled
         out[t] = best
 
 
+@nb.njit(**_JIT)
+def _pad(indptr, indices, data, idx, val, cnt):  # pragma: no cover - compiled
+    """CSR rows into the padded working sets ``idx/val/cnt`` (negative codes clipped to 0)."""
+    for i in range(indptr.shape[0] - 1):
+        a = 0
+        for p in range(indptr[i], indptr[i + 1]):
+            idx[i, a] = indices[p]
+            val[i, a] = max(data[p], 0.0)
+            a += 1
+        cnt[i] = a
+
+
+@nb.njit(**_JIT)
+def _unpad(idx, val, cnt):  # pragma: no cover - compiled
+    """The positive codes of the padded working sets as CSR ``(data, indices, indptr)`` (columns sorted)."""
+    m = idx.shape[0]
+    indptr = np.zeros(m + 1, np.int64)
+    for i in range(m):
+        c = 0
+        for a in range(cnt[i]):
+            if val[i, a] > 0.0:
+                c += 1
+        indptr[i + 1] = indptr[i] + c
+    indices = np.empty(indptr[m], np.int64)
+    data = np.empty(indptr[m])
+    for i in range(m):
+        p = indptr[i]
+        for a in range(cnt[i]):
+            if val[i, a] > 0.0:
+                indices[p] = idx[i, a]
+                data[p] = val[i, a]
+                p += 1
+        order = np.argsort(indices[indptr[i]:p])
+        indices[indptr[i]:p] = indices[indptr[i]:p][order]
+        data[indptr[i]:p] = data[indptr[i]:p][order]
+    return data, indices, indptr
+
+
+def _gamma(m: int) -> float:
+    """Higham's ``gamma_m = m u / (1 - m u)`` for float64 (``u = 2^-53``)."""
+    u = 2.0 ** -53
+    return m * u / (1.0 - m * u)
+
+
 def _gap_from(rr, rx, mx, l1, lam):
     """Per-token ``(P, gap)`` of the scaled-residual dual point (module docstring), float64."""
     P = rr + 2.0 * lam * l1
@@ -357,13 +336,13 @@ def _certify(xt, U, U32, idx, val, cnt, todo, lam, R):
     Rt = R[todo]
     n = Rt.shape[1]
     if U32 is not None:
-        C = Rt.astype(np.float32) @ U32.T
+        C = matmul(Rt.astype(np.float32), U32.T)
         mx = np.empty(todo.size)
         u = 2.0 ** -24
         gamma = 1.01 * (n + 3) * u  # dot-product error + rounding of both float32 inputs
         _exact_max(C, R, U, todo, gamma, mx)
     else:
-        C = Rt @ U.T
+        C = matmul(Rt, U.T)
         mx = C.max(1) if C.shape[1] else np.full(todo.size, -np.inf)
     rr = np.einsum("ij,ij->i", Rt, Rt)
     rx = np.einsum("ij,ij->i", Rt, xt[todo])
@@ -387,30 +366,38 @@ class GramCoder:
         Atoms with ``c_d > (1 - margin) lam`` are candidates for the working set.
     max_rounds, max_sweeps, newton_every : int
         Working-set rounds; coordinate-descent sweeps per restricted solve; sweeps between Newton steps.
+    gram_updates : bool, optional
+        Certify each round from the Gram (``c <- c - delta G``, :func:`_round` with ``update``) instead
+        of a new product ``R U^T``; default: for ``k <= 1024``, where ``G`` stays in cache (for wider
+        dictionaries each changed code streams a ``k``-row of ``G`` from memory and the product is faster).
     fast_products : bool
-        Correlations ``R U^T`` in float32, with the maximum over atoms made exact in float64
-        (:func:`_exact_max`); the certificate is the same as with float64 products.
+        Without ``gram_updates``: correlations ``R U^T`` in float32, with the maximum over atoms made
+        exact in float64 (:func:`_exact_max`); the certificate is the same as with float64 products.
     G : ndarray (k, k), optional
         ``U U^T`` if already formed.
     """
 
     def __init__(self, U, *, lam, tol=1e-6, ws_extra=128, margin=0.25, max_rounds=20, max_sweeps=400,
-                 newton_every=2, fast_products=True, G=None):
+                 newton_every=3, gram_updates=None, fast_products=True, G=None):
         self.U = np.ascontiguousarray(U, dtype=np.float64)
+        self.gram_updates = bool(self.U.shape[0] <= GRAM_UPDATE_LIMIT if gram_updates is None else gram_updates)
         self.U32 = self.U.astype(np.float32) if fast_products else None
-        self.G = np.ascontiguousarray(self.U @ self.U.T if G is None else G, dtype=np.float64)
+        self.G = np.ascontiguousarray(matmul(self.U, self.U.T) if G is None else G, dtype=np.float64)
         self.lam, self.tol = float(lam), float(tol)
         self.ws_extra, self.margin, self.max_rounds = int(ws_extra), float(margin), int(max_rounds)
         self.max_sweeps, self.newton_every = int(max_sweeps), int(newton_every)
 
-    def solve(self, xt, Y0=None, C0=None, deadline: float | None = None):
+    def solve(self, xt, Y0=None, C0=None, deadline: float | None = None, *, R0=None, overwrite_c0=False):
         """Certified codes for the rows of ``xt = X - b`` (float64, (m, n)).
 
         ``Y0``: warm start (CSR (m, k), unit-atom units); ``C0``: ``(xt - Y0 U) U^T`` in
         float64 if already computed (saves one matrix product; used for its maximum, so it
-        must be float64). Returns a dict with ``codes`` (CSR, unit-atom units), per-token
+        must be float64); ``R0``: the residuals ``xt - Y0 U`` (float64, C-contiguous) if already
+        computed, overwritten with the final ones (the returned ``R``); ``overwrite_c0``: the rounds may
+        update ``C0`` in place (float64, C-contiguous) instead of a copy. Returns a dict with ``codes`` (CSR, unit-atom units), per-token
         ``P``, ``gap``, ``rr`` (``||r||^2``), the final residuals ``R``, ``rounds``, ``sweeps``
-        and ``todo`` (tokens still uncertified). After ``deadline`` (a ``time.perf_counter()``
+        and ``todo`` (tokens still uncertified); with ``gram_updates`` also ``C`` (m, k), the
+        correlations ``<u_d, r_i>`` of the final residuals, each within ``cerr[i]`` of the exact value. After ``deadline`` (a ``time.perf_counter()``
         value) no further round starts: the codes reached so far come back, still certified.
         """
 
@@ -430,25 +417,27 @@ class GramCoder:
         idx = np.zeros((m, cap), np.int64)
         val = np.zeros((m, cap))
         if Y0 is not None:
-            rows = np.repeat(np.arange(m), nnz)
-            pos = np.arange(Y0.nnz) - np.repeat(Y0.indptr[:-1], nnz)
-            idx[rows, pos] = Y0.indices
-            val[rows, pos] = np.maximum(Y0.data, 0.0)
-            cnt[:] = nnz
+            _pad(Y0.indptr.astype(np.int64), Y0.indices.astype(np.int64), Y0.data.astype(np.float64), idx, val, cnt)
         all_rows = np.arange(m)
-        R = np.empty((m, n))
+        have_r = R0 is not None and Y0 is not None and C0 is not None
+        R = R0 if have_r else np.empty((m, n))
+        update = self.gram_updates
         if C0 is None or Y0 is None:
-            C, P, gap, rr, rx = _certify(xt, U, self.U32, idx, val, cnt, all_rows, lam, R)
+            C, P, gap, rr, rx = _certify(xt, U, None if update else self.U32, idx, val, cnt, all_rows, lam, R)
         else:
-            C = np.asarray(C0, dtype=np.float64)
-            _residuals(xt, U, idx, val, cnt, all_rows, R)
+            C = np.asarray(C0, dtype=np.float64) if overwrite_c0 else np.array(C0, dtype=np.float64)
+            if not have_r:
+                _residuals(xt, U, idx, val, cnt, all_rows, R)
             rr = np.einsum("ij,ij->i", R, R)
             rx = np.einsum("ij,ij->i", R, xt)
             P, gap = _gap_from(rr, rx, C.max(1) if k else np.full(m, -np.inf), val.sum(1), lam)
+        xx = np.einsum("ij,ij->i", xt, xt)
+        # rounding of the float64 products C = fl(fl(xt - Y U) U^T) (Higham Thm 3.5, n + k terms)
+        cerr = _gamma(n + k + 2) * 1.01 * (np.sqrt(xx) + 1.01 * val.sum(1))
         todo = np.flatnonzero(gap > tol * np.maximum(P, floor))
+        crow = todo.copy()  # row of C of each token in todo
         rounds = 0
         sweeps = 0
-        xx = np.einsum("ij,ij->i", xt, xt)
         while todo.size and rounds < self.max_rounds and (deadline is None or time.perf_counter() < deadline):
             rounds += 1
             if int(cnt[todo].max()) + self.ws_extra > cap:  # working sets may grow: widen the state
@@ -456,21 +445,20 @@ class GramCoder:
                 idx = np.concatenate([idx, np.zeros((m, add), np.int64)], 1)
                 val = np.concatenate([val, np.zeros((m, add))], 1)
                 cap += add
-            if C.shape[0] != todo.size:
-                C = C[todo]
-            used = _round(G, U, R, C, xx, rr, rx, gap, todo, idx, val, cnt, lam, 0.1 * tol, floor,
-                          self.ws_extra, self.margin, self.max_sweeps, self.newton_every)
+            used = _round(G, U, xt, R, C, crow, cerr, xx, P, rr, rx, gap, todo, idx, val, cnt, lam, 0.1 * tol, floor,
+                          self.ws_extra, self.margin, self.max_sweeps, self.newton_every, update)
             sweeps = max(sweeps, int(used.max()) if used.size else 0)
-            C, Pt, gt, rrt, rxt = _certify(xt, U, self.U32, idx, val, cnt, todo, lam, R)
-            P[todo], gap[todo], rr[todo], rx[todo] = Pt, gt, rrt, rxt
-            bad = gt > tol * np.maximum(Pt, floor)
-            todo, C = todo[bad], C[bad]
-        mask = np.arange(idx.shape[1])[None, :] < cnt[:, None]
-        mask &= val > 0
-        rows = np.nonzero(mask)[0]
-        codes = sp.csr_array((val[mask], (rows, idx[mask])), shape=(m, k))
-        return {"codes": codes, "P": P, "gap": gap, "rr": rr, "R": R, "rounds": rounds, "sweeps": sweeps,
-                "todo": todo}
+            if not update:
+                C, Pt, gt, rrt, rxt = _certify(xt, U, self.U32, idx, val, cnt, todo, lam, R)
+                P[todo], gap[todo], rr[todo], rx[todo] = Pt, gt, rrt, rxt
+                crow = np.arange(todo.size)
+            bad = gap[todo] > tol * np.maximum(P[todo], floor)
+            todo, crow = todo[bad], crow[bad]
+        codes = sp.csr_array(_unpad(idx, val, cnt), shape=(m, k))
+        out = {"codes": codes, "P": P, "gap": gap, "rr": rr, "R": R, "rounds": rounds, "sweeps": sweeps, "todo": todo}
+        if update:  # row i: <u_d, r_i> for the returned codes, every entry within cerr[i]
+            out.update(C=C, cerr=cerr)
+        return out
 
 
 def cd_codes(X, W, b, *, lam, tol: float = 1e-6, Z0=None, return_codes: bool = True, batch_size: int | None = None,

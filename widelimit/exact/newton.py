@@ -12,6 +12,7 @@ import numpy as np
 from scipy.linalg import solve_triangular
 from scipy.optimize import minimize_scalar
 
+from .._runtime import matmul
 from .median_bound import norm
 
 __all__ = ["newton_direction", "line_min"]
@@ -41,7 +42,7 @@ def newton_direction(Xs, ws, b, lam, kind, eps_r, a_all, a_in, pairs, gdir, prec
     cmax = float(cw.max()) if cw.size and cw.max() > 0 else 1.0  # keep float32 in range (1/r^3 can be huge)
     dmax = float(np.abs(D).max()) or 1.0  # and the products of residuals
     Dn = D / dmax if precise else (D / dmax).astype(np.float32)
-    M = ((Dn * (cw / cmax).astype(Dn.dtype)[:, None]).T @ Dn).astype(np.float64) * (cmax * dmax) * dmax
+    M = matmul((Dn * (cw / cmax).astype(Dn.dtype)[:, None]).T, Dn).astype(np.float64) * (cmax * dmax) * dmax
     a = a_all
     if precise:
         # a I - M = a_in I + sum_far c_i (I - u_i u_i^T): the far part from the subsample as a whole, so
@@ -50,14 +51,19 @@ def newton_direction(Xs, ws, b, lam, kind, eps_r, a_all, a_in, pairs, gdir, prec
         a = a_in + float(cw @ (r * r))
     # Newton matrix a I - M, corrected by BFGS updates with the secant pairs of the last steps:
     # exact curvature along recent steps turns the subsample's linear rate superlinear
-    Bm = a * np.eye(n) - 0.5 * (M + M.T)
+    Bm = M + M.T
+    Bm *= -0.5
+    Bm.flat[:: n + 1] += a  # a I - (M + M^T) / 2
     for s_, y_ in pairs:
         sy = float(s_ @ y_)
         Bs = Bm @ s_
         sBs = float(s_ @ Bs)
         if sy > 1e-12 * norm(s_) * norm(y_) and sBs > 0:
-            Bm += np.outer(y_, y_) / sy - np.outer(Bs, Bs) / sBs
-    return _newton_step(0.5 * (Bm + Bm.T), gdir, (1e-14 * n if precise else 1e-9) * a)
+            Bm += np.outer(y_, y_ / sy)
+            Bm -= np.outer(Bs, Bs / sBs)
+    Bm += Bm.T
+    Bm *= 0.5
+    return _newton_step(Bm, gdir, (1e-14 * n if precise else 1e-9) * a)
 
 
 def _newton_step(Bm, g, floor):
@@ -67,16 +73,17 @@ def _newton_step(Bm, g, floor):
     the eigendecomposition (several times dearer, which matters for n in the thousands) only
     when ``Bm`` is nearly singular or indefinite.
     """
-    # numpy's Cholesky, not scipy's: the products before it ran on numpy's BLAS, whose threads
-    # still spin; scipy's separate BLAS then fought them for the cores (measured 0.3 s instead of
-    # 0.002 s for n = 384 on 2 cores)
-    try:
-        L = np.linalg.cholesky(Bm)
+    # torch's Cholesky, not scipy's: its LAPACK runs on the OpenMP pool of the products before it
+    # (widelimit._runtime.matmul); scipy's separate BLAS fought their still-spinning threads for
+    # the cores (measured 0.3 s instead of 0.002 s for n = 384 on 2 cores)
+    import torch
+
+    L, info = torch.linalg.cholesky_ex(torch.from_numpy(Bm))
+    if int(info) == 0:
+        L = L.numpy()
         if np.diag(L).min() ** 2 >= floor:
             return solve_triangular(L, solve_triangular(L, g, lower=True, check_finite=False), lower=True,
                                     trans="T", check_finite=False)
-    except np.linalg.LinAlgError:
-        pass
     mu, V = np.linalg.eigh(Bm)
     return V @ ((V.T @ g) / np.maximum(mu, floor))
 

@@ -8,12 +8,14 @@ import scipy.sparse as sp
 from .._validation import to_numpy
 import warnings
 from ..coding.pdas import finish_rows
+from ..exact.stability import stability_rows
 
-__all__ = ["violation_tolerance", "sample_rows", "pair_candidates", "csr_pair", "diag", "finish_codes", "Rows", "check_acts"]
+__all__ = ["violation_tolerance", "sample_rows", "pair_candidates", "csr_pair", "diag", "finish_codes", "Rows", "check_acts",
+           "stability_columns"]
 
 
-def violation_tolerance(lam: float, kkt_tol: float, scale: float, dtypes) -> float:
-    r"""Threshold above which a first-order violation is real, not rounding.
+def violation_tolerance(lam: float, kkt_tol: float, scale, dtypes):
+    r"""Threshold above which a first-order violation is real, not rounding (a float; an array for an array ``scale``).
 
     ``kkt_tol * lam + 8 * eps * scale`` with ``eps`` the machine epsilon of the
     coarsest storage dtype among ``dtypes`` (activations and SAE weights; float32:
@@ -29,7 +31,8 @@ def violation_tolerance(lam: float, kkt_tol: float, scale: float, dtypes) -> flo
             continue
         if "bfloat16" in str(dt):
             eps = max(eps, 2.0 ** -7)
-    return float(kkt_tol * lam + 8.0 * eps * scale)
+    out = kkt_tol * lam + 8.0 * eps * np.asarray(scale, dtype=np.float64)
+    return float(out) if out.ndim == 0 else out
 
 
 def sample_rows(acts, max_tokens: int, seed: int = 0):
@@ -143,3 +146,16 @@ def check_acts(acts, sae):
     if kind not in "fiu":
         raise ValueError(f"activations must be numeric, got dtype {acts.dtype}")
     return acts
+
+
+def stability_columns(X, U, codes, b, lam, max_witnesses, feats) -> dict:
+    """Hook: :func:`widelimit.exact.stability.stability_rows` on the optimal codes, merged into ``feats``."""
+    rows, summary = stability_rows(np.asarray(X), U, sp.vstack(codes).tocsr(), b, lam=lam,
+                                   max_witnesses=max_witnesses)
+    for col in rows[0]:
+        if col == "feature":
+            continue
+        vals = [r[col] for r in rows]
+        feats["stability_" + col] = (np.array(vals) if isinstance(vals[0], str)
+                                     else np.array([np.nan if v is None else v for v in vals]))
+    return summary

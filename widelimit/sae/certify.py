@@ -85,13 +85,13 @@ from ..engine import engine_for
 from ..engine.local import Progress
 from ..exact.certificate import is_certified
 from ..exact.median import huber_median, huber_value
-from ..exact.stability import stability_rows
 from ..learn.same_width import same_width_witness
 from .formats import as_sae
+from . import _kernels
 from .metrics import DEFINITIONS, ReconstructionStats
 from ._util import _DENSE_K, csr_pair as _csr_pair, diag as _diag, finish_codes as _finish_codes
 from ._util import Rows as _Rows, check_acts as _check_acts, pair_candidates as _pair_candidates, sample_rows
-from ._util import violation_tolerance
+from ._util import stability_columns as _stability_columns, violation_tolerance
 from .objective import resolve_lam, resolve_objective
 from .report import flat_dict, plot_sae_certificate, write_sae_certificate  # noqa: F401  (re-exported)
 
@@ -246,8 +246,9 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
         takes working-set coordinate descent on the CPU and FISTA batches on a GPU. Every
         algorithm certifies the same float64 duality gap.
     threads : int, optional
-        Threads of torch, numba and BLAS during the call (one count for all three,
-        :class:`widelimit._runtime.limit_threads`); default :func:`widelimit._runtime.default_threads`.
+        Threads of torch and numba during the call (one count for both, on their shared OpenMP pool;
+        numpy's BLAS gets one thread, its products are small here: :class:`widelimit._runtime.limit_threads`);
+        default :func:`widelimit._runtime.default_threads`.
     progress : callable(Progress), optional
         Receives :class:`widelimit.engine.local.Progress` events: ``stage="certify"`` after each
         batch (``rows_done`` of ``rows_total`` tokens), then the events of the wide-limit bound
@@ -269,7 +270,7 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
     """
     tol, coding_tol, kkt_tol = check_tol(tol, "tol"), check_tol(coding_tol, "coding_tol"), check_tol(kkt_tol, "kkt_tol")
 
-    with limit_threads(threads):
+    with limit_threads(threads, blas_threads=1):  # products in torch; numpy's BLAS idle (limit_threads)
         return _certify(acts, sae, lam, l1_coefficient, architecture=architecture, max_tokens=max_tokens, seed=seed,
                         tol=tol, coding_tol=coding_tol, batch_size=batch_size,
                         device=device, optimal_codes_diagnostics=optimal_codes_diagnostics,
@@ -293,6 +294,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     n_total = int(acts.shape[0])
     acts = sample_rows(acts, max_tokens, seed) if max_tokens is not None else acts
     dev = resolve_device(device)
+    on_cpu = dev.type == "cpu"
     sample = sae.preprocess(np.asarray(sample_rows(acts, 2048, seed), dtype=np.float64))  # calibration, scale
     choice = resolve_objective(sae, sample, lam, l1_coefficient, coding_tol=coding_tol, device=dev)
     lam = choice.lam
@@ -359,33 +361,44 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
         Xb = sae.preprocess(np.asarray(raw, dtype=np.float64))
         x = torch.as_tensor(Xb, device=dev)
         xt = x - bt
-        sum_x += x.sum(0)
-        sum_x2 += float((x * x).sum())
-        Y0 = C0 = None
+        sx = x.sum(0)
+        sum_x += sx
+        Y0 = C0 = R0 = None
         if sae.has_encoder:
             f = sae.encode(x, device=dev)
             rows, cols = torch.nonzero(f, as_tuple=True)
             fv = f[rows, cols]
             zv = fv * nt[cols]  # codes on unit atoms
-            if k <= _DENSE_K or rows.numel() > 0.1 * nb_ * k:  # narrow or dense codes: BLAS products
-                Zs = f * nt
-                ZsT = Zs.T
+            if on_cpu:  # sparse products in numba, O(L0 n) per token (widelimit.sae._kernels)
+                Y0 = sp.csr_array((zv.numpy(), (rows.numpy(), cols.numpy())), shape=(nb_, k))
+                R0, tok = _kernels.residuals(Xb, b, U, Y0)
+                R, tok = torch.from_numpy(R0), torch.from_numpy(tok)
+                _kernels.add_codes_t_residuals(Y0, R0, ZR.numpy())
             else:
-                Zs, ZsT = _csr_pair(rows, cols, zv, nb_, k)
-            R = xt - Zs @ Ut  # sparse x dense: O(L0 n) per token
+                if k <= _DENSE_K or rows.numel() > 0.1 * nb_ * k:  # narrow or dense codes: BLAS products
+                    Zs = f * nt
+                    ZsT = Zs.T
+                else:
+                    Zs, ZsT = _csr_pair(rows, cols, zv, nb_, k)
+                R = xt - Zs @ Ut
+                ZR += ZsT @ R
+                tok = _kernels.token_sums(x, xt, R)
             C = R @ Ut.T
             cz = C[rows, cols]
             viol_on = viol_on.scatter_reduce(0, cols, (cz - lam).abs(), reduce="amax")
-            ZR += ZsT @ R
+            C[rows, cols] = -math.inf  # silent tokens: the firing entries masked, then restored
+            viol_off = torch.maximum(viol_off, torch.relu(C.amax(0) - lam))
+            C[rows, cols] = cz
             count += torch.bincount(cols, minlength=k).to(torch.float64)
             code_sum += torch.bincount(cols, weights=zv, minlength=k)
-            rec += float((R * R).sum())
+            sum_x2 += float(tok[:, 0].sum())
+            rec += float(tok[:, 3].sum())
             pen += float(zv.sum())
             l0 += float(rows.numel())
             l1 += float(fv.sum())
             sum_r += R.sum(0)
-            max_rn = max(max_rn, float(torch.linalg.norm(R, dim=1).max()))
-            stats.update(x, x - R, f)  # metrics (widelimit.sae.metrics)
+            max_rn = max(max_rn, math.sqrt(float(tok[:, 3].max())))
+            stats.update(sx, tok, cols, fv)  # metrics (widelimit.sae.metrics)
             if qa.numel():
                 act = f > 0
                 for c0 in range(0, qa.numel(), 1 << 14):
@@ -393,12 +406,13 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
                     co[c0 : c0 + ia.numel()] += (act[:, ia] & act[:, ib]).sum(0).to(torch.float64)
                 del act
             if coder is not None:
-                r_np, c_np = rows.cpu().numpy(), cols.cpu().numpy()
-                Y0 = sp.csr_array((zv.cpu().numpy(), (r_np, c_np)), shape=(nb_, k))
-                C0 = C.cpu().numpy()
+                C0 = C.numpy()
+        else:
+            sum_x2 += float((x * x).sum())
         # ---- optimal codes for the SAE's decoder and bias (certified duality gap) ----
         if coder is not None:
-            out = coder.solve(xt.cpu().numpy(), Y0, C0)
+            # (C0 and R0 are its workspace: R0 becomes the optimal codes' residuals)
+            out = coder.solve(xt.cpu().numpy(), Y0, C0, R0=R0, overwrite_c0=True)
             if out["todo"].size:  # the full-dictionary solver finishes these tokens (float64, warm-started)
                 _finish_codes(out, Xb, U, b, lam, coding_tol)
             P, gap_t = out["P"], out["gap"]
@@ -415,13 +429,15 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
             n_it = res.n_iter
         if stability:
             stab_codes.append(sp.csr_array(Yo))
-        stats.update_optimal(nb_, float((Ro * Ro).sum()) / nb_, sp.csr_array(Yo))  # metrics (widelimit.sae.metrics)
+        stats.update_optimal(nb_, float((Ro * Ro).sum()) / nb_, Yo.nnz)  # metrics (widelimit.sae.metrics)
         opt_val += float(np.sum(P))
         opt_gap += float(np.sum(gap_t))
         opt_max_gap = max(opt_max_gap, float(np.max(gap_t)))
         opt_conv = opt_conv and bool(np.all(gap_t <= coding_tol * np.maximum(P, lam * lam)))
         opt_iter = max(opt_iter, int(n_it))
-        if ZRo is not None or not sae.has_encoder:  # (diagnostics at the optimal codes)
+        if ZRo is not None and on_cpu:
+            _kernels.add_codes_t_residuals(Yo, Ro.numpy(), ZRo.numpy())
+        if (ZRo is not None and not on_cpu) or not sae.has_encoder:  # (diagnostics at the optimal codes)
             Yc = Yo.tocoo()
             ro, cl = torch.as_tensor(Yc.row.astype(np.int64), device=dev), torch.as_tensor(Yc.col.astype(np.int64), device=dev)
             yv = torch.as_tensor(Yc.data, device=dev)
@@ -429,7 +445,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
                 YsT = torch.as_tensor(Yo.toarray(), device=dev).T
             else:
                 _, YsT = _csr_pair(ro, cl, yv, nb_, k)
-            if ZRo is not None:
+            if ZRo is not None and not on_cpu:
                 ZRo += YsT @ Ro
             if not sae.has_encoder:  # decoder-only: the diagnostics are those of the optimal codes
                 count += torch.bincount(cl, minlength=k).to(torch.float64)
@@ -437,10 +453,6 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
                 l0 += float(ro.numel())
                 sum_r += Ro.sum(0)
                 max_rn = max(max_rn, float(torch.linalg.norm(Ro, dim=1).max()))
-        if sae.has_encoder:  # silent-token violations (after the coder has read C)
-            C[rows, cols] = -math.inf
-            viol_off = torch.maximum(viol_off, torch.relu(C.amax(0) - lam))
-            del C
         if progress is not None:
             progress(Progress(stage="certify", pass_index=1, rows_done=e, rows_total=N, done=bi == n_batches - 1))
 
@@ -495,8 +507,8 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     }
     scale = float(np.linalg.norm(sample, axis=1).max() + np.linalg.norm(b))  # size of the terms of r_i
     thr = violation_tolerance(lam, kkt_tol, scale, (getattr(acts, "dtype", np.float64), sae.dtype))
-    thr_t = np.array([violation_tolerance(lam, kkt_tol, 2.0 * mc * scale, (getattr(acts, "dtype", np.float64),
-                                                                           sae.dtype)) for mc in feats["mean_code"]])
+    thr_t = violation_tolerance(lam, kkt_tol, 2.0 * feats["mean_code"] * scale,
+                                (getattr(acts, "dtype", np.float64), sae.dtype))
     violations = []
     if sae.has_encoder:
         for cond, arr, t in (("feature-residual on firing tokens: <u_d, r_i> = lam", feats["max_violation_firing"], thr),
@@ -578,16 +590,3 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
         same_width=same_width, objective=choice.as_dict(), violation_tolerance=float(thr), n_tokens_total=n_total,
         wide_optimum_width=width_opt,
     )
-
-
-def _stability_columns(X, U, codes, b, lam, max_witnesses, feats) -> dict:
-    """Hook: :func:`widelimit.exact.stability.stability_rows` on the optimal codes, merged into ``feats``."""
-    rows, summary = stability_rows(np.asarray(X), U, sp.vstack(codes).tocsr(), b, lam=lam,
-                                   max_witnesses=max_witnesses)
-    for col in rows[0]:
-        if col == "feature":
-            continue
-        vals = [r[col] for r in rows]
-        feats["stability_" + col] = (np.array(vals) if isinstance(vals[0], str)
-                                     else np.array([np.nan if v is None else v for v in vals]))
-    return summary

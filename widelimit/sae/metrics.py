@@ -57,35 +57,36 @@ class ReconstructionStats:
         self.opt_l0 = 0.0
         self.opt_l0_known = True
 
-    def update(self, x, x_hat, f) -> None:
-        """Add a batch: tokens ``x``, reconstructions ``x_hat``, codes ``f`` (torch, same device)."""
+    def update(self, sum_x, tok, cols, fv) -> None:
+        """Add a batch from its sums: ``sum_x`` (sum of the tokens), ``tok`` (m, 5) per token
+        ``||x||^2, ||x_hat||^2, <x, x_hat>, ||x - x_hat||^2, .`` and the codes' nonzeros
+        (feature ids ``cols``, values ``fv``); torch tensors on one device."""
         import torch
 
-        self.n += int(x.shape[0])
-        s = x.sum(0).double().cpu().numpy()
+        self.n += int(tok.shape[0])
+        s = sum_x.double().cpu().numpy()
         self.sum_x = s if self.sum_x is None else self.sum_x + s
-        self.sum_x2 += float((x * x).sum())
-        self.rss += float(((x - x_hat) ** 2).sum())
-        nx, nh = torch.linalg.norm(x, dim=1), torch.linalg.norm(x_hat, dim=1)
-        dot = (x * x_hat).sum(1)
+        xx, hh, dot = tok[:, 0], tok[:, 1], tok[:, 2]
+        self.sum_x2 += float(xx.sum())
+        self.rss += float(tok[:, 3].sum())
+        nx, nh = torch.sqrt(xx), torch.sqrt(hh)
         ok = (nx > 0) & (nh > 0)
         self.cos += float(torch.where(ok, dot / torch.where(ok, nx * nh, torch.ones_like(nx)), 0.0).sum())
         self.ratio += float((nh / torch.where(nx.abs() < 1e-4, torch.ones_like(nx), nx)).sum())
-        self.xhat2 += float((nh * nh).sum())
+        self.xhat2 += float(hh.sum())
         self.dot += float(dot.sum())
-        act = f != 0
-        self.l0 += float(act.sum())
-        self.l1 += float(f.abs().sum())
-        self.fired |= act.any(0).cpu().numpy()
+        self.l0 += float(cols.numel())
+        self.l1 += float(fv.abs().sum())
+        self.fired[np.unique(cols.cpu().numpy())] = True
 
-    def update_optimal(self, n_tokens: int, reconstruction: float, codes=None) -> None:
-        """Add a batch of optimal codes: its mean reconstruction error and (optionally) the sparse codes."""
+    def update_optimal(self, n_tokens: int, reconstruction: float, nnz: int | None = None) -> None:
+        """Add a batch of optimal codes: its mean reconstruction error and (optionally) their number of nonzeros."""
         self.opt_n += int(n_tokens)
         self.opt_rss += float(reconstruction) * n_tokens
-        if codes is None:
+        if nnz is None:
             self.opt_l0_known = False
         else:
-            self.opt_l0 += float(codes.nnz)
+            self.opt_l0 += float(nnz)
 
     def result(self) -> dict:
         """The metrics (``None`` where undefined)."""

@@ -1,0 +1,184 @@
+r"""The restricted solve of :mod:`widelimit.coding.cd`: coordinate descent and Newton steps on one token's working set.
+
+Per token, on the working atoms ``W`` with Gram block ``G_WW`` and correlations ``c_W = U_W r``
+(theory.md §5), minimise ``||xt - y U_W||^2 + 2 lam sum_a y_a`` over ``y >= 0``: cyclic
+coordinate descent (a sweep costs ``|W|^2`` flops) and, every few sweeps, a Newton step on the
+current support ``A`` (``G_AA y_A = q_A - lam`` by Cholesky), accepted when positive and better;
+it stops at a restricted duality gap. Compiled with numba, called per token from
+:func:`widelimit.coding.cd._round` (inside its ``prange``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+__all__ = ["solve_token"]
+
+_JIT = dict(nogil=True, cache=True)
+
+
+@nb.njit(**_JIT)
+def _cholesky_solve(A, rhs):  # pragma: no cover - compiled
+    """Solve ``A z = rhs`` for symmetric ``A`` by Cholesky; returns ``(z, ok)`` (``ok`` False if not PD)."""
+    m = A.shape[0]
+    L = np.zeros((m, m))
+    for j in range(m):
+        s = A[j, j]
+        for p in range(j):
+            s -= L[j, p] * L[j, p]
+        if not (s > 1e-12 * A[j, j]) or not (s > 0.0):
+            return rhs.copy(), False
+        d = math.sqrt(s)
+        L[j, j] = d
+        for i in range(j + 1, m):
+            t = A[i, j]
+            for p in range(j):
+                t -= L[i, p] * L[j, p]
+            L[i, j] = t / d
+    z = rhs.copy()
+    for i in range(m):
+        t = z[i]
+        for p in range(i):
+            t -= L[i, p] * z[p]
+        z[i] = t / L[i, i]
+    for i in range(m - 1, -1, -1):
+        t = z[i]
+        for p in range(i + 1, m):
+            t -= L[p, i] * z[p]
+        z[i] = t / L[i, i]
+    return z, True
+
+
+@nb.njit(**_JIT)
+def _restricted_gap(xx, q, y, c, w, lam):  # pragma: no cover - compiled
+    """``(P, gap)`` of the restricted problem on the first ``w`` working atoms, from ``||xt||^2``, the
+    products ``q = G_w y``, the codes ``y`` and the correlations ``c``."""
+    qy = 0.0
+    yc = 0.0
+    l1 = 0.0
+    mx = -np.inf
+    for a in range(w):
+        qy += q[a] * y[a]
+        yc += y[a] * c[a]
+        l1 += y[a]
+        if c[a] > mx:
+            mx = c[a]
+    rr = xx - qy - yc
+    if rr < 0.0:
+        rr = 0.0
+    rx = xx - qy
+    P = rr + 2.0 * lam * l1
+    s = rx / rr if rr > 0.0 else 0.0
+    if s < 0.0:
+        s = 0.0
+    if mx > 0.0 and s > lam / mx:
+        s = lam / mx
+    gap = P - (2.0 * s * rx - s * s * rr)
+    return P, (gap if gap > 0.0 else 0.0)
+
+
+@nb.njit(**_JIT)
+def _gather_row(G, w_idx, a, Gw):  # pragma: no cover - compiled
+    """``Gw[a, :] = G[w_idx[a], w_idx]``."""
+    row = w_idx[a]
+    for bb in range(w_idx.shape[0]):
+        Gw[a, bb] = G[row, w_idx[bb]]
+
+
+@nb.njit(**_JIT)
+def solve_token(G, c, xx, w_idx, y, lam, tol, floor, max_sweeps, newton_every):  # pragma: no cover - compiled
+    """Coordinate descent + Newton on the working set ``w_idx`` (codes ``y`` and ``c`` updated in place).
+
+    ``c = U_W r`` (float64) for the current residual ``r``; returns the sweeps used.
+    """
+    w = w_idx.shape[0]
+    # rows of G_WW are gathered when first needed (an atom that never moves off zero needs only
+    # its diagonal entry): the gathers are cache misses in the large Gram
+    Gw = np.empty((w, w))
+    have = np.zeros(w, np.bool_)
+    diag = np.empty(w)
+    for a in range(w):
+        diag[a] = G[w_idx[a], w_idx[a]]
+        if y[a] != 0.0:
+            _gather_row(G, w_idx, a, Gw)
+            have[a] = True
+    q = c.copy()  # q = c + G y
+    for a in range(w):
+        ya = y[a]
+        if ya != 0.0:
+            for bb in range(w):
+                q[bb] += ya * Gw[a, bb]
+    sweeps = 0
+    changed = True  # the support changed in the last sweep
+    tried = False  # a Newton step was tried on the current support
+    for sweep in range(max_sweeps):
+        # restricted certificate
+        P, gap = _restricted_gap(xx, q, y, c, w, lam)
+        if gap <= tol * max(P, floor):
+            break
+        if changed:
+            tried = False
+        if newton_every > 0 and sweep > 0 and (sweep % newton_every == 0 if newton_every > 1 else not (changed or tried)):
+            tried = True
+            na = 0
+            for a in range(w):
+                if y[a] > 0.0:
+                    na += 1
+            if na > 0:
+                act = np.empty(na, np.int64)
+                j = 0
+                for a in range(w):
+                    if y[a] > 0.0:
+                        act[j] = a
+                        j += 1
+                GA = np.empty((na, na))
+                rhs = np.empty(na)
+                for i in range(na):
+                    rhs[i] = q[act[i]] - lam
+                    for jj in range(na):
+                        GA[i, jj] = Gw[act[i], act[jj]]
+                z, ok = _cholesky_solve(GA, rhs)
+                if ok:
+                    pos = True
+                    for i in range(na):
+                        if not (z[i] > 0.0):
+                            pos = False
+                            break
+                    if pos:
+                        y2 = np.zeros(w)
+                        for i in range(na):
+                            y2[act[i]] = z[i]
+                        c2 = q.copy()
+                        for i in range(na):
+                            zi = z[i]
+                            row = act[i]
+                            for bb in range(w):
+                                c2[bb] -= zi * Gw[row, bb]
+                        P2, gap2 = _restricted_gap(xx, q, y2, c2, w, lam)
+                        if gap2 < gap:
+                            for a in range(w):
+                                y[a] = y2[a]
+                                c[a] = c2[a]
+                            if gap2 <= tol * max(P2, floor):
+                                sweeps = sweep + 1
+                                break
+        changed = False
+        for a in range(w):
+            new = y[a] + (c[a] - lam) / diag[a]
+            if new < 0.0:
+                new = 0.0
+            delta = new - y[a]
+            if delta != 0.0:
+                if (new == 0.0) != (y[a] == 0.0):
+                    changed = True
+                if not have[a]:
+                    _gather_row(G, w_idx, a, Gw)
+                    have[a] = True
+                y[a] = new
+                for bb in range(w):
+                    c[bb] -= delta * Gw[a, bb]
+        sweeps = sweep + 1
+    return sweeps
