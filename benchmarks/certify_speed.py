@@ -122,26 +122,41 @@ def to_sae(w: dict):
 
 
 def forward_metrics(w: dict, acts, batch: int = BATCH, device: str = "cpu") -> dict:
-    """The SAE's forward pass (float32 torch) and the standard metrics, batch by batch."""
+    """The SAE's forward pass (float32 torch) and the standard metrics, batch by batch.
+
+    The metrics are those SAELens' evals report and ``certify_sae`` reports too (widelimit.sae.metrics):
+    MSE, explained variance, L0, L1, cosine similarity, l2 ratio, relative reconstruction bias and
+    the fraction of features alive, computed the way ``sae_lens.evals`` does (float32, per token).
+    """
     import torch
 
     W_enc, b_enc, W_dec, b_dec = (torch.as_tensor(w[k], device=device) for k in ("W_enc", "b_enc", "W_dec", "b_dec"))
     N, n = acts.shape
-    se = l0 = l1 = sx2 = 0.0
+    se = l0 = l1 = sx2 = cos = ratio = xh2 = dot = 0.0
     sx = torch.zeros(n, dtype=torch.float64, device=device)
+    alive = torch.zeros(W_enc.shape[1], dtype=torch.bool, device=device)
     with torch.no_grad():
         for s in range(0, N, batch):
             x = torch.as_tensor(np.asarray(acts[s : s + batch], dtype=np.float32), device=device)
             f = torch.relu((x - b_dec) @ W_enc + b_enc)
             xh = f @ W_dec + b_dec
             se += float(((x - xh) ** 2).sum())
-            l0 += float((f > 0).sum())
+            act = f > 0
+            l0 += float(act.sum())
             l1 += float(f.sum())
+            alive |= act.any(0)
             sx += x.sum(0, dtype=torch.float64)
             sx2 += float((x.double() ** 2).sum())
+            nx, nh = torch.linalg.norm(x, dim=1), torch.linalg.norm(xh, dim=1)
+            d = (x * xh).sum(1)
+            cos += float((d / (nx * nh).clamp_min(1e-12)).sum())
+            ratio += float((nh / torch.where(nx < 1e-4, torch.ones_like(nx), nx)).sum())
+            xh2 += float((nh * nh).sum())
+            dot += float(d.sum())
     mse = se / N
     var = sx2 / N - float((sx / N) @ (sx / N))
-    return {"mse": mse, "explained_variance": 1 - mse / var, "l0": l0 / N, "l1": l1 / N}
+    return {"mse": mse, "explained_variance": 1 - mse / var, "l0": l0 / N, "l1": l1 / N, "cossim": cos / N,
+            "l2_ratio": ratio / N, "relative_reconstruction_bias": xh2 / dot, "frac_alive": float(alive.float().mean())}
 
 
 def certify(sae, acts, threads=None, device="cpu"):
@@ -180,7 +195,7 @@ def side_by_side(w: dict, acts, *, repeat: int, threads=None, device: str = "cpu
         "forward_s_all": t_fwd, "certify_s_all": t_cert,
         "certify_tokens_per_s": acts.shape[0] / tc, "forward_tokens_per_s": acts.shape[0] / tf,
         "metrics_forward": m,
-        "metrics_certify": {k: cert.metrics[k] for k in ("mse", "explained_variance", "l0", "l1")},
+        "metrics_certify": {k: cert.metrics[k] for k in m},
         "sae_objective": cert.sae_objective, "optimal_code_objective": cert.optimal_code_objective,
         "coding_gap": cert.coding_gap, "coding_max_gap": cert.coding_max_gap,
         "coding_converged": cert.coding_converged, "lower_bound": cert.lower_bound, "global_gap": cert.global_gap,

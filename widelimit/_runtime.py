@@ -90,6 +90,20 @@ def default_threads() -> int:
     return cores
 
 
+_CONTROLLER: list = [None, -1]  # threadpoolctl's controller, and len(sys.modules) when it was made
+
+
+def _controller():
+    """A cached ``threadpoolctl.ThreadpoolController`` (finding the libraries reads ``/proc``: 1.3 ms a call),
+    made again when modules were imported since (a new extension may have loaded a new pool)."""
+    from threadpoolctl import ThreadpoolController
+
+    if _CONTROLLER[0] is None or _CONTROLLER[1] != len(sys.modules):
+        _CONTROLLER[0] = ThreadpoolController()
+        _CONTROLLER[1] = len(sys.modules)
+    return _CONTROLLER[0]
+
+
 class limit_threads:
     """Context manager: torch, numba and BLAS (OpenBLAS / MKL / OpenMP pools) on ``threads`` threads.
 
@@ -131,7 +145,6 @@ class limit_threads:
     def __enter__(self):
         import numba
         import torch
-        from threadpoolctl import threadpool_limits
 
         limit_threads._depth += 1
         if self.inherit:
@@ -140,9 +153,10 @@ class limit_threads:
         self._saved = (torch.get_num_threads(), numba.get_num_threads())
         torch.set_num_threads(n)
         numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
-        self._blas_ctx = threadpool_limits(limits=n)  # every BLAS / OpenMP library loaded by now
+        ctl = _controller()
+        self._blas_ctx = ctl.limit(limits=n)  # every BLAS / OpenMP library loaded by now
         if self.blas_threads is not None:  # (restored with the rest: the context saved the originals)
-            threadpool_limits(limits=self.blas_threads, user_api="blas")
+            ctl.limit(limits=self.blas_threads, user_api="blas")
         return self
 
     def __exit__(self, *exc):

@@ -273,10 +273,10 @@ def _exact_max(C32, R, U, todo, gamma, out):  # pragma: no cover - compiled
         out[t] = best
 
 
-@nb.njit(**_JIT)
+@nb.njit(parallel=True, **_JIT)
 def _pad(indptr, indices, data, idx, val, cnt):  # pragma: no cover - compiled
     """CSR rows into the padded working sets ``idx/val/cnt`` (negative codes clipped to 0)."""
-    for i in range(indptr.shape[0] - 1):
+    for i in nb.prange(indptr.shape[0] - 1):
         a = 0
         for p in range(indptr[i], indptr[i + 1]):
             idx[i, a] = indices[p]
@@ -285,29 +285,37 @@ def _pad(indptr, indices, data, idx, val, cnt):  # pragma: no cover - compiled
         cnt[i] = a
 
 
-@nb.njit(**_JIT)
+@nb.njit(parallel=True, **_JIT)
 def _unpad(idx, val, cnt):  # pragma: no cover - compiled
     """The positive codes of the padded working sets as CSR ``(data, indices, indptr)`` (columns sorted)."""
     m = idx.shape[0]
-    indptr = np.zeros(m + 1, np.int64)
-    for i in range(m):
+    nnz = np.zeros(m, np.int64)
+    for i in nb.prange(m):
         c = 0
         for a in range(cnt[i]):
             if val[i, a] > 0.0:
                 c += 1
-        indptr[i + 1] = indptr[i] + c
+        nnz[i] = c
+    indptr = np.zeros(m + 1, np.int64)
+    for i in range(m):
+        indptr[i + 1] = indptr[i] + nnz[i]
     indices = np.empty(indptr[m], np.int64)
     data = np.empty(indptr[m])
-    for i in range(m):
-        p = indptr[i]
+    for i in nb.prange(m):
+        p0 = indptr[i]
+        p = p0
         for a in range(cnt[i]):
             if val[i, a] > 0.0:
-                indices[p] = idx[i, a]
-                data[p] = val[i, a]
+                # insertion into the sorted run indices[p0:p]
+                d, v = idx[i, a], val[i, a]
+                q = p
+                while q > p0 and indices[q - 1] > d:
+                    indices[q] = indices[q - 1]
+                    data[q] = data[q - 1]
+                    q -= 1
+                indices[q] = d
+                data[q] = v
                 p += 1
-        order = np.argsort(indices[indptr[i]:p])
-        indices[indptr[i]:p] = indices[indptr[i]:p][order]
-        data[indptr[i]:p] = data[indptr[i]:p][order]
     return data, indices, indptr
 
 
@@ -378,7 +386,7 @@ class GramCoder:
     """
 
     def __init__(self, U, *, lam, tol=1e-6, ws_extra=128, margin=0.25, max_rounds=20, max_sweeps=400,
-                 newton_every=3, gram_updates=None, fast_products=True, G=None):
+                 newton_every=6, gram_updates=None, fast_products=True, G=None):
         self.U = np.ascontiguousarray(U, dtype=np.float64)
         self.gram_updates = bool(self.U.shape[0] <= GRAM_UPDATE_LIMIT if gram_updates is None else gram_updates)
         self.U32 = self.U.astype(np.float32) if fast_products else None

@@ -77,7 +77,7 @@ class ReconstructionStats:
         self.dot += float(dot.sum())
         self.l0 += float(cols.numel())
         self.l1 += float(fv.abs().sum())
-        self.fired[np.unique(cols.cpu().numpy())] = True
+        self.fired[cols.cpu().numpy()] = True
 
     def update_optimal(self, n_tokens: int, reconstruction: float, nnz: int | None = None) -> None:
         """Add a batch of optimal codes: its mean reconstruction error and (optionally) their number of nonzeros."""
