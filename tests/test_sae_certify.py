@@ -350,3 +350,30 @@ def test_sparse_code_kernels_match_dense_products(monkeypatch, parts_bytes):
     finally:
         numba.set_num_threads(prev)
     np.testing.assert_allclose(out, 0.5 + Z.toarray().T @ Rd, rtol=0, atol=1e-12)
+
+
+def test_numba_kernels_and_torch_products_give_the_same_certificate(monkeypatch):
+    # the CPU path (sparse-code products in numba) against the torch products a GPU runs, on a random SAE
+    # whose codes are neither optimal nor trivial, over several batches
+    import widelimit.sae.certify as C
+
+    rng = np.random.default_rng(8)
+    n, k, N = 12, 40, 300
+    W_dec = rng.standard_normal((k, n)) * rng.uniform(0.5, 2.0, (k, 1))
+    sae = SAE(W_dec=W_dec, b_dec=0.1 * rng.standard_normal(n), W_enc=0.3 * rng.standard_normal((n, k)),
+              b_enc=-0.2 + 0.1 * rng.standard_normal(k), architecture="standard")
+    X = 2.0 * rng.standard_normal((N, n))
+    runs = []
+    for numba_kernels in (True, False):
+        monkeypatch.setattr(C, "_NUMBA_KERNELS", numba_kernels)
+        runs.append(certify_sae(X, sae, lam=0.4, device="cpu", batch_size=70, coding_tol=1e-10))
+    a, b = runs
+    assert 0 < a.metrics["l0"] < k  # codes are sparse, not trivial
+    for key in ("sae_objective", "optimal_code_objective", "coding_gap", "lower_bound", "bias_stationarity",
+                "max_residual_norm"):
+        assert getattr(b, key) == pytest.approx(getattr(a, key), rel=1e-9, abs=1e-12), key
+    for key in ("mse", "explained_variance", "cossim", "l2_ratio", "relative_reconstruction_bias", "l0", "l1",
+                "frac_alive", "optimal_mse", "optimal_l0"):
+        assert b.metrics[key] == pytest.approx(a.metrics[key], rel=1e-10), key
+    for col in ("max_violation_firing", "max_violation_silent", "tangent_grad_norm", "tangent_grad_norm_optimal_codes"):
+        np.testing.assert_allclose(b.features[col], a.features[col], rtol=1e-8, atol=1e-10, err_msg=col)

@@ -95,6 +95,10 @@ from ._util import stability_columns as _stability_columns, violation_tolerance
 from .objective import resolve_lam, resolve_objective
 from .report import flat_dict, plot_sae_certificate, write_sae_certificate  # noqa: F401  (re-exported)
 
+#: On the CPU, the products with the sparse codes run in :mod:`widelimit.sae._kernels` (numba); ``False``
+#: runs the torch products every device uses (the tests check that both agree).
+_NUMBA_KERNELS = True
+
 __all__ = ["SAECertificate", "certify_sae", "plot_sae_certificate", "write_sae_certificate", "resolve_lam",
            "violation_tolerance", "sample_rows"]
 
@@ -294,7 +298,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     n_total = int(acts.shape[0])
     acts = sample_rows(acts, max_tokens, seed) if max_tokens is not None else acts
     dev = resolve_device(device)
-    on_cpu = dev.type == "cpu"
+    on_cpu = dev.type == "cpu" and _NUMBA_KERNELS  # sparse-code products in numba, else torch
     sample = sae.preprocess(np.asarray(sample_rows(acts, 2048, seed), dtype=np.float64))  # calibration, scale
     choice = resolve_objective(sae, sample, lam, l1_coefficient, coding_tol=coding_tol, device=dev)
     lam = choice.lam
@@ -369,8 +373,9 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
             rows, cols = torch.nonzero(f, as_tuple=True)
             fv = f[rows, cols]
             zv = fv * nt[cols]  # codes on unit atoms
+            if on_cpu or coder is not None:
+                Y0 = sp.csr_array((zv.cpu().numpy(), (rows.cpu().numpy(), cols.cpu().numpy())), shape=(nb_, k))
             if on_cpu:  # sparse products in numba, O(L0 n) per token (widelimit.sae._kernels)
-                Y0 = sp.csr_array((zv.numpy(), (rows.numpy(), cols.numpy())), shape=(nb_, k))
                 R0, tok = _kernels.residuals(Xb, b, U, Y0)
                 R, tok = torch.from_numpy(R0), torch.from_numpy(tok)
                 _kernels.add_codes_t_residuals(Y0, R0, ZR.numpy())
