@@ -11,8 +11,9 @@ Three numbers bracket it, every one certified:
 1. ``sae_objective``: ``L`` at the SAE's own encoder codes.
 2. ``optimal_code_objective``: ``min_{Z >= 0} L`` for the SAE's decoder and bias,
    a nonnegative lasso per token solved to a certified duality gap (``coding_gap``)
-   by :func:`widelimit.coding.working_set.optimal_codes_working_set` (per-token working
-   sets around :func:`widelimit.coding.pdas.optimal_codes`, warm-started from the SAE's own codes). The difference is the
+   by :class:`widelimit.coding.cd.GramCoder` on the CPU (working-set coordinate descent,
+   warm-started from the SAE's own codes and their residual correlations; theory.md §8.6) or the
+   coder ``coding_algorithm`` names (:func:`widelimit.coding.optimal_codes`). The difference is the
    **encoder (amortisation) gap**, certified to lie in
    ``[encoder_gap, encoder_gap + coding_gap]``.
 3. ``lower_bound``: the wide-limit bound ``min_b H(b)`` with
