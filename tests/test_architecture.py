@@ -119,11 +119,21 @@ def test_import_is_lazy_and_names_resolve_to_their_definitions():
     assert out == "none"
     for name, mod in wl._LAZY.items():
         module = importlib.import_module(mod, "widelimit")
-        expected = module if name == "datasets" else getattr(module, name)
+        expected = module if name in ("datasets", "relax") else getattr(module, name)
         assert getattr(wl, name) is expected, name
-    # importing the subpackage `widelimit.relax` must not replace the function `wl.relax`
-    code = "import widelimit as wl; from widelimit.relax import cones; print(wl.relax is cones.relax)"
+    # `wl.relax` is the subpackage, callable as its function: both the call and the submodule imports work,
+    # in either order
+    import inspect
+
+    from widelimit.relax import cones
+
+    assert inspect.signature(wl.relax) == inspect.signature(cones.relax)
+    assert inspect.unwrap(wl.relax) is cones.relax
+    code = ("import widelimit as wl; import widelimit.relax.cones as c; import widelimit.relax.dnn as d;"
+            "X = wl.datasets.gaussian(10, 2, seed=0)[0];"
+            "a = wl.relax(X, lam=0.5, cone='dnn'); b = c.relax(X, lam=0.5, cone='dnn');"
+            "print(type(a).__name__, abs(a.value - b.value) == 0.0, callable(d.solve_dnn))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "True"
+    assert out == "RelaxationResult True True"
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         wl.nonexistent  # noqa: B018

@@ -21,8 +21,6 @@ Internals live in the subpackages: ``data``, ``engine``, ``exact``, ``coding``, 
 """
 
 import importlib as _importlib
-import sys as _sys
-import types as _types
 from typing import TYPE_CHECKING
 
 _LAZY = {  # public name -> module that defines it; imported on first use (PEP 562)
@@ -58,7 +56,7 @@ _LAZY = {  # public name -> module that defines it; imported on first use (PEP 5
     "fit_dictionary": ".learn.gradient",
     "Problem": ".problem",
     "RelaxationResult": ".relax.cones",
-    "relax": ".relax.cones",
+    "relax": ".relax",  # the subpackage, callable as relax.cones.relax (widelimit/relax/__init__.py)
     "CPFactorization": ".relax.cpfactor",
     "RefinedSolution": ".relax.cpfactor",
     "factorize_cp": ".relax.cpfactor",
@@ -115,18 +113,6 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))
 
 
-class _Package(_types.ModuleType):
-    """Keeps ``wl.relax`` the function when the import system binds the subpackage ``relax``."""
-
-    def __setattr__(self, name, value):
-        if name in _LAZY and isinstance(value, _types.ModuleType) and value.__name__ == f"{__name__}.{name}":
-            return
-        super().__setattr__(name, value)
-
-
-_sys.modules[__name__].__class__ = _Package
-
-
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .data import datasets  # noqa: F401  (wl.datasets: the built-in datasets)
     from .coding import CodingResult, optimal_codes
@@ -143,7 +129,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .learn.frontier import Frontier, frontier
     from .learn.gradient import FitResult, fit_dictionary
     from .problem import Problem
-    from .relax.cones import RelaxationResult, relax
+    from . import relax
+    from .relax.cones import RelaxationResult
     from .relax.cpfactor import CPFactorization, RefinedSolution, factorize_cp, refine
     from .relax.dnn import DNNResult, solve_dnn
     from .relax.sandwich import SandwichReport, sandwich
