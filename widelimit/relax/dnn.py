@@ -27,6 +27,15 @@ step size (Pedregosa & Gidel, "Adaptive three operator splitting", ICML 2018):
 
 ``(Q_B, u)`` is the state: pass them back to warm-start.
 
+**Momentum.** The gradient step is taken from ``Y = Q_B + ((t_k - 1)/t_{k+1}) (Q_B - Q_B^{prev})``
+(Nesterov's sequence ``t_{k+1} = (1 + sqrt(1 + 4 t_k^2))/2``) instead of ``Q_B``, with the
+backtracking test at ``Y``; the momentum restarts (``t = 1``) whenever ``g(Q_B)`` did not decrease
+(O'Donoghue & Candes 2015, function restart), and, while the PSD projections are identities,
+whenever ``Y`` is not PSD (its step would cost an eigendecomposition). First-order
+methods slow down with the conditioning of ``g``, which follows the data's spread of scales: on
+anisotropic or multi-scale data the momentum cuts the iterations 3-15x. The certificate below does
+not depend on how the iterates were found.
+
 **Cost per iteration.** Two or three Cholesky factorisations of ``N x N``
 matrices (``g`` at ``Q_A`` for each backtracking trial, ``g`` and its gradient at
 ``Q_B``) and one more that tests whether ``Q_A + gamma u`` is already positive
@@ -77,6 +86,10 @@ from ..engine.local import Progress
 from .._validation import check_data, check_int, check_lam, check_real, check_vector, to_numpy
 
 __all__ = ["DNNResult", "solve_dnn", "dnn_dual_bound"]
+
+#: Plain steps before the momentum starts (accelerate): the well-conditioned instances finish in a few
+#: dozen iterations, where the extra PSD test of the extrapolated point would cost more than it saves.
+_PLAIN_STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -255,7 +268,7 @@ def dnn_dual_bound(X, lam, Q, b=None, sweeps: int = 3) -> float:
 
 def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time_limit: float | None = None,
               Q0=None, u0=None, step0: float | None = None, check_every: int = 5, device: str = "auto",
-              num_threads: int | None = None, progress=None) -> DNNResult:
+              num_threads: int | None = None, accelerate: bool = True, progress=None) -> DNNResult:
     r"""Solve the DNN relaxation of the Q-problem to a certified relative gap.
 
     Parameters
@@ -281,6 +294,11 @@ def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
         CPU threads for torch during the solve (restored afterwards). Default:
         1 for ``N <= 512`` (thread start-up dominates small eigendecompositions,
         by an order of magnitude on a busy machine), torch's setting otherwise.
+    accelerate : bool
+        Nesterov momentum with adaptive restart (module docstring); ``False`` runs the plain
+        splitting. Measured in ``benchmarks/dnn_accel.py``: 1.2-5x faster on the benchmark families at
+        N = 300-800, 3-11x (or certified where the plain splitting is not) on anisotropic or multi-scale
+        data; the same, up to timer noise, on instances solved in a few dozen iterations.
     progress : callable(Progress), optional
         Receives a :class:`widelimit.Progress` event at each certificate check (``stage="dnn"``,
         ``rows_done`` = iteration of ``rows_total = max_iter``, ``value``, ``lower_bound``).
@@ -296,20 +314,24 @@ def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
     check_real(time_limit, "time_limit", low=0, strict=True, none_ok=True)
     check_real(step0, "step0", low=0, strict=True, none_ok=True)
     check_int(num_threads, "num_threads", low=1, none_ok=True)
+    if not isinstance(accelerate, bool):
+        raise ValueError(f"accelerate must be True or False, got {accelerate!r}")
     dev = resolve_device(device)
     threads = num_threads if num_threads is not None else (1 if X.shape[0] <= 512 else None)
     if dev.type != "cpu" or threads is None:
-        return _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, progress)
+        return _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, progress,
+                          accelerate=accelerate)
     old = torch.get_num_threads()
     torch.set_num_threads(int(threads))
     try:
-        return _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, progress)
+        return _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, progress,
+                          accelerate=accelerate)
     finally:
         torch.set_num_threads(old)
 
 
 def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, progress,
-               grow: float = 1.2, sweeps: int = 3) -> DNNResult:
+               grow: float = 1.2, sweeps: int = 3, accelerate: bool = True) -> DNNResult:
     import torch
 
     t0 = time.perf_counter()
@@ -349,24 +371,49 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
     it = 0
     n_eigh = 0
     converged = False
+    t_mom, Q_prev = 1.0, QB  # momentum (accelerate): Nesterov's sequence and the previous iterate
+    identity = True  # the last PSD projection was the identity
     while it < max_iter:
         it += 1
+        # the point of the gradient step: extrapolated along QB - Q_prev (accelerate), or QB
+        Y = None
+        if accelerate and t_mom > 1.0 and it > _PLAIN_STEPS:
+            t_next = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t_mom * t_mom))
+            Yx = QB + ((t_mom - 1.0) / t_next) * (QB - Q_prev)
+            # while the PSD projections are identities, an extrapolated point outside the PSD cone would
+            # cost an eigendecomposition (25 Cholesky factorisations): restart instead
+            if not identity or prob.is_psd(Yx):
+                fx, Gx, _, _ = prob.evaluate(Yx)
+                if fx < math.inf:
+                    Y, fY, GY = Yx, fx, Gx
+            else:
+                t_mom = 1.0
+        if Y is None:
+            if G is None:  # (the gradient at QB is computed only when the step starts there)
+                fB, G, R, bcur = prob.evaluate(QB)
+            Y, fY, GY = QB, fB, G
         # forward-backward step onto the nonnegative matrices, with backtracking on g
         for _ in range(60):
-            QA = torch.clamp(QB - gamma * (u + G), min=0.0)
-            D = QA - QB
+            QA = torch.clamp(Y - gamma * (u + GY), min=0.0)
+            D = QA - Y
             fA, _, RA, bA = prob.evaluate(QA, need_grad=False)
-            if fA <= fB + float(torch.sum(G * D)) + float(torch.sum(D * D)) / (2 * gamma) + 1e-15 * abs(fB):
+            if fA <= fY + float(torch.sum(GY * D)) + float(torch.sum(D * D)) / (2 * gamma) + 1e-15 * abs(fY):
                 break
             gamma *= 0.5
         QB_new, identity = prob.psd_project(QA + gamma * u)
         n_eigh += not identity
         u = u + (QA - QB_new) / gamma
-        QB = QB_new
-        fB, G, R, bcur = prob.evaluate(QB)
-        if fB == math.inf:  # cannot happen for a PSD QB; guard against rounding
-            QB = QB + 1e-12 * prob.I
+        fB_old = fB
+        Q_prev, QB = QB, QB_new
+        if identity and torch.equal(QB, QA):  # the projection kept QA (u = 0): its value is known
+            fB, G, R, bcur = fA, None, RA, bA
+        else:
             fB, G, R, bcur = prob.evaluate(QB)
+            if fB == math.inf:  # cannot happen for a PSD QB; guard against rounding
+                QB = QB + 1e-12 * prob.I
+                fB, G, R, bcur = prob.evaluate(QB)
+        # adaptive restart (O'Donoghue & Candes 2015): momentum only while the objective decreases
+        t_mom = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t_mom * t_mom)) if accelerate and fB < fB_old else 1.0
         gamma *= grow
         if it % check_every == 0 or it == max_iter:
             # feasible points: QA (nonnegative) when it is PSD, else QA + s I; QB + t 11^T (QB is PSD)
