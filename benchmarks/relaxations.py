@@ -139,7 +139,7 @@ def main(argv=None):
     if args.large:
         inst = make_instance("random", args.large, args.dim, seed=args.large_seed)
         exact = wl.solve(inst.X, lam=inst.lam).value
-        r = solve_dnn(inst.X, lam=inst.lam, tol=args.tol, time_limit=args.large_time, device="cpu", num_threads=1, progress=lambda e: print(f"  large N={args.large}: iter {e.rows_done} value {e.value:.10g} "
+        r = solve_dnn(inst.X, lam=inst.lam, tol=args.tol, time_limit=args.large_time, device="cpu", threads=1, progress=lambda e: print(f"  large N={args.large}: iter {e.rows_done} value {e.value:.10g} "
                                                f"lower bound {e.lower_bound:.10g}", flush=True))
         large = {"N": args.large, "n": args.dim, "seed": args.large_seed, "exact_value": exact, "value": r.value, "lower_bound": r.lower_bound,
                  "load_average_after": os.getloadavg(), "threads": 1,
@@ -177,7 +177,7 @@ def vs_scs(sizes, dim, target, out: Path, argv):
     """
     small = make_instance("random", 10, dim, seed=1)  # warm-up: imports and first-call costs of both
     relax(small.X, lam=small.lam, cone="dnn", solver="SCS", tol=1e-4)
-    solve_dnn(small.X, lam=small.lam, tol=1e-4, device="cpu", num_threads=1)
+    solve_dnn(small.X, lam=small.lam, tol=1e-4, device="cpu", threads=1)
     rows = []
     for N in sizes:
         inst = make_instance("random", N, dim, seed=0)
@@ -193,7 +193,7 @@ def vs_scs(sizes, dim, target, out: Path, argv):
             if r.ok and err <= target:
                 break
         hit = scs_runs[-1] if scs_runs[-1]["rel_error"] <= target else None
-        o = solve_dnn(inst.X, lam=inst.lam, tol=target, device="cpu", num_threads=1)
+        o = solve_dnn(inst.X, lam=inst.lam, tol=target, device="cpu", threads=1)
         own = {"time_s": o.time_s, "converged": o.converged, "n_iter": o.n_iter, "rel_gap": o.rel_gap,
                "rel_error_upper": abs(o.value - exact) / exact, "rel_error_lower": abs(exact - o.lower_bound) / exact,
                "n_eigh": o.history[-1]["n_eigh"] if o.history else None}

@@ -104,6 +104,24 @@ def test_psd_projection_skips_eigh_only_for_positive_definite_input():
         np.testing.assert_allclose(out.numpy(), ref, atol=1e-10 * np.abs(Z).max())
 
 
+def test_threads_option_and_its_old_name():
+    import torch
+
+    X = np.random.default_rng(0).standard_normal((12, 3))
+    before = torch.get_num_threads()
+    seen = []
+    solve_dnn(X, lam=0.5, device="cpu", threads=1, progress=lambda e: seen.append(torch.get_num_threads()),
+              check_every=1, tol=1e-12, max_iter=3)
+    assert seen and set(seen) == {1} and torch.get_num_threads() == before
+    with pytest.warns(DeprecationWarning, match="threads="):
+        old = solve_dnn(X, lam=0.5, device="cpu", num_threads=1)
+    assert old.value == solve_dnn(X, lam=0.5, device="cpu", threads=1).value
+    with pytest.raises(ValueError, match="disagree"):
+        solve_dnn(X, lam=0.5, threads=2, num_threads=1)
+    with pytest.raises(ValueError, match="threads"):
+        solve_dnn(X, lam=0.5, threads=0)
+
+
 def test_bad_input():
     X = np.random.default_rng(0).standard_normal((5, 2))
     with pytest.raises(ValueError, match="lam"):

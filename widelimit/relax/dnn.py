@@ -77,11 +77,12 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from .._runtime import resolve_device
+from .._runtime import limit_threads, resolve_device
 from ..engine.local import Progress
 from .._validation import check_data, check_int, check_lam, check_real, check_vector, to_numpy
 
@@ -268,7 +269,8 @@ def dnn_dual_bound(X, lam, Q, b=None, sweeps: int = 3) -> float:
 
 def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time_limit: float | None = None,
               Q0=None, u0=None, step0: float | None = None, check_every: int = 5, device: str = "auto",
-              num_threads: int | None = None, accelerate: bool = True, progress=None) -> DNNResult:
+              threads: int | None = None, accelerate: bool = True, progress=None,
+              num_threads: int | None = None) -> DNNResult:
     r"""Solve the DNN relaxation of the Q-problem to a certified relative gap.
 
     Parameters
@@ -290,10 +292,12 @@ def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
         eigenvalue computation when ``Q_A`` is not positive definite).
     device : str
         ``"auto"`` (CUDA if available), ``"cpu"``, ``"cuda"``, ...
-    num_threads : int, optional
-        CPU threads for torch during the solve (restored afterwards). Default:
-        1 for ``N <= 512`` (thread start-up dominates small eigendecompositions,
-        by an order of magnitude on a busy machine), torch's setting otherwise.
+    threads : int, optional
+        CPU threads during the solve (torch, numba and BLAS, as ``threads`` everywhere in widelimit:
+        :class:`widelimit._runtime.limit_threads`; restored afterwards). Default: 1 for ``N <= 512``
+        (thread start-up dominates small eigendecompositions, by an order of magnitude on a busy
+        machine), else the caller's setting or :func:`widelimit._runtime.default_threads`.
+        (``num_threads``, the earlier name, is still accepted with a ``DeprecationWarning``.)
     accelerate : bool
         Nesterov momentum with adaptive restart (module docstring); ``False`` runs the plain
         splitting. Measured in ``benchmarks/dnn_accel.py``: 1.2-5x faster on the benchmark families at
@@ -307,27 +311,24 @@ def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
     -------
     DNNResult
     """
-    import torch
-
     X = check_data(X)
     max_iter, check_every = check_int(max_iter, "max_iter", low=1), check_int(check_every, "check_every", low=1)
     check_real(time_limit, "time_limit", low=0, strict=True, none_ok=True)
     check_real(step0, "step0", low=0, strict=True, none_ok=True)
-    check_int(num_threads, "num_threads", low=1, none_ok=True)
+    if num_threads is not None:
+        if threads is not None and threads != num_threads:
+            raise ValueError(f"threads={threads!r} and num_threads={num_threads!r} disagree; pass threads only")
+        warnings.warn("solve_dnn(num_threads=...) is now threads=...", DeprecationWarning, stacklevel=2)
+        threads = num_threads
+    check_int(threads, "threads", low=1, none_ok=True)
     if not isinstance(accelerate, bool):
         raise ValueError(f"accelerate must be True or False, got {accelerate!r}")
     dev = resolve_device(device)
-    threads = num_threads if num_threads is not None else (1 if X.shape[0] <= 512 else None)
-    if dev.type != "cpu" or threads is None:
+    if threads is None and X.shape[0] <= 512:
+        threads = 1
+    with limit_threads(threads):
         return _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, progress,
                           accelerate=accelerate)
-    old = torch.get_num_threads()
-    torch.set_num_threads(int(threads))
-    try:
-        return _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, progress,
-                          accelerate=accelerate)
-    finally:
-        torch.set_num_threads(old)
 
 
 def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, progress,
