@@ -280,3 +280,15 @@ def test_nested_thread_limits_keep_the_callers_choice():
             solver()
         assert torch.get_num_threads() == 1
     assert seen == [1, 2]
+
+
+def test_torch_products_accept_read_only_arrays_without_a_warning():
+    # widelimit._runtime.matmul hands numpy arrays to torch; a read-only one (a memory map) must be copied,
+    # not shared with a "not writable" warning. torch warns once per process: checked in a fresh one
+    import subprocess
+    import sys
+
+    code = ("import numpy as np; from widelimit._runtime import matmul; A = np.arange(12.).reshape(3, 4);"
+            "A.flags.writeable = False; print(np.array_equal(matmul(A, A.T), A @ A.T))")
+    out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-500:]

@@ -181,7 +181,10 @@ def matmul(A, B):
     """
     import torch
 
-    return (torch.from_numpy(A) @ torch.from_numpy(B)).numpy()
+    def tensor(M):  # torch cannot hold a read-only buffer (a memory map, a user's frozen array): copy those
+        return torch.from_numpy(M if M.flags.writeable else M.copy())
+
+    return (tensor(A) @ tensor(B)).numpy()
 
 
 def with_thread_limit(fn):
