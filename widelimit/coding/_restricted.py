@@ -15,7 +15,7 @@ import math
 import numba as nb
 import numpy as np
 
-__all__ = ["solve_token"]
+__all__ = ["solve_token", "token_gap"]
 
 _JIT = dict(nogil=True, cache=True)
 
@@ -69,7 +69,13 @@ def _restricted_gap(xx, q, y, c, w, lam):  # pragma: no cover - compiled
     rr = xx - qy - yc
     if rr < 0.0:
         rr = 0.0
-    rx = xx - qy
+    return token_gap(rr, xx - qy, mx, l1, lam)
+
+
+@nb.njit(**_JIT)
+def token_gap(rr, rx, mx, l1, lam):  # pragma: no cover - compiled
+    """``(P, gap)`` of one token from ``||r||^2``, ``<r, xt>``, ``max_d c_d`` and ``sum y``: the scaled
+    residual ``s r`` as dual point (:mod:`widelimit.coding.cd`; vectorised: ``cd._gap_from``)."""
     P = rr + 2.0 * lam * l1
     s = rx / rr if rr > 0.0 else 0.0
     if s < 0.0:

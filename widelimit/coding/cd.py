@@ -43,7 +43,7 @@ import numba as nb
 import numpy as np
 import scipy.sparse as sp
 import time
-from ._restricted import solve_token as _solve_token
+from ._restricted import solve_token as _solve_token, token_gap as _token_gap
 from .pdas import CodingResult, _check_problem
 from .pdas import finish_rows
 from .._runtime import matmul
@@ -195,6 +195,13 @@ def _round(G, U, xt, R, C, crow, cerr, xx, P, rr, rx, gaps, todo, idx, val, cnt,
 
 
 @nb.njit(**_JIT)
+def _gamma(m):  # pragma: no cover - compiled (also called from Python)
+    """Higham's ``gamma_m = m u / (1 - m u)`` for float64 (``u = 2^-53``)."""
+    u = 2.0 ** -53
+    return m * u / (1.0 - m * u)
+
+
+@nb.njit(**_JIT)
 def _update_error(n, nd, cmax, sd):  # pragma: no cover - compiled
     """Bound on the rounding added to every ``c_d`` by ``c_d - sum_a delta_a G_ad`` (``nd`` terms).
 
@@ -205,23 +212,7 @@ def _update_error(n, nd, cmax, sd):  # pragma: no cover - compiled
     With ``|G_ad| <= 1 + gamma_(n+2)`` all of it is below
     ``gamma_(n+nd+4) (max_d |c_d| + 3 sum_a |delta_a|)``.
     """
-    m = n + nd + 4
-    u = 2.0 ** -53
-    gamma = m * u / (1.0 - m * u)
-    return gamma * (cmax + 3.0 * sd)
-
-
-@nb.njit(**_JIT)
-def _token_gap(rr, rx, mx, l1, lam):  # pragma: no cover - compiled
-    """Scalar :func:`_gap_from`: ``(P, gap)`` of one token from ``||r||^2``, ``<r, xt>``, ``max_d c_d``, ``sum y``."""
-    P = rr + 2.0 * lam * l1
-    s = rx / rr if rr > 0.0 else 0.0
-    if s < 0.0:
-        s = 0.0
-    if mx > 0.0 and s > lam / mx:
-        s = lam / mx
-    gap = P - (2.0 * s * rx - s * s * rr)
-    return P, (gap if gap > 0.0 else 0.0)
+    return _gamma(n + nd + 4) * (cmax + 3.0 * sd)
 
 
 @nb.njit(parallel=True, **_JIT)
@@ -317,12 +308,6 @@ def _unpad(idx, val, cnt):  # pragma: no cover - compiled
                 data[q] = v
                 p += 1
     return data, indices, indptr
-
-
-def _gamma(m: int) -> float:
-    """Higham's ``gamma_m = m u / (1 - m u)`` for float64 (``u = 2^-53``)."""
-    u = 2.0 ** -53
-    return m * u / (1.0 - m * u)
 
 
 def _gap_from(rr, rx, mx, l1, lam):

@@ -38,7 +38,8 @@ not depend on how the iterates were found.
 
 **Cost per iteration.** Two or three Cholesky factorisations of ``N x N``
 matrices (``g`` at ``Q_A`` for each backtracking trial, ``g`` and its gradient at
-``Q_B``) and one more that tests whether ``Q_A + gamma u`` is already positive
+``Q_B``, or at ``Y`` after a PSD test of ``Y`` with the momentum; ``g(Q_B)`` is reused from
+``g(Q_A)`` when the projection keeps ``Q_A``) and one more that tests whether ``Q_A + gamma u`` is already positive
 definite (after removing its exactly-zero rows and columns, see
 ``_Problem.is_psd``): then its PSD projection is itself, and the eigendecomposition (about
 25 times the flops of a Cholesky factorisation) is skipped. For this objective
