@@ -9,12 +9,15 @@ of the problem at the caps' centres ``C`` (a convex lasso with a bias), its dual
 ``<w_j, u_i> = <c_j, u0_i>`` and ``sum_i u_i = 0``). ``delta(W)`` is never computed: only
 bounds on its norms enter
 
-.. math:: L \ge q(u_0) + \frac2N\Big[\sum_j m_j - \sum_{ij} z^0_{ij}\,\chi_j D_i
-          - \sum_i \|e_i\| D_i\Big] - \frac1N \sum_i D_i^2 ,
+.. math:: L \ge q(u_0) + \frac2N\Big[\sum_j m_j - \sum_{ij} z^0_{ij}\,t'_{ij}
+          - \sum_i \|e_i\| D'_i - V_1\Big] - \frac1N \Big[\sum_i D_i'^2 + V_2\Big],
 
 with ``chi_j = 2 sin(theta_j / 2)`` (the largest ``||w_j - c_j||``),
 ``m_j = min_{w in cap j} <c_j - w, G_j>``, ``G_j = sum_i z0_ij u0_i`` (zero first-order term at a
-stationary ``C``), ``D_i >= ||delta_i(W)||`` over the node and ``e_i`` the defect of the identity
+stationary ``C``), ``D'_i >= ||delta'_i(W)||`` (the part that keeps point ``i``'s tight constraints),
+``t'_ij >= |<c_j - w_j, delta'_i>|``, ``V_1, V_2`` the linear and squared terms of the part ``v_i`` that
+restores ``sum_i u_i = 0`` (orthogonal to ``delta'_i``; bounded per point or through
+``sum_i ||v_i||^2 <= ||s||^2 / sigma_min(S(W))``, whichever is smaller) and ``e_i`` the defect of the identity
 ``x_i - u0_i = b0 + sum_j z0_ij c_j`` after rounding and scaling. The proof is in docs/theory.md §7.6.
 float64 without fast-math; the bound is lowered by a rigorous bound on the rounding of ``q``.
 """
@@ -74,7 +77,7 @@ def second_order_bound(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
         r = _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers)
         if r[0] < 0.0:
             continue
-        val = _assemble(X, lam, C, theta, Z0, U, enorm, chord, omc, act, r[1], r[2], r[3])
+        val = _assemble(X, lam, C, theta, Z0, U, enorm, chord, act, r[1], r[2], r[3], r[4])
         if val > best:
             best = val
     return best
@@ -169,10 +172,11 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
     ``delta'_i`` keeps point ``i``'s tight constraints (``M_i(W) delta'_i = r_i``); the ``v_i`` (in the
     null space of ``M_i(W)``, on the carrier points only) cancel ``sum_i delta'_i``, which is bounded per
     group of points with the same tight atoms (``M(W)^+`` applied to the group's sum of ``r_i``). Adds
-    to ``act`` every pair whose slack could be used up, and repeats. Returns ``(status, d1, vb, tang)``,
+    to ``act`` every pair whose slack could be used up, and repeats. Returns ``(status, d1, vb, tang, v2)``,
     status 0 or negative (-1: a point tight on more than n atoms, -2: ill-conditioned tight atoms, -3:
     the carriers' projectors do not span, -4: slack still used up after N k + 1 rounds), and bounds on
-    ``||delta'_i||``, ``||v_i||`` and ``|<c_j - w_j, delta_i>| - chord_j ||v_i||`` (per point).
+    ``||delta'_i||``, ``||v_i||`` and ``|<c_j - w_j, delta_i>| - chord_j ||v_i||`` (per point), and on
+    ``sum_i ||v_i||^2 = s^T S(W)^{-1} s <= ||s||^2 / sigma_min(S(W))`` (``s = sum_i delta'_i``).
     """
     N, n = U.shape
     k = C.shape[0]
@@ -204,7 +208,7 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
             for j in range(k):
                 a += (m >> j) & 1
             if a > n:
-                return -1.0, d1, vb, tang
+                return -1.0, d1, vb, tang, 0.0
             for d in range(n):
                 Pnull[m, d, d] = 1.0
             if a == 0:
@@ -220,7 +224,7 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
                     q += 1
             G = M @ M.T
             if a > 1 and np.linalg.eigvalsh(G)[0] <= 1e-8:
-                return -2.0, d1, vb, tang
+                return -2.0, d1, vb, tang, 0.0
             Pi = M.T @ np.linalg.solve(G, M)
             for d in range(n):
                 for e in range(n):
@@ -233,7 +237,7 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
                 E = math.sqrt(E2)
                 sl = math.sqrt(max(gmin, 0.0)) * (1.0 - 1e-12) - E
                 if sl <= 0.0:
-                    return -2.0, d1, vb, tang
+                    return -2.0, d1, vb, tang, 0.0
                 slo[m] = sl
                 pmove[m] = E / sl
         S = np.zeros((n, n))
@@ -271,11 +275,13 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
             if used[m]:
                 sbound += _rbound(C, m, gsum[m], chord, omc, sth) / slo[m]
         mu = 0.0
+        v2 = 0.0
         if sbound > 0.0:
             smin = np.linalg.eigvalsh(S)[0] - 1e-12 * N - ptot
             if smin <= 0.0:
-                return -3.0, d1, vb, tang
+                return -3.0, d1, vb, tang, 0.0
             mu = sbound / smin
+            v2 = sbound * mu * (1.0 + 8.0 * _U)
         for i in range(N):
             vb[i] = mu if carrier[i] else 0.0
         added = False
@@ -283,19 +289,26 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
             for j in range(k):
                 if act[i, j]:
                     continue
-                # <w_j, u_i + delta_i> <= lev + max(0, -lev)(1 - cos) + sin ||P_perp u_i|| + ||delta_i||
-                rise = max(0.0, -lev[i, j]) * omc[j] + sth[j] * perp[i, j] + d1[i] + vb[i]
+                # <w_j, u_i + delta_i> <= lev + max(0, -lev)(1 - cos) + sin ||P_perp u_i|| + ||delta_i||,
+                # ||delta_i||^2 = ||delta'_i||^2 + ||v_i||^2 (row space and null space of M_i(W))
+                dn = math.sqrt(d1[i] * d1[i] + vb[i] * vb[i]) * (1.0 + 4.0 * _U)
+                rise = max(0.0, -lev[i, j]) * omc[j] + sth[j] * perp[i, j] + dn
                 if lam - lev[i, j] < rise * (1.0 + 16.0 * _U):
                     act[i, j] = True
                     added = True
         if not added:
-            return 0.0, d1, vb, tang
-    return -4.0, d1, vb, tang
+            return 0.0, d1, vb, tang, v2
+    return -4.0, d1, vb, tang, 0.0
 
 
 @nb.njit(**_JIT)
-def _assemble(X, lam, C, theta, Z0, U, enorm, chord, omc, act, d1, vb, tang):  # pragma: no cover - compiled
-    """The bound of docs/theory.md §7.6 from the corrections' bounds."""
+def _assemble(X, lam, C, theta, Z0, U, enorm, chord, act, d1, vb, tang, v2):  # pragma: no cover - compiled
+    """The bound of docs/theory.md §7.6 from the corrections' bounds.
+
+    ``||v_i||`` enters linearly with weight ``c_i = ||e_i|| + sum_j z0_ij chi_j`` and quadratically; the
+    per-point bounds ``vb_i`` and the total ``sum_i ||v_i||^2 <= v2`` each bound both (Cauchy-Schwarz for
+    the linear sum), and the smaller is used.
+    """
     N, n = X.shape
     k = C.shape[0]
     # q(u0), with a bound on its rounding
@@ -333,20 +346,24 @@ def _assemble(X, lam, C, theta, Z0, U, enorm, chord, omc, act, d1, vb, tang):  #
             rest = beta - theta[j]
             best = g * (math.cos(rest) if rest > 0.0 else 1.0)
             lin += (cg - best) - 1e-12 * g
-    corr = 0.0
-    quad = 0.0
+    corr = 0.0  # terms in delta'_i
+    quad = 0.0  # sum_i ||delta'_i||^2 (orthogonal to v_i: row space and null space of M_i(W))
+    vlin = 0.0  # sum_i c_i ||v_i|| by the per-point bounds
+    c2 = 0.0  # sum_i c_i^2 over the points that carry
+    vsq = 0.0  # sum_i ||v_i||^2 by the per-point bounds
     for i in range(N):
-        a = 0
-        for j in range(k):
-            if act[i, j]:
-                a += 1
+        ci = enorm[i]
         for j in range(k):
             if Z0[i, j] > 0.0:
-                corr += Z0[i, j] * (tang[i] + chord[j] * vb[i])
-        corr += enorm[i] * (d1[i] + vb[i])
-        if a == 1:  # delta'_i along w_j, v_i orthogonal to it
-            quad += d1[i] * d1[i] + vb[i] * vb[i]
-        else:
-            quad += (d1[i] + vb[i]) ** 2
+                corr += Z0[i, j] * tang[i]
+                ci += Z0[i, j] * chord[j]
+        corr += enorm[i] * d1[i]
+        quad += d1[i] * d1[i]
+        if vb[i] > 0.0:
+            vlin += ci * vb[i]
+            c2 += ci * ci
+            vsq += vb[i] * vb[i]
+    corr += min(vlin, math.sqrt(c2) * math.sqrt(v2) * (1.0 + 8.0 * _U))
+    quad += min(vsq, v2)
     bound = q + (2.0 / N) * (lin - corr) - quad / N
     return bound - 1e-13 * (abs(bound) + 1.0)
