@@ -8,15 +8,9 @@ import platform
 import time
 from pathlib import Path
 
-import sys
-
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-# The instance families with known optima live with the tests (tests/fixtures/instances.py): one copy.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from fixtures.instances import FAMILIES, Instance, make_instance  # noqa: E402,F401
 
 
 def timed(fn, *args, repeat: int = 1, **kwargs):

@@ -21,7 +21,7 @@ import numpy as np
 
 import widelimit as wl
 from widelimit.relax.cpfactor import factorize_cp, random_cp_matrix, refine
-from _common import make_instance
+from widelimit.relax.families import make_bench_instance
 from widelimit.relax.cones import relax
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -58,7 +58,7 @@ def main(argv=None):
     # refinement of relaxation optima: narrowest width vs the exact number of rays
     refine_rows = []
     for family, N in [("rays", 20), ("rays", 40), ("rays", 80), ("random", 20), ("collinear", 20)]:
-        inst = make_instance(family, N, 3, seed=0)
+        inst = make_bench_instance(family, N, dim=3, seed=0)
         sol = wl.solve(inst.X, lam=inst.lam)
         rel = relax(inst.X, lam=inst.lam, cone="dnn", solver="SCS", tol=1e-8)
         t0 = time.perf_counter()

@@ -27,12 +27,13 @@ import platform
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 import widelimit as wl
 from widelimit.relax.dnn import solve_dnn
-from _common import make_instance
+from widelimit.relax.families import make_bench_instance
 from widelimit.relax.cones import CONES, OUTER_CONES, estimate_memory, relax
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -110,7 +111,11 @@ def main(argv=None):
     rows = []
     t_start = time.perf_counter()
     for family, N, main_family in jobs:
-        inst = make_instance(family, N, args.dim, seed=0)
+        if family == "hierarchical":  # a parent and 2 children (widelimit.data.datasets), not a bench family
+            X, _ = wl.datasets.hierarchical(2, max(args.dim, 3), N // 2, seed=0)
+            inst = SimpleNamespace(X=X, lam=0.5)
+        else:
+            inst = make_bench_instance(family, N, dim=args.dim, seed=0)
         t0 = time.perf_counter()
         sol = wl.solve(inst.X, lam=inst.lam)
         t_exact = time.perf_counter() - t0
@@ -137,7 +142,7 @@ def main(argv=None):
 
     large = None
     if args.large:
-        inst = make_instance("random", args.large, args.dim, seed=args.large_seed)
+        inst = make_bench_instance("random", args.large, dim=args.dim, seed=args.large_seed)
         exact = wl.solve(inst.X, lam=inst.lam).value
         r = solve_dnn(inst.X, lam=inst.lam, tol=args.tol, time_limit=args.large_time, device="cpu", threads=1, progress=lambda e: print(f"  large N={args.large}: iter {e.rows_done} value {e.value:.10g} "
                                                f"lower bound {e.lower_bound:.10g}", flush=True))
@@ -175,12 +180,12 @@ def vs_scs(sizes, dim, target, out: Path, argv):
     the right ``eps`` had been known). The own solver is run once to a certified relative gap
     ``<= target``, which bounds its error without knowing the optimum. One torch thread.
     """
-    small = make_instance("random", 10, dim, seed=1)  # warm-up: imports and first-call costs of both
+    small = make_bench_instance("random", 10, dim=dim, seed=1)  # warm-up: imports and first-call costs of both
     relax(small.X, lam=small.lam, cone="dnn", solver="SCS", tol=1e-4)
     solve_dnn(small.X, lam=small.lam, tol=1e-4, device="cpu", threads=1)
     rows = []
     for N in sizes:
-        inst = make_instance("random", N, dim, seed=0)
+        inst = make_bench_instance("random", N, dim=dim, seed=0)
         exact = wl.solve(inst.X, lam=inst.lam).value
         load0 = os.getloadavg()
         scs_runs = []

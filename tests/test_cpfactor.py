@@ -5,7 +5,7 @@ import pytest
 
 import widelimit as wl
 from widelimit.relax.cpfactor import factorize_cp, random_cp_matrix, refine
-from fixtures.instances import make_instance
+from widelimit.relax.families import make_bench_instance
 from widelimit.relax.cones import horn_matrix, relax
 
 
@@ -82,7 +82,7 @@ def test_zero_and_torch_input():
 
 
 def test_refine_rays_gives_one_atom_per_ray():
-    inst = make_instance("rays", 16, 3, seed=0)
+    inst = make_bench_instance("rays", 16, dim=3, seed=0)
     sol = wl.solve(inst.X, lam=inst.lam)
     r = relax(inst.X, lam=inst.lam, cone="dnn", solver="SCS", tol=1e-8)
     ref = refine(inst.X, r.Q, r.b, lam=inst.lam)
@@ -99,7 +99,7 @@ def test_refine_rays_gives_one_atom_per_ray():
 def test_refine_rays_n40_drops_unused_atoms():
     # SCS's Q is CP only to ~1e-4 here: the factor keeps two atoms on one ray, and after the
     # lasso re-fit one of them carries no code at all; it must not count towards the width
-    inst = make_instance("rays", 40, 3, seed=0)
+    inst = make_bench_instance("rays", 40, dim=3, seed=0)
     sol = wl.solve(inst.X, lam=inst.lam)
     r = relax(inst.X, lam=inst.lam, cone="dnn", solver="SCS", tol=1e-8)
     ref = refine(inst.X, r.Q, r.b, lam=inst.lam)
@@ -114,7 +114,7 @@ def test_refine_rays_n40_drops_unused_atoms():
 
 
 def test_refine_random_instance_and_errors():
-    inst = make_instance("random", 10, 3, seed=5)
+    inst = make_bench_instance("random", 10, dim=3, seed=5)
     sol = wl.solve(inst.X, lam=inst.lam)
     r = relax(inst.X, lam=inst.lam, cone="sdd", solver="SCS", tol=1e-8)
     ref = refine(inst.X, r.Q, r.b, lam=inst.lam)

@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 import widelimit as wl
 from widelimit.relax.dnn import dnn_dual_bound, solve_dnn
 from widelimit.exact.median import huber_value
-from fixtures.instances import make_instance
+from widelimit.relax.families import make_bench_instance
 from widelimit.relax.cones import relax
 
 
 @pytest.mark.parametrize("family", ["random", "rays", "collinear"])
 def test_converges_to_the_closed_form(family):
-    inst = make_instance(family, 16, 3, seed=0)
+    inst = make_bench_instance(family, 16, dim=3, seed=0)
     exact = wl.solve(inst.X, lam=inst.lam).value
     r = solve_dnn(inst.X, lam=inst.lam, tol=1e-7, device="cpu")
     assert r.converged and r.rel_gap <= 1e-7
@@ -44,14 +44,14 @@ def test_momentum_certifies_anisotropic_data_the_plain_splitting_does_not_reach(
 
 
 def test_agrees_with_scs():
-    inst = make_instance("random", 14, 3, seed=3)
+    inst = make_bench_instance("random", 14, dim=3, seed=3)
     ours = solve_dnn(inst.X, lam=inst.lam, tol=1e-8)
     scs = relax(inst.X, lam=inst.lam, cone="dnn", solver="SCS", tol=1e-9)
     assert scs.ok and ours.value == pytest.approx(scs.value, rel=1e-6)
 
 
 def test_fixed_bias_and_warm_start():
-    inst = make_instance("random", 12, 3, seed=1)
+    inst = make_bench_instance("random", 12, dim=3, seed=1)
     b = wl.solve(inst.X, lam=inst.lam).bias - 0.2
     r = solve_dnn(inst.X, lam=inst.lam, b=b, tol=1e-8)
     assert r.converged and r.value == pytest.approx(huber_value(inst.X, b, lam=inst.lam), rel=1e-7)
@@ -147,7 +147,7 @@ def test_gpu_matches_cpu():
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    inst = make_instance("random", 30, 4, seed=2)
+    inst = make_bench_instance("random", 30, dim=4, seed=2)
     a = solve_dnn(inst.X, lam=inst.lam, tol=1e-7, device="cpu")
     g = solve_dnn(inst.X, lam=inst.lam, tol=1e-7, device="cuda")
     assert g.converged and g.device.startswith("cuda")

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import widelimit as wl
 from widelimit.exact.median import huber_value
-from fixtures.instances import FAMILIES, make_instance
+from widelimit.relax.families import make_bench_instance
 from widelimit.relax.cones import CONES, INNER_CONES, OUTER_CONES, horn_matrix, horn_separation, relax
 from widelimit.relax.sandwich import sandwich
 
@@ -22,7 +22,7 @@ def _cycle_matrix(t=0.6):
 
 @pytest.mark.parametrize("family", ["random", "rays", "collinear"])
 def test_sandwich_outer_le_exact_le_inner_scs(family):
-    inst = make_instance(family, 12, 3, seed=1)
+    inst = make_bench_instance(family, 12, dim=3, seed=1)
     rep = sandwich(inst.X, lam=inst.lam, solver="SCS", tol=1e-7)
     assert rep.exact == pytest.approx(wl.solve(inst.X, lam=inst.lam).value, rel=1e-12)
     assert {e.cone for e in rep.entries} == set(CONES)
@@ -39,7 +39,7 @@ def test_sandwich_outer_le_exact_le_inner_scs(family):
 
 @pytest.mark.parametrize("family", ["random", "rays"])
 def test_dnn_equals_exact_clarabel(family):
-    inst = make_instance(family, 10, 3, seed=2)
+    inst = make_bench_instance(family, 10, dim=3, seed=2)
     exact = wl.solve(inst.X, lam=inst.lam).value
     for cone in ("dnn", "sdd"):
         r = relax(inst.X, lam=inst.lam, cone=cone, solver="CLARABEL", tol=1e-8)
@@ -64,7 +64,7 @@ def test_dnn_value_agrees_with_closed_form(seed, N, n, lam):
 
 
 def test_fixed_bias_matches_huber_value():
-    inst = make_instance("random", 10, 3, seed=3)
+    inst = make_bench_instance("random", 10, dim=3, seed=3)
     b = wl.solve(inst.X, lam=inst.lam).bias + 0.3
     rep = sandwich(inst.X, lam=inst.lam, cones=["nonneg", "dnn", "diagonal"], b=b, tol=1e-8)
     assert rep.exact == pytest.approx(huber_value(inst.X, b, lam=inst.lam))
@@ -75,7 +75,7 @@ def test_fixed_bias_matches_huber_value():
 
 
 def test_failing_status_is_surfaced_never_a_bound():
-    inst = make_instance("random", 10, 3)
+    inst = make_bench_instance("random", 10, dim=3)
     r = relax(inst.X, lam=inst.lam, cone="dnn", solver="SCS", max_iters=5)
     assert r.status != "optimal" and not r.ok
     assert np.isnan(r.value) and np.isfinite(r.solver_value)
@@ -131,19 +131,6 @@ def test_horn_separation():
     # CP matrices are never cut
     C = np.abs(np.random.default_rng(1).standard_normal((9, 20)))
     assert horn_separation(C @ C.T) == []
-
-
-def test_instances():
-    for fam in FAMILIES:
-        inst = make_instance(fam, 20, 4, seed=0)
-        assert inst.X.shape == (20, inst.X.shape[1]) and inst.X.shape[1] >= 4
-        assert inst.lam > 0 and inst.family == fam
-    rays = make_instance("rays", 20, 4)
-    assert wl.solve(rays.X, lam=rays.lam).width == rays.truth["n_rays"] == 4
-    with pytest.raises(ValueError, match="even N"):
-        make_instance("rays", 11)
-    with pytest.raises(ValueError, match="unknown instance family"):
-        make_instance("spiral", 10)
 
 
 def _padded(B, N=5):
@@ -209,7 +196,7 @@ def _write(tmp_path, X):
 def test_cli_relax_json(tmp_path, capsys):
     from widelimit.cli import main
 
-    inst = make_instance("random", 10, 3)
+    inst = make_bench_instance("random", 10, dim=3)
     path = _write(tmp_path, inst.X)
     rc = main(["relax", path, "--lam", str(inst.lam), "--cone", "dnn", "--solver", "scs", "--json", "--refine"])
     assert rc == 0

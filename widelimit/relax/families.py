@@ -62,6 +62,8 @@ Families and the parameters that make them harder
     instance (data and ``lam``) by ``10^magnitude`` (default 0; the optimum
     scales by ``10^(2 magnitude)``). ``lam = lam_rel`` times the median distance
     to ``c`` (``lam_rel`` default 0.5). More decades = worse conditioned LMI.
+
+The tests and the benchmark scripts draw their instances from here (one generator per family).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..data import datasets
 from ..exact.solve import solve
 
 __all__ = ["FAMILIES", "FAMILY_PARAMS", "MIN_N", "BenchInstance", "make_bench_instance", "closed_form"]
@@ -241,7 +244,7 @@ def make_bench_instance(family: str, N: int, *, seed: int = 0, **params) -> Benc
     h = N // 2
     truth: dict = {}
     if family == "random":
-        X = rng.standard_normal((N, n))
+        X, _ = datasets.gaussian(N, n, seed=seed)
         lam = float(p["lam"])
     else:
         c = rng.standard_normal(n)
