@@ -1,5 +1,7 @@
 """CP factorisation (Groetzner-Dür alternating projections) and refinement of a relaxation's Q."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -96,9 +98,7 @@ def test_refine_rays_gives_one_atom_per_ray():
     assert ref.certificate.rel_gap < 1e-5
 
 
-def test_refine_rays_n40_drops_unused_atoms():
-    # SCS's Q is CP only to ~1e-4 here: the factor keeps two atoms on one ray, and after the
-    # lasso re-fit one of them carries no code at all; it must not count towards the width
+def test_refine_rays_n40_one_atom_per_ray():
     inst = make_bench_instance("rays", 40, dim=3, seed=0)
     sol = wl.solve(inst.X, lam=inst.lam)
     r = relax(inst.X, lam=inst.lam, cone="dnn", solver="SCS", tol=1e-8)
@@ -111,6 +111,34 @@ def test_refine_rays_n40_drops_unused_atoms():
     assert ref.value >= sol.certificate.lower_bound - 1e-12
     assert ref.value == pytest.approx(sol.value, rel=1e-6)
     assert wl.sae_objective(inst.X, ref.W, ref.Z, ref.b, lam=inst.lam).value == pytest.approx(ref.value, rel=1e-12)
+
+
+def test_refine_drops_an_atom_no_point_uses(monkeypatch):
+    """An inexact factor (SCS's Q is CP only to its accuracy) can carry an extra column whose atom lies
+    between two rays, farther from both than the coarsest merge tolerance: the lasso re-fit gives it no
+    code at all, and it must not count towards the width (it did once: width 5 on 4 rays)."""
+    import widelimit.relax.cpfactor as cpf
+
+    inst = make_bench_instance("rays", 16, dim=3, seed=0)
+    sol = wl.solve(inst.X, lam=inst.lam)
+    r = relax(inst.X, lam=inst.lam, cone="dnn", solver="SCS", tol=1e-8)
+    real = cpf.factorize_cp
+    widths = []
+
+    def inexact(A, **kw):
+        f = real(A, **kw)
+        widths.append(f.width)
+        on_ray = [np.flatnonzero(sol.rays == j)[0] for j in range(2)]  # a point of each of two rays
+        extra = np.zeros((f.Z.shape[0], 1))
+        extra[on_ray, 0] = 1e-3 * f.Z.max()
+        return dataclasses.replace(f, Z=np.hstack([f.Z, extra]), width=f.width + 1)
+
+    monkeypatch.setattr(cpf, "factorize_cp", inexact)
+    ref = refine(inst.X, r.Q, r.b, lam=inst.lam)
+    assert ref.factor_width == widths[0] + 1  # the extra column reached the dictionary ...
+    assert ref.width == sol.width == 4  # ... and its atom, unused, was dropped
+    assert (ref.Z.max(axis=0) > 0).all()
+    assert ref.value == pytest.approx(sol.value, rel=1e-6)
 
 
 def test_refine_random_instance_and_errors():

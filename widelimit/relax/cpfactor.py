@@ -419,8 +419,8 @@ def refine(X, Q, b, *, lam, tol: float = 1e-6, accept: float | None = None, merg
         Residual tolerance of the factorisation (solver output is only as accurate as the solver).
     accept : float, optional
         When no factor reaches ``tol`` (a solver's ``Q`` is CP only up to its
-        accuracy, and the residual this leaves grows with ``N``: about 1e-4 at
-        N = 40 and 2e-3 at N = 80 for SCS at ``eps = 1e-8`` on ray data), the best
+        accuracy, and the residual this leaves is 1e-4 to 2e-3 at N = 40 to 80 for
+        SCS at ``eps = 1e-8`` on ray data), the best
         factor is still used. The returned ``value`` is the exact objective of the
         returned triple either way, so it stays a valid upper bound, and
         ``certificate`` says how far from optimal it is. Pass ``accept`` to raise
