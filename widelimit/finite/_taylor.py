@@ -165,6 +165,49 @@ def _rbound(C, mask, g, chord, omc, sth):  # pragma: no cover - compiled
     return math.sqrt(tot) * (1.0 + 16.0 * n * _U)
 
 
+_WEDIN = 0.5 * (1.0 + math.sqrt(5.0))  # ||B^+ - A^+|| <= this ||A^+|| ||B^+|| ||B - A|| for equal ranks (Wedin 1973)
+
+
+@nb.njit(**_JIT)
+def _sbound_linear(C, used, gsum, Mplus, sig, dpinv, chord, omc, sth):  # pragma: no cover - compiled
+    """Bound on ``||s(W)|| = ||sum_g M_g(W)^+ rho_g(W)||`` over the caps, first-order part taken jointly.
+
+    With ``w_j = cos(phi_j) c_j + t_j`` (``t_j`` tangent, ``||t_j|| <= sin theta_j``),
+    ``rho_gj = (1 - cos phi_j) <c_j, g_g> - <t_j, P_{c_j^perp} g_g>`` exactly, so
+    ``s = -sum_j A_j t_j + sum_g M_g(C)^+ rho2_g + sum_g (M_g(W)^+ - M_g(C)^+) rho_g`` with
+    ``A_j = sum_{g containing j} M_g(C)^+ e_j (P_{c_j^perp} g_g)^T`` (docs/theory.md §7.6): the groups'
+    first-order terms cancel inside ``A_j`` before any norm is taken.
+    """
+    nm, n, k = Mplus.shape
+    A = np.zeros((k, n, n))
+    rem = 0.0
+    for m in range(1, nm):
+        if not used[m]:
+            continue
+        r2 = 0.0
+        for j in range(k):
+            if (m >> j) & 1:
+                cg = 0.0
+                for d in range(n):
+                    cg += C[j, d] * gsum[m, d]
+                r2 += (omc[j] * abs(cg)) ** 2
+                for d in range(n):
+                    for e in range(n):
+                        A[j, d, e] += Mplus[m, d, j] * (gsum[m, e] - cg * C[j, e])
+        rem += math.sqrt(r2) / sig[m] + dpinv[m] * _rbound(C, m, gsum[m], chord, omc, sth)
+    per_atom = 0.0
+    B = np.zeros((n, k * n))  # [A_1 ... A_k]
+    s2 = 0.0
+    for j in range(k):
+        per_atom += math.sqrt(max(np.linalg.eigvalsh(A[j].T @ A[j])[-1], 0.0)) * sth[j]
+        for d in range(n):
+            for e in range(n):
+                B[d, j * n + e] = A[j, d, e]
+        s2 += sth[j] * sth[j]
+    joint = math.sqrt(max(np.linalg.eigvalsh(B @ B.T)[-1], 0.0)) * math.sqrt(s2)
+    return (min(per_atom, joint) + rem) * (1.0 + 1e-10)
+
+
 @nb.njit(**_JIT)
 def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  # pragma: no cover - compiled
     """Bounds on the correction ``delta_i(W) = delta'_i + v_i`` over the caps (docs/theory.md §7.6).
@@ -201,6 +244,9 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
         pmove = np.zeros(nm)
         Pnull = np.zeros((nm, n, n))
         gsum = np.zeros((nm, n))
+        Mplus = np.zeros((nm, n, k))  # M_g(C)^+, its column for atom j in Mplus[g, :, j]
+        sig = np.ones(nm)  # sigma_min(M_g(C))
+        dpinv = np.zeros(nm)  # bound on ||M_g(W)^+ - M_g(C)^+|| over the caps
         for m in range(nm):
             if not used[m]:
                 continue
@@ -225,21 +271,31 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
             G = M @ M.T
             if a > 1 and np.linalg.eigvalsh(G)[0] <= 1e-8:
                 return -2.0, d1, vb, tang, 0.0
-            Pi = M.T @ np.linalg.solve(G, M)
+            Mp = M.T @ np.linalg.inv(G)
+            Pi = Mp @ M
             for d in range(n):
                 for e in range(n):
                     Pnull[m, d, e] -= Pi[d, e]
+            q = 0
+            for j in range(k):
+                if (m >> j) & 1:
+                    for d in range(n):
+                        Mplus[m, d, j] = Mp[d, q]
+                    q += 1
             if a == 1:  # exact: delta' = w_j r, the projector moves by sin(angle) <= min(1, chord)
                 slo[m] = 1.0
                 pmove[m] = min(1.0, math.sqrt(E2))
+                dpinv[m] = math.sqrt(E2)  # M(W)^+ = w_j, M(C)^+ = c_j
             else:
                 gmin = np.linalg.eigvalsh(G)[0]
                 E = math.sqrt(E2)
-                sl = math.sqrt(max(gmin, 0.0)) * (1.0 - 1e-12) - E
+                sig[m] = math.sqrt(max(gmin, 0.0)) * (1.0 - 1e-12)
+                sl = sig[m] - E
                 if sl <= 0.0:
                     return -2.0, d1, vb, tang, 0.0
                 slo[m] = sl
                 pmove[m] = E / sl
+                dpinv[m] = _WEDIN * E / (sl * sig[m])
         S = np.zeros((n, n))
         ptot = 0.0
         carrier = np.zeros(N, dtype=np.bool_)
@@ -274,6 +330,7 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
         for m in range(1, nm):
             if used[m]:
                 sbound += _rbound(C, m, gsum[m], chord, omc, sth) / slo[m]
+        sbound = min(sbound, _sbound_linear(C, used, gsum, Mplus, sig, dpinv, chord, omc, sth))
         mu = 0.0
         v2 = 0.0
         if sbound > 0.0:
