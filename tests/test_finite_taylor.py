@@ -181,7 +181,8 @@ def test_the_proofs_dual_point_is_feasible_and_its_sizes_are_bounded(seed, n, k,
         if ok < 0:
             continue
         n_ok += 1
-        bound = T._assemble(X, lam, C, theta, Z0, U, enorm, chord, act, d1, vb, tang, v2)
+        zt = T._tang_joint(U, C, Z0, act, lev, chord, omc, sth, d1, tang)
+        bound = T._assemble(X, lam, C, theta, Z0, U, enorm, chord, act, d1, vb, zt, v2)
         a = act.sum(axis=1)
         carrier = (a == 0) | ((carriers >= 1) & (a == 1)) | (carriers >= 2)
         for s in range(16):
@@ -207,6 +208,8 @@ def test_the_proofs_dual_point_is_feasible_and_its_sizes_are_bounded(seed, n, k,
             assert np.sum(v * v) <= v2 * (1 + 1e-9) + 1e-30  # sum_i ||v_i||^2 = s^T S(W)^{-1} s
             # delta'_i in the row space of M_i(W), v_i in its null space: ||delta_i||^2 adds up
             assert np.abs(np.sum(dprime * v, axis=1)).max() <= 1e-12 * (1 + np.abs(U).max())
+            # the term the quadratic form bounds jointly: sum_ij z0_ij <c_j - w_j, delta'_i> >= -zt
+            assert np.sum(Z0 * ((C - W) @ dprime.T).T) >= -zt * (1 + 1e-9) - 1e-15
             q = np.mean(2 * np.sum(X * u, axis=1) - np.sum(u * u, axis=1))
             assert q >= bound
     assert n_ok >= 1
@@ -297,3 +300,41 @@ def test_the_sum_of_the_corrections_is_bounded_at_its_worst_tilt(seed, n, k, th)
         worst = max(worst, np.linalg.norm(s_of(W)))
     assert worst <= bound
     assert bound <= 2.0 * worst
+
+    # the codes' term sum_ij z0_ij <c_j - w_j, delta'_i>: at its leading order the quadratic form t^T Q t in
+    # the tangent tilts (built here from its definition), bounded jointly by the kernel; checked at the
+    # tilt along Q's most negative direction (each atom's block scaled into its cap) and at random tilts
+    d1, tang = T._corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, 2)[1:4:2]
+    zt = T._tang_joint(U, C, Z0, act, lev, chord, omc, sth, d1, tang)
+    Q = np.zeros((k * n, k * n))
+    for i in range(40):
+        g = list(np.flatnonzero(act[i]))
+        if len(g) < 2:
+            continue
+        Mp = np.linalg.pinv(C[g])
+        for j in np.flatnonzero(Z0[i] > 0):
+            Pj = np.eye(n) - np.outer(C[j], C[j])
+            for q, ll in enumerate(g):
+                p = U[i] - (C[ll] @ U[i]) * C[ll]
+                Q[j * n:(j + 1) * n, ll * n:(ll + 1) * n] += Z0[i, j] * np.outer(Pj @ Mp[:, q], p)
+    ev, V = np.linalg.eigh(0.5 * (Q + Q.T))
+
+    def codes_term(W):
+        tot = 0.0
+        for i in range(40):
+            g = list(np.flatnonzero(act[i]))
+            if g:
+                dp = np.linalg.pinv(W[g]) @ ((C[g] - W[g]) @ U[i])
+                tot += Z0[i] @ ((C - W) @ dp)
+        return tot
+
+    lowest = 0.0
+    for col in (V[:, 0], V[:, -1]):
+        blocks = [col[j * n:(j + 1) * n] - (col[j * n:(j + 1) * n] @ C[j]) * C[j] for j in range(k)]
+        scale = min(math.sin(th) / max(np.linalg.norm(b), 1e-300) for b in blocks)
+        W = np.array([C[j] * math.sqrt(1 - (scale * np.linalg.norm(blocks[j])) ** 2) + scale * blocks[j]
+                      for j in range(k)])
+        lowest = min(lowest, codes_term(W))
+    for _ in range(40):
+        lowest = min(lowest, codes_term(np.array([_tilt(rng, c, th, True) for c in C])))
+    assert lowest >= -zt

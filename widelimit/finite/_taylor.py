@@ -77,7 +77,8 @@ def second_order_bound(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
         r = _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers)
         if r[0] < 0.0:
             continue
-        val = _assemble(X, lam, C, theta, Z0, U, enorm, chord, act, r[1], r[2], r[3], r[4])
+        zt = _tang_joint(U, C, Z0, act, lev, chord, omc, sth, r[1], r[3])
+        val = _assemble(X, lam, C, theta, Z0, U, enorm, chord, act, r[1], r[2], zt, r[4])
         if val > best:
             best = val
     return best
@@ -359,8 +360,102 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
 
 
 @nb.njit(**_JIT)
-def _assemble(X, lam, C, theta, Z0, U, enorm, chord, act, d1, vb, tang, v2):  # pragma: no cover - compiled
-    """The bound of docs/theory.md §7.6 from the corrections' bounds.
+def _tang_joint(U, C, Z0, act, lev, chord, omc, sth, d1, tang):  # pragma: no cover - compiled
+    """Bound on ``-sum_{z0_ij > 0} z0_ij <c_j - w_j, delta'_i>`` over the caps (docs/theory.md §7.6).
+
+    Per point it is ``sum_j z0_ij tang_i``. For a point on ``a >= 2`` atoms the leading part is a
+    quadratic form in the tangent tilts ``t_j`` (``w_j = cos(phi_j) c_j + t_j``):
+    ``sum_j z0_ij <t_j, M_i(C)^+ (<t_l, P_{c_l^perp} u0_i>)_l>``, summed over the points into one form
+    ``t^T Q t`` whose norm takes the points' signs into account; the rest is third order. Returns the
+    smaller of the two totals.
+    """
+    N, n = U.shape
+    k = C.shape[0]
+    nm = 1 << k
+    # per group of tight atoms: M(C)^+ (columns by atom), sigma_min(M(C)) and the pseudo-inverse's move
+    Mplus = np.zeros((nm, n, k))
+    sig = np.zeros(nm)
+    dpinv = np.zeros(nm)
+    done = np.zeros(nm, dtype=np.bool_)
+    per_point = 0.0
+    joint = 0.0
+    Q = np.zeros((k * n, k * n))
+    for i in range(N):
+        zs = 0.0
+        a = 0
+        m = 0
+        for j in range(k):
+            if Z0[i, j] > 0.0:
+                zs += Z0[i, j]
+            if act[i, j]:
+                a += 1
+                m |= 1 << j
+        per_point += zs * tang[i]
+        if zs == 0.0:
+            continue
+        if a < 2:
+            joint += zs * tang[i]
+            continue
+        if not done[m]:
+            done[m] = True
+            M = np.empty((a, n))
+            q = 0
+            E2 = 0.0
+            for j in range(k):
+                if (m >> j) & 1:
+                    for d in range(n):
+                        M[q, d] = C[j, d]
+                    E2 += chord[j] * chord[j]
+                    q += 1
+            G = M @ M.T
+            sig[m] = math.sqrt(max(np.linalg.eigvalsh(G)[0], 0.0)) * (1.0 - 1e-12)
+            E = math.sqrt(E2)
+            if sig[m] - E <= 0.0:
+                return per_point
+            Mp = M.T @ np.linalg.inv(G)  # (n, a)
+            q = 0
+            for j in range(k):
+                if (m >> j) & 1:
+                    for d in range(n):
+                        Mplus[m, d, j] = Mp[d, q]
+                    q += 1
+            dpinv[m] = _WEDIN * E / ((sig[m] - E) * sig[m])
+        E2 = 0.0
+        r2 = 0.0
+        for j in range(k):
+            if act[i, j]:
+                E2 += chord[j] * chord[j]
+                r2 += (omc[j] * abs(lev[i, j])) ** 2
+        rb = d1[i] * (sig[m] - math.sqrt(E2))  # d1_i = (bound on ||r_i||) / (sigma - E)
+        # third-order rest: (1 - cos phi_j) <c_j, delta'_i> and <t_j, M_C^+ rho2 + (M_W^+ - M_C^+) r_i>
+        for j in range(k):
+            if Z0[i, j] > 0.0:
+                joint += Z0[i, j] * (omc[j] * d1[i] + sth[j] * (math.sqrt(r2) / sig[m] + dpinv[m] * rb))
+        for j in range(k):
+            if Z0[i, j] <= 0.0:
+                continue
+            for ll in range(k):
+                if not act[i, ll]:
+                    continue
+                # block (j, ll): z0_ij (P_{c_j^perp} m_il) (P_{c_ll^perp} u0_i)^T
+                mj = 0.0
+                for d in range(n):
+                    mj += C[j, d] * Mplus[m, d, ll]
+                for d in range(n):
+                    md = Z0[i, j] * (Mplus[m, d, ll] - mj * C[j, d])
+                    for e in range(n):
+                        Q[j * n + d, ll * n + e] += md * (U[i, e] - lev[i, ll] * C[ll, e])
+    s2 = 0.0
+    for j in range(k):
+        s2 += sth[j] * sth[j]
+    ev = np.linalg.eigvalsh(0.5 * (Q + Q.T))
+    joint += max(abs(ev[0]), abs(ev[-1])) * s2
+    return min(per_point, joint * (1.0 + 1e-10))
+
+
+@nb.njit(**_JIT)
+def _assemble(X, lam, C, theta, Z0, U, enorm, chord, act, d1, vb, ztang, v2):  # pragma: no cover - compiled
+    """The bound of docs/theory.md §7.6 from the corrections' bounds (``ztang`` from :func:`_tang_joint`).
 
     ``||v_i||`` enters linearly with weight ``c_i = ||e_i|| + sum_j z0_ij chi_j`` and quadratically; the
     per-point bounds ``vb_i`` and the total ``sum_i ||v_i||^2 <= v2`` each bound both (Cauchy-Schwarz for
@@ -412,7 +507,6 @@ def _assemble(X, lam, C, theta, Z0, U, enorm, chord, act, d1, vb, tang, v2):  # 
         ci = enorm[i]
         for j in range(k):
             if Z0[i, j] > 0.0:
-                corr += Z0[i, j] * tang[i]
                 ci += Z0[i, j] * chord[j]
         corr += enorm[i] * d1[i]
         quad += d1[i] * d1[i]
@@ -420,7 +514,7 @@ def _assemble(X, lam, C, theta, Z0, U, enorm, chord, act, d1, vb, tang, v2):  # 
             vlin += ci * vb[i]
             c2 += ci * ci
             vsq += vb[i] * vb[i]
-    corr += min(vlin, math.sqrt(c2) * math.sqrt(v2) * (1.0 + 8.0 * _U))
+    corr += ztang + min(vlin, math.sqrt(c2) * math.sqrt(v2) * (1.0 + 8.0 * _U))
     quad += min(vsq, v2)
     bound = q + (2.0 / N) * (lin - corr) - quad / N
     return bound - 1e-13 * (abs(bound) + 1.0)
