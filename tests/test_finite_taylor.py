@@ -177,11 +177,12 @@ def test_the_proofs_dual_point_is_feasible_and_its_sizes_are_bounded(seed, n, k,
     n_ok = 0
     for carriers in range(3):
         act = (Z0 > 0) | (lam - lev <= 1e-12 * lam)
-        ok, d1, vb, tang, v2 = T._corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers)
+        ok, d1, vb, tang, v2, Mplus, sig, dpinv = T._corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act,
+                                                                 carriers)
         if ok < 0:
             continue
         n_ok += 1
-        zt = T._tang_joint(U, C, Z0, act, lev, chord, omc, sth, d1, tang)
+        zt = T._tang_joint(U, C, Z0, act, lev, chord, omc, sth, d1, tang, Mplus, sig, dpinv)
         bound = T._assemble(X, lam, C, theta, Z0, U, enorm, chord, act, d1, vb, zt, v2)
         a = act.sum(axis=1)
         carrier = (a == 0) | ((carriers >= 1) & (a == 1)) | (carriers >= 2)
@@ -304,8 +305,8 @@ def test_the_sum_of_the_corrections_is_bounded_at_its_worst_tilt(seed, n, k, th)
     # the codes' term sum_ij z0_ij <c_j - w_j, delta'_i>: at its leading order the quadratic form t^T Q t in
     # the tangent tilts (built here from its definition), bounded jointly by the kernel; checked at the
     # tilt along Q's most negative direction (each atom's block scaled into its cap) and at random tilts
-    d1, tang = T._corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, 2)[1:4:2]
-    zt = T._tang_joint(U, C, Z0, act, lev, chord, omc, sth, d1, tang)
+    r = T._corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, 2)
+    zt = T._tang_joint(U, C, Z0, act, lev, chord, omc, sth, r[1], r[3], r[5], r[6], r[7])
     Q = np.zeros((k * n, k * n))
     for i in range(40):
         g = list(np.flatnonzero(act[i]))

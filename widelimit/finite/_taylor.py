@@ -77,7 +77,7 @@ def second_order_bound(X, lam, C, theta, Z0, b0):  # pragma: no cover - compiled
         r = _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers)
         if r[0] < 0.0:
             continue
-        zt = _tang_joint(U, C, Z0, act, lev, chord, omc, sth, r[1], r[3])
+        zt = _tang_joint(U, C, Z0, act, lev, chord, omc, sth, r[1], r[3], r[5], r[6], r[7])
         val = _assemble(X, lam, C, theta, Z0, U, enorm, chord, act, r[1], r[2], zt, r[4])
         if val > best:
             best = val
@@ -216,11 +216,14 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
     ``delta'_i`` keeps point ``i``'s tight constraints (``M_i(W) delta'_i = r_i``); the ``v_i`` (in the
     null space of ``M_i(W)``, on the carrier points only) cancel ``sum_i delta'_i``, which is bounded per
     group of points with the same tight atoms (``M(W)^+`` applied to the group's sum of ``r_i``). Adds
-    to ``act`` every pair whose slack could be used up, and repeats. Returns ``(status, d1, vb, tang, v2)``,
+    to ``act`` every pair whose slack could be used up, and repeats. Returns
+    ``(status, d1, vb, tang, v2, Mplus, sig, dpinv)``,
     status 0 or negative (-1: a point tight on more than n atoms, -2: ill-conditioned tight atoms, -3:
     the carriers' projectors do not span, -4: slack still used up after N k + 1 rounds), and bounds on
     ``||delta'_i||``, ``||v_i||`` and ``|<c_j - w_j, delta_i>| - chord_j ||v_i||`` (per point), and on
-    ``sum_i ||v_i||^2 = s^T S(W)^{-1} s <= ||s||^2 / sigma_min(S(W))`` (``s = sum_i delta'_i``).
+    ``sum_i ||v_i||^2 = s^T S(W)^{-1} s <= ||s||^2 / sigma_min(S(W))`` (``s = sum_i delta'_i``), and per
+    group of tight atoms (bit mask ``g``) ``M_g(C)^+`` (column for atom ``j`` in ``Mplus[g, :, j]``),
+    ``sigma_min(M_g(C))`` and a bound on ``||M_g(W)^+ - M_g(C)^+||`` over the caps.
     """
     N, n = U.shape
     k = C.shape[0]
@@ -255,7 +258,7 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
             for j in range(k):
                 a += (m >> j) & 1
             if a > n:
-                return -1.0, d1, vb, tang, 0.0
+                return -1.0, d1, vb, tang, 0.0, np.zeros((1, n, k)), np.ones(1), np.zeros(1)
             for d in range(n):
                 Pnull[m, d, d] = 1.0
             if a == 0:
@@ -271,7 +274,7 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
                     q += 1
             G = M @ M.T
             if a > 1 and np.linalg.eigvalsh(G)[0] <= 1e-8:
-                return -2.0, d1, vb, tang, 0.0
+                return -2.0, d1, vb, tang, 0.0, np.zeros((1, n, k)), np.ones(1), np.zeros(1)
             Mp = M.T @ np.linalg.inv(G)
             Pi = Mp @ M
             for d in range(n):
@@ -293,7 +296,7 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
                 sig[m] = math.sqrt(max(gmin, 0.0)) * (1.0 - 1e-12)
                 sl = sig[m] - E
                 if sl <= 0.0:
-                    return -2.0, d1, vb, tang, 0.0
+                    return -2.0, d1, vb, tang, 0.0, np.zeros((1, n, k)), np.ones(1), np.zeros(1)
                 slo[m] = sl
                 pmove[m] = E / sl
                 dpinv[m] = _WEDIN * E / (sl * sig[m])
@@ -337,7 +340,7 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
         if sbound > 0.0:
             smin = np.linalg.eigvalsh(S)[0] - 1e-12 * N - ptot
             if smin <= 0.0:
-                return -3.0, d1, vb, tang, 0.0
+                return -3.0, d1, vb, tang, 0.0, np.zeros((1, n, k)), np.ones(1), np.zeros(1)
             mu = sbound / smin
             v2 = sbound * mu * (1.0 + 8.0 * _U)
         for i in range(N):
@@ -355,28 +358,22 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
                     act[i, j] = True
                     added = True
         if not added:
-            return 0.0, d1, vb, tang, v2
-    return -4.0, d1, vb, tang, 0.0
+            return 0.0, d1, vb, tang, v2, Mplus, sig, dpinv
+    return -4.0, d1, vb, tang, 0.0, Mplus, sig, dpinv
 
 
 @nb.njit(**_JIT)
-def _tang_joint(U, C, Z0, act, lev, chord, omc, sth, d1, tang):  # pragma: no cover - compiled
+def _tang_joint(U, C, Z0, act, lev, chord, omc, sth, d1, tang, Mplus, sig, dpinv):  # pragma: no cover - compiled
     """Bound on ``-sum_{z0_ij > 0} z0_ij <c_j - w_j, delta'_i>`` over the caps (docs/theory.md §7.6).
 
     Per point it is ``sum_j z0_ij tang_i``. For a point on ``a >= 2`` atoms the leading part is a
     quadratic form in the tangent tilts ``t_j`` (``w_j = cos(phi_j) c_j + t_j``):
     ``sum_j z0_ij <t_j, M_i(C)^+ (<t_l, P_{c_l^perp} u0_i>)_l>``, summed over the points into one form
-    ``t^T Q t`` whose norm takes the points' signs into account; the rest is third order. Returns the
-    smaller of the two totals.
+    ``t^T Q t`` whose norm takes the points' signs into account; the rest is third order. ``Mplus``,
+    ``sig``, ``dpinv``: the groups' data from :func:`_corrections`. Returns the smaller of the two totals.
     """
     N, n = U.shape
     k = C.shape[0]
-    nm = 1 << k
-    # per group of tight atoms: M(C)^+ (columns by atom), sigma_min(M(C)) and the pseudo-inverse's move
-    Mplus = np.zeros((nm, n, k))
-    sig = np.zeros(nm)
-    dpinv = np.zeros(nm)
-    done = np.zeros(nm, dtype=np.bool_)
     per_point = 0.0
     joint = 0.0
     Q = np.zeros((k * n, k * n))
@@ -384,48 +381,22 @@ def _tang_joint(U, C, Z0, act, lev, chord, omc, sth, d1, tang):  # pragma: no co
         zs = 0.0
         a = 0
         m = 0
+        E2 = 0.0
+        r2 = 0.0
         for j in range(k):
             if Z0[i, j] > 0.0:
                 zs += Z0[i, j]
             if act[i, j]:
                 a += 1
                 m |= 1 << j
+                E2 += chord[j] * chord[j]
+                r2 += (omc[j] * abs(lev[i, j])) ** 2
         per_point += zs * tang[i]
         if zs == 0.0:
             continue
         if a < 2:
             joint += zs * tang[i]
             continue
-        if not done[m]:
-            done[m] = True
-            M = np.empty((a, n))
-            q = 0
-            E2 = 0.0
-            for j in range(k):
-                if (m >> j) & 1:
-                    for d in range(n):
-                        M[q, d] = C[j, d]
-                    E2 += chord[j] * chord[j]
-                    q += 1
-            G = M @ M.T
-            sig[m] = math.sqrt(max(np.linalg.eigvalsh(G)[0], 0.0)) * (1.0 - 1e-12)
-            E = math.sqrt(E2)
-            if sig[m] - E <= 0.0:
-                return per_point
-            Mp = M.T @ np.linalg.inv(G)  # (n, a)
-            q = 0
-            for j in range(k):
-                if (m >> j) & 1:
-                    for d in range(n):
-                        Mplus[m, d, j] = Mp[d, q]
-                    q += 1
-            dpinv[m] = _WEDIN * E / ((sig[m] - E) * sig[m])
-        E2 = 0.0
-        r2 = 0.0
-        for j in range(k):
-            if act[i, j]:
-                E2 += chord[j] * chord[j]
-                r2 += (omc[j] * abs(lev[i, j])) ** 2
         rb = d1[i] * (sig[m] - math.sqrt(E2))  # d1_i = (bound on ||r_i||) / (sigma - E)
         # third-order rest: (1 - cos phi_j) <c_j, delta'_i> and <t_j, M_C^+ rho2 + (M_W^+ - M_C^+) r_i>
         for j in range(k):
