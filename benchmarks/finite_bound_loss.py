@@ -46,29 +46,14 @@ def value_at(X, lam, W):
 
 
 def construction_value(X, lam, C, Z0, b0, W):
-    """``q(u(W))`` of docs/theory.md §7.6's dual point at one dictionary ``W`` (numpy), or None if infeasible."""
-    N, n = X.shape
-    U = X - b0 - Z0 @ C
-    U -= U.mean(axis=0)
-    lev = U @ C.T
-    if lev.max() > lam:
-        U *= lam / lev.max()
-        lev = U @ C.T
+    """``q(u(W))`` of docs/theory.md §7.6's dual point at one dictionary ``W``, or None if ``u(W)`` is infeasible.
+
+    Every pair with a code or no slack is held, and every point not on ``n`` atoms carries.
+    """
+    U, lev = T._prepare(X, lam, C, np.zeros(C.shape[0]), Z0, b0)[:2]
     act = (Z0 > 0) | (lam - lev <= 1e-12 * lam)
-    base = U.copy()
-    P = []
-    for i in range(N):
-        M = W[act[i]]
-        Pi = np.eye(n)
-        if M.shape[0]:
-            Mp = np.linalg.pinv(M)
-            base[i] = U[i] + Mp @ ((C[act[i]] - M) @ U[i])
-            Pi = Pi - Mp @ M
-        P.append(Pi)
-    carrier = act.sum(axis=1) < n
-    S = sum(P[i] for i in range(N) if carrier[i])
-    mu = np.linalg.solve(S, -base.sum(axis=0))
-    u = base + np.array([P[i] @ mu if carrier[i] else np.zeros(n) for i in range(N)])
+    dprime, v = T.dual_point(U, C, W, act, act.sum(axis=1) < X.shape[1])
+    u = U + dprime + v
     if (u @ W.T).max() > lam * (1 + 1e-12):
         return None
     return float(np.mean(2 * np.sum(X * u, axis=1) - np.sum(u * u, axis=1)))

@@ -188,19 +188,7 @@ def test_the_proofs_dual_point_is_feasible_and_its_sizes_are_bounded(seed, n, k,
         carrier = (a == 0) | ((carriers >= 1) & (a == 1)) | (carriers >= 2)
         for s in range(16):
             W = np.array([_tilt(rng, c, th, s % 2 == 0) for c in C])
-            dprime = np.zeros_like(U)
-            P = []
-            for i in range(X.shape[0]):
-                M = W[act[i]]
-                if M.shape[0]:
-                    r = (C[act[i]] - M) @ U[i]
-                    dprime[i] = np.linalg.pinv(M) @ r
-                    P.append(np.eye(n) - np.linalg.pinv(M) @ M)
-                else:
-                    P.append(np.eye(n))
-            S = sum(P[i] for i in range(X.shape[0]) if carrier[i])
-            mu = np.linalg.solve(S, -dprime.sum(axis=0))
-            v = np.array([P[i] @ mu if carrier[i] else np.zeros(n) for i in range(X.shape[0])])
+            dprime, v = T.dual_point(U, C, W, act, carrier)
             u = U + dprime + v
             assert np.abs(u.sum(axis=0)).max() <= 1e-12 * np.abs(U).sum()
             assert (u @ W.T).max() <= lam * (1 + 1e-12)  # dual feasible for this W
@@ -274,12 +262,7 @@ def test_the_sum_of_the_corrections_is_bounded_at_its_worst_tilt(seed, n, k, th)
     bound = T._sbound_linear(C, used, gsum, Mplus, sig, dpinv, chord, omc, sth)
 
     def s_of(W):
-        s = np.zeros(n)
-        for i in range(40):
-            g = list(np.flatnonzero(act[i]))
-            if g:
-                s += np.linalg.pinv(W[g]) @ ((C[g] - W[g]) @ U[i])
-        return s
+        return T.dual_point(U, C, W, act, np.zeros(40, dtype=bool))[0].sum(axis=0)
 
     # the first-order map t -> s, column by column (finite differences are not needed: it is linear)
     A = np.zeros((k, n, n))
@@ -321,13 +304,8 @@ def test_the_sum_of_the_corrections_is_bounded_at_its_worst_tilt(seed, n, k, th)
     ev, V = np.linalg.eigh(0.5 * (Q + Q.T))
 
     def codes_term(W):
-        tot = 0.0
-        for i in range(40):
-            g = list(np.flatnonzero(act[i]))
-            if g:
-                dp = np.linalg.pinv(W[g]) @ ((C[g] - W[g]) @ U[i])
-                tot += Z0[i] @ ((C - W) @ dp)
-        return tot
+        dprime = T.dual_point(U, C, W, act, np.zeros(40, dtype=bool))[0]
+        return np.sum(Z0 * ((C - W) @ dprime.T).T)
 
     lowest = 0.0
     for col in (V[:, 0], V[:, -1]):

@@ -489,3 +489,30 @@ def _assemble(X, lam, C, theta, Z0, U, enorm, chord, act, d1, vb, ztang, v2):  #
     quad += min(vsq, v2)
     bound = q + (2.0 / N) * (lin - corr) - quad / N
     return bound - 1e-13 * (abs(bound) + 1.0)
+
+
+def dual_point(U, C, W, act, carrier):
+    """The proof's dual point at one dictionary ``W`` of the caps, written out in numpy (docs/theory.md §7.6).
+
+    ``delta'_i = M_i(W)^+ r_i`` with ``r_ij = <c_j - w_j, u0_i>`` over point ``i``'s pairs in ``act``, and
+    ``v_i = P_i(W) mu`` on the ``carrier`` points with ``(sum_carriers P_i(W)) mu = -sum_i delta'_i``. The
+    bound never builds it (it bounds its norms over the whole node); the tests and
+    ``benchmarks/finite_bound_loss.py`` do, at sampled dictionaries. Returns ``(delta', v)``, both ``(N, n)``.
+    """
+    N, n = U.shape
+    dprime = np.zeros((N, n))
+    P = []
+    for i in range(N):
+        M = W[act[i]]
+        Pi = np.eye(n)
+        if M.shape[0]:
+            Mp = np.linalg.pinv(M)
+            dprime[i] = Mp @ ((C[act[i]] - M) @ U[i])
+            Pi = Pi - Mp @ M
+        P.append(Pi)
+    v = np.zeros((N, n))
+    if carrier.any():
+        mu = np.linalg.solve(sum(P[i] for i in range(N) if carrier[i]), -dprime.sum(axis=0))
+        for i in np.flatnonzero(carrier):
+            v[i] = P[i] @ mu
+    return dprime, v
