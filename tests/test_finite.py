@@ -244,7 +244,7 @@ def test_cli_solve_width_json(tmp_path, capsys):
     X = _data(1, 6, 2)
     f = tmp_path / "x.npy"
     np.save(f, X)
-    assert main(["solve", str(f), "--lam", "0.3", "--width", "1", "--json"]) == 0
+    assert main(["solve", str(f), "--lam", "0.3", "--width", "1", "--json", "--no-progress"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert main(["solve", str(f), "--lam", "0.3", "--json"]) == 0
     wide = json.loads(capsys.readouterr().out)
@@ -276,3 +276,67 @@ def test_frontier_with_exact_widths():
 def test_bad_search_options(kw, msg):
     with pytest.raises(ValueError, match=msg):
         wl.solve(_data(0, 6, 2), lam=0.3, width=1, **kw)
+
+
+def test_progress_events_of_the_search(monkeypatch):
+    """solve(width=k, progress=cb): the wide solve's pass events, then the search's, whose bounds never
+    pass the optimum and whose last event is the returned value and certified bound."""
+    from widelimit.finite import bnb
+
+    X = _data(1, 12, 2)
+    ev = []
+    sol = wl.solve(X, lam=0.3, width=2, progress=ev.append)
+    assert sol.certified and sol.status == "optimal"
+    stages = [e.stage for e in ev]
+    first = stages.index("branch and bound")
+    assert first > 0 and "branch and bound" not in stages[:first] and set(stages[first:]) == {"branch and bound"}
+    bb = ev[first:]
+    assert all(isinstance(e, wl.Progress) for e in bb)
+    assert all(e.lower_bound <= sol.value for e in bb)  # a bound above the optimum would be a false certificate
+    assert all(a.value >= b.value for a, b in zip(bb[:-1], bb[1:-1]))  # the best value only improves
+    assert abs(bb[-1].value - bb[-2].value) <= 1e-13 * sol.value  # the last: that value re-evaluated
+    assert all(a.rows_done <= b.rows_done for a, b in zip(bb, bb[1:]))
+    assert [e.done for e in bb] == [False] * (len(bb) - 1) + [True]
+    last = bb[-1]
+    assert (last.value, last.lower_bound, last.rows_done) == (sol.value, sol.lower_bound, sol.n_nodes)
+    # one event each time the gap passes a power of ten (the history's marks), none in between here
+    assert [(e.value, e.lower_bound) for e in bb[:-1]] == [(h[2], max(h[1], sol.wide_lower_bound))
+                                                           for h in sol.history[:-1]]
+    # and one every _PROGRESS_EVERY seconds: with 0, one per node taken from the queue
+    monkeypatch.setattr(bnb, "_PROGRESS_EVERY", 0.0)
+    ev0 = []
+    sol0 = wl.solve(X, lam=0.3, width=2, progress=ev0.append)
+    assert sol0.value == sol.value and sol0.n_nodes == sol.n_nodes
+    assert len([e for e in ev0 if e.stage == "branch and bound"]) >= sol.n_nodes // 8 > len(bb)
+
+
+def test_progress_closed_form_and_problem_reuses_its_median():
+    X, _ = wl.datasets.rays2d()
+    ev = []
+    sol = wl.solve(X, lam=1.0, width=40, progress=ev.append)
+    assert sol.status == "closed_form"
+    assert ev[-1].stage == "branch and bound" and ev[-1].done and ev[-1].rows_done == 0
+    assert (ev[-1].value, ev[-1].lower_bound) == (sol.value, sol.lower_bound)
+    # Problem.solve(width=) hands the search's wide solve its cached median: no median passes
+    Y = _data(1, 12, 2)
+    p = wl.Problem(Y, lam=0.3)
+    p.bound()
+    seen = []
+    got = p.solve(width=2, progress=seen.append)
+    assert not {"mean", "newton"} & {e.stage for e in seen}
+    assert got.value == wl.solve(Y, lam=0.3, width=2).value
+
+
+def test_progress_display_counts_open_ended_work():
+    """The CLI's display shows the search's node count and gap (rows_total 0: no bar, no 'of N')."""
+    import io
+
+    from rich.console import Console
+
+    from widelimit.cli._common import progress_display
+
+    buf = io.StringIO()
+    with progress_display(Console(file=buf, force_terminal=True, width=160)) as cb:
+        cb(wl.Progress("branch and bound", 1234, 1234, 0, value=2.0, lower_bound=1.5))
+    out = buf.getvalue()
+    assert "branch and bound: 1234" in out and "gap 5.00e-01" in out and "/0" not in out

@@ -132,7 +132,8 @@ class Problem:
         With ``width=k`` the certified global optimum among dictionaries of ``k`` atoms.
         """
         if width is not None:
-            return solve(self.data, lam=self.lam, width=width, signed=self.signed, progress=progress, **options)
+            return solve(self.data, lam=self.lam, width=width, signed=self.signed, progress=progress,
+                         median=self._median, **options)
         if self._solution is None or options:
             # the first solve computes the median itself (its last pass also takes the rays' keys)
             sol = solve(self.data, lam=self.lam, signed=self.signed, progress=progress, median=self._median, **options)

@@ -223,7 +223,7 @@ def progress_display(console=None, enabled: bool = True):
     """A context manager yielding ``(callback, None)``: a rich progress bar driven by solver events.
 
     The callback accepts :class:`widelimit.engine.local.Progress` events (rows of
-    the current pass; value and certified bound after each iteration).
+    the current pass; value and certified bound after each iteration; ``rows_total = 0``: a count).
     """
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -243,8 +243,11 @@ def progress_display(console=None, enabled: bool = True):
                 if ev.value is not None:
                     gap = ev.value - (ev.lower_bound if ev.lower_bound is not None else ev.value)
                     state["status"] = f"value {ev.value:.10g}  bound {ev.lower_bound:.10g}  gap {gap:.2e}"
-                bar.update(task, description=f"pass {ev.pass_index} ({ev.stage})", completed=ev.rows_done,
-                           total=ev.rows_total, status=state["status"])
+                if ev.rows_total > 0:  # a pass over rows, or an iteration budget
+                    bar.update(task, description=f"pass {ev.pass_index} ({ev.stage})", completed=ev.rows_done,
+                               total=ev.rows_total, status=state["status"])
+                else:  # open-ended work (the branch and bound's nodes): a count, no bar
+                    bar.update(task, description=f"{ev.stage}: {ev.rows_done}", total=None, status=state["status"])
 
             yield cb
 

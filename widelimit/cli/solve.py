@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ._common import (_console, _solution_rows, _write_solution, atomic_outputs, certificate_table, check_out_dir,
-                      load_data, moved, nonneg_float, positive_float, print_json)
+                      load_data, moved, nonneg_float, positive_float, print_json, progress_display)
 from ..exact.solve import solve
 from .solve_width import run_solve_width
 
@@ -29,6 +29,7 @@ def _add_solve(sub):
     p.add_argument("--width", default=None, help="certified global optimum at this finite width (branch and bound)")
     p.add_argument("--time-limit", type=float, default=600.0, help="seconds for the --width search (default 600)")
     p.add_argument("--rel-tol", type=float, default=1e-6, help="relative gap of the --width search (default 1e-6)")
+    p.add_argument("--no-progress", action="store_true", help="no progress display on stderr (shown on terminals only)")
 
 
 def _run_solve(args) -> int:
@@ -41,7 +42,11 @@ def _run_solve(args) -> int:
     if args.width is not None:
 
         return run_solve_width(args, X, lam, label)
-    sol = solve(X, lam=lam, ray_tol=args.ray_tol, signed=args.signed)
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    with progress_display(err, enabled=not args.no_progress and err.is_terminal) as cb:  # terminals only
+        sol = solve(X, lam=lam, ray_tol=args.ray_tol, signed=args.signed, progress=cb)
     files = []
     if args.out:
         with atomic_outputs(args.out) as tmp:

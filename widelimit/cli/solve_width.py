@@ -6,7 +6,7 @@ import numpy as np
 
 from ..exact.solve import solve
 from .._json import write_json
-from ._common import _console, certificate_table, print_json
+from ._common import _console, certificate_table, print_json, progress_display
 
 
 def _parse_width(text: str) -> int:
@@ -21,9 +21,13 @@ def _parse_width(text: str) -> int:
 
 def run_solve_width(args, X, lam, label) -> int:
     """``solve --width K``: the certified optimum at width K (widelimit.finite)."""
+    from rich.console import Console
+
     k = _parse_width(args.width)
-    sol = solve(X, lam=lam, width=k, ray_tol=args.ray_tol, signed=args.signed, time_limit=args.time_limit,
-                rel_tol=args.rel_tol)
+    err = Console(stderr=True)
+    with progress_display(err, enabled=not args.no_progress and err.is_terminal) as cb:  # terminals only
+        sol = solve(X, lam=lam, width=k, ray_tol=args.ray_tol, signed=args.signed, time_limit=args.time_limit,
+                    rel_tol=args.rel_tol, progress=cb)
     files = []
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

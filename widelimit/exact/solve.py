@@ -226,7 +226,8 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
         :class:`widelimit.finite.FiniteSolution`. ``**finite_options`` (``rel_tol``,
         ``time_limit``, ``max_nodes``, ``seed``) go to :func:`widelimit.finite.solve_finite`.
     progress : callable, optional
-        Receives :class:`widelimit.engine.local.Progress` events of the passes.
+        Receives :class:`widelimit.engine.local.Progress` events of the passes (with ``width``, then
+        the branch and bound's, see :func:`widelimit.finite.solve_finite`).
     checkpoint : str or Path, optional
         Checkpoint file of the Huber median (resumable; see :func:`widelimit.huber_median`).
     median : MedianResult, optional
@@ -252,7 +253,8 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     (4.666666666667, 1, 0.333333333333)
     """
     if width is not None:
-        return _solve_width(X, lam, width, ray_tol=ray_tol, tol=tol, signed=signed, **finite_options)
+        return _solve_width(X, lam, width, ray_tol=ray_tol, tol=tol, signed=signed, progress=progress,
+                            checkpoint=checkpoint, median=median, **finite_options)
     if finite_options:
         raise TypeError(f"solve() got unexpected keyword arguments {sorted(finite_options)} (only with width=)")
     X = check_data(X, finite=False)  # the median's first pass checks every row
@@ -289,8 +291,10 @@ def auto_ray_tol(dtype, lam, radius, tol) -> float:
     return min(default_ray_tol(dtype), cap)
 
 
-def _solve_width(X, lam, width, *, ray_tol, tol, signed, **options):
-    """:func:`solve` at a finite width (the search lives in :mod:`widelimit.finite`)."""
+def _solve_width(X, lam, width, *, ray_tol, tol, signed, progress, checkpoint, median, **options):
+    """:func:`solve` at a finite width (the search lives in :mod:`widelimit.finite`): the wide-limit solve
+    (its bound holds at every width; ``checkpoint`` and ``median`` serve it), then the search; ``progress``
+    gets the events of both."""
     if isinstance(width, (bool, np.bool_)) or not isinstance(width, (int, np.integer)) or width <= 0:
         raise ValueError(f"width must be a positive integer, got {width!r}")
     if signed:
@@ -298,8 +302,8 @@ def _solve_width(X, lam, width, *, ray_tol, tol, signed, **options):
 
     X = check_data(X)
     lam = check_lam(lam)
-    wide = solve(X, lam=lam, ray_tol=ray_tol, tol=tol)
-    return solve_finite(np.asarray(X, dtype=np.float64), lam, int(width), wide=wide, **options)
+    wide = solve(X, lam=lam, ray_tol=ray_tol, tol=tol, progress=progress, checkpoint=checkpoint, median=median)
+    return solve_finite(np.asarray(X, dtype=np.float64), lam, int(width), wide=wide, progress=progress, **options)
 
 
 def _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median=None) -> WideLimitSolution:

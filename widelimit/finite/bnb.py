@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from ..engine.local import Progress
 from ..exact.objective import sae_objective
 from . import _kernels as K
 from . import _taylor as T
@@ -152,6 +153,7 @@ def box_cap(face: int, lo: np.ndarray, hi: np.ndarray, n: int) -> tuple[np.ndarr
     return c, float(th)
 
 
+_PROGRESS_EVERY = 0.5  # seconds between progress events of the search
 _TAYLOR_MAX_ANGLE = 0.15  # caps narrower than this get the second-order bound (docs/theory.md §7.6)
 
 
@@ -267,12 +269,16 @@ def _initial(X, lam, k, rng, wide, n_starts):
 
 
 def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=None, seed=0, n_starts=20,
-                 wide=None, limits: FiniteLimits = FiniteLimits()) -> FiniteSolution:
+                 wide=None, limits: FiniteLimits = FiniteLimits(), progress=None) -> FiniteSolution:
     r"""Certified global optimum of the sparse dictionary-learning objective at width ``k``.
 
     See :func:`widelimit.solve` (``width=k``), which validates the input and dispatches here.
     ``wide`` is the wide-limit solution (its bound is valid at every width; at ``k >=`` its
-    number of rays it *is* the optimum, padded with unused atoms).
+    number of rays it *is* the optimum, padded with unused atoms). ``progress`` receives
+    :class:`widelimit.Progress` events (stage ``"branch and bound"``, ``rows_done`` = nodes bounded,
+    ``rows_total`` = ``max_nodes`` or 0, ``value`` = best value so far, ``lower_bound`` = certified
+    bound so far) every half second of the search, whenever the relative gap passes a power of ten,
+    and once at the end (``done``, the returned value and bound).
     """
     t0 = time.perf_counter()
     if not (0 < float(rel_tol) < 1):
@@ -292,8 +298,10 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
         W = np.vstack([W, pad])
         Z = np.hstack([wide.codes, np.zeros((N, k - n_rays))])
         val = float(sae_objective(X, W, Z, wide.bias, lam=lam).value)
-        return _result(val, max(wlb, -np.inf), W, Z, np.asarray(wide.bias, np.float64), lam, rel_tol,
-                       "closed_form", 0, n_rays, wlb, t0, certified_hint=wide.certified)
+        sol = _result(val, max(wlb, -np.inf), W, Z, np.asarray(wide.bias, np.float64), lam, rel_tol,
+                      "closed_form", 0, n_rays, wlb, t0, certified_hint=wide.certified)
+        _event(progress, 0, max_nodes, sol.value, sol.lower_bound, True)
+        return sol
     if n > limits.max_dim or k > limits.max_width or N > limits.max_points:
         raise ValueError(
             f"the exact search at width {k} handles dim <= {limits.max_dim}, width <= {limits.max_width} and "
@@ -342,13 +350,23 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     heapq.heappush(heap, (root.lb, next(counter), root))
     history = []
     next_mark = [1.0]  # record the bounds each time the relative gap passes the next power of ten
+    next_event = [time.perf_counter() + _PROGRESS_EVERY]
+
+    def report(lb_now, value, done=False):
+        _event(progress, n_nodes, max_nodes, value, lb_now, done)
 
     def mark(lb_now):
         g = (ub - lb_now) / scale
+        now = time.perf_counter()
         if g <= next_mark[0]:
-            history.append((time.perf_counter() - t0, float(lb_now), float(ub)))
+            history.append((now - t0, float(lb_now), float(ub)))
             while next_mark[0] >= g and next_mark[0] > 1e-12:
                 next_mark[0] /= 10.0
+            report(max(lb_now, wlb), ub)
+            next_event[0] = now + _PROGRESS_EVERY
+        elif now >= next_event[0]:
+            report(max(lb_now, wlb), ub)
+            next_event[0] = now + _PROGRESS_EVERY
 
     leaves_lb = np.inf  # bounds of nodes that cannot be split further
     closed_lb = np.inf  # bounds of nodes pruned or closed (each >= the target of its time)
@@ -388,8 +406,18 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     open_lb = min([h[0] for h in heap] + [leaves_lb, closed_lb, ub])
     val = float(sae_objective(X, W_best, Z_best, b_best, lam=lam).value)
     history.append((time.perf_counter() - t0, float(max(open_lb, wlb)), val))
-    return _result(val, max(open_lb, wlb), W_best, Z_best, b_best, lam, rel_tol, status, n_nodes, n_rays, wlb, t0,
+    sol = _result(val, max(open_lb, wlb), W_best, Z_best, b_best, lam, rel_tol, status, n_nodes, n_rays, wlb, t0,
                    history=tuple(history))
+    report(sol.lower_bound, sol.value, done=True)
+    return sol
+
+
+def _event(progress, n_nodes, max_nodes, value, lower_bound, done):
+    """One :class:`widelimit.Progress` event of the search (nothing without a callback)."""
+    if progress is not None:
+        progress(Progress(stage="branch and bound", pass_index=int(n_nodes), rows_done=int(n_nodes),
+                          rows_total=0 if max_nodes is None else int(max_nodes), value=float(value),
+                          lower_bound=float(lower_bound), done=bool(done)))
 
 
 def _branch(node: _Node, n: int, min_width: float):
