@@ -260,10 +260,24 @@ def test_cli_solve_width_json(tmp_path, capsys):
         assert "--width must be a positive integer" in err and "Traceback" not in err
 
 
-def test_frontier_with_exact_widths():
+def test_frontier_with_exact_widths(monkeypatch):
+    import importlib
+
+    mod = importlib.import_module("widelimit.exact.solve")
+    medians = []
+    real = mod._median
+    monkeypatch.setattr(mod, "_median", lambda *a, **k: medians.append(1) or real(*a, **k))
     X = _data(1, 6, 2)
-    fr = wl.frontier(X, lam=0.3, widths=[1, 2], n_restarts=1, exact_widths=True, max_steps=200)
+    ev = []
+    fr = wl.frontier(X, lam=0.3, widths=[1, 2], n_restarts=1, exact_widths=True, max_steps=200, progress=ev.append)
     assert fr.exact_certified == [True, True]
+    assert len(medians) == 1  # the exact widths reuse the wide solve's median
+    # progress: the gradient widths, then each exact width's search, ending on its returned value and bound
+    stages = [e.stage for e in ev]
+    assert stages[:2] == ["width 1", "width 2"] and set(stages[2:]) == {"exact width 1", "exact width 2"}
+    for w, v, lb in zip(fr.widths, fr.exact_values, fr.exact_lower_bounds):
+        last = [e for e in ev if e.stage == f"exact width {w}"][-1]
+        assert last.done and (last.value, last.lower_bound) == (v, lb)
     for w, v, e, lb in zip(fr.widths, fr.values, fr.exact_values, fr.exact_lower_bounds):
         assert lb <= e and (e - lb) <= 1e-6 * e
         assert v >= lb - 1e-12  # no gradient run beats the certified optimum at its width
@@ -340,3 +354,23 @@ def test_progress_display_counts_open_ended_work():
         cb(wl.Progress("branch and bound", 1234, 1234, 0, value=2.0, lower_bound=1.5))
     out = buf.getvalue()
     assert "branch and bound: 1234" in out and "gap 5.00e-01" in out and "/0" not in out
+
+
+def test_cli_frontier_exact_reports_each_search(tmp_path, capsys, monkeypatch):
+    """`frontier --exact`: the JSON's certified optima are the library's, and the status line shows each
+    exact width's search with its certified bound."""
+    from widelimit.cli import main
+    from widelimit.cli import fit as cli_fit
+
+    said = []
+    monkeypatch.setattr(cli_fit._Progress, "say", lambda self, text: said.append(text))
+    X = _data(1, 6, 2)
+    f = tmp_path / "x.npy"
+    np.save(f, X)
+    assert main(["frontier", str(f), "--lam", "0.3", "--widths", "1,2", "--exact", "--max-steps", "100", "--json",
+                 "--out", str(tmp_path / "fr")]) == 0
+    d = json.loads(capsys.readouterr().out)
+    for w, v, lb in zip(d["widths"], d["exact_values"], d["exact_lower_bounds"]):
+        sol = wl.solve(X, lam=0.3, width=w)
+        assert (v, lb) == (sol.value, sol.lower_bound)
+        assert f"exact width {w}: {v:.8g}, certified bound {lb:.8g} ({sol.n_nodes} nodes)" in said

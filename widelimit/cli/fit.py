@@ -78,6 +78,13 @@ class _Progress:
         self.progress.update(self.task, description=text)
 
 
+def _frontier_status(ev) -> str:
+    """One line per frontier event: the best value, and the certified bound of an exact width's search."""
+    if ev.lower_bound is None:
+        return f"{ev.stage}: {ev.value:.8g}"
+    return f"{ev.stage}: {ev.value:.8g}, certified bound {ev.lower_bound:.8g} ({ev.rows_done} nodes)"
+
+
 def _add_fit(sub):
     p = sub.add_parser("fit", help="gradient dictionary learning at a given width, compared with the certified bound")
     _add_fit_options(p)
@@ -178,7 +185,7 @@ def _run_frontier(args) -> int:
     with atomic_outputs(args.out) as tmp:
         with _Progress() as prog:
             fr = frontier(X, lam=lam, widths=widths, n_restarts=max(1, args.restarts), seed=args.seed, inits=inits,
-                          out=tmp / "frontier.png", progress=lambda ev: prog.say(f"{ev.stage}: {ev.value:.8g}"),
+                          out=tmp / "frontier.png", progress=lambda ev: prog.say(_frontier_status(ev)),
                           exact_widths=args.exact, exact_time_limit=args.exact_time_limit, **_fit_kwargs(args))
         d = fr.as_dict()
         d["data"] = label

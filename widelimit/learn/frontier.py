@@ -11,6 +11,7 @@ number of rays, and draws loss vs width with the bound line.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,10 +112,12 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
         Precomputed :func:`widelimit.solve` result.
     progress : callable(Progress), optional
         Receives a :class:`widelimit.Progress` event after each width (``stage="width k"``,
-        ``value`` = the best objective found at that width).
+        ``value`` = the best objective found at that width); with ``exact_widths``, then the branch
+        and bound's events of each width (``stage="exact width k"``, ``value`` and certified ``lower_bound``).
     exact_widths : bool
         Also compute the certified optimum at each width (``widelimit.solve(X, lam=, width=k)``,
-        branch and bound; small data only), each capped at ``exact_time_limit`` seconds.
+        branch and bound; small data only), each capped at ``exact_time_limit`` seconds; each reuses
+        the wide-limit solve's median.
     **fit_kwargs
         Passed to :func:`widelimit.fit_dictionary`.
 
@@ -147,7 +150,9 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
     mono = all(values[i + 1] <= values[i] * (1 + sat_tol) for i in range(len(values) - 1))
     ev = el = ec = None
     if exact_widths:
-        sols = [solve(X, lam=lam, width=w, time_limit=exact_time_limit) for w in ws]
+        sols = [solve(X, lam=lam, width=w, time_limit=exact_time_limit, median=ex.median,
+                      progress=None if progress is None else _relabel(progress, f"exact width {w}"))
+                for w in ws]
         ev, el, ec = [s.value for s in sols], [s.lower_bound for s in sols], [bool(s.certified) for s in sols]
     res = Frontier(widths=ws, values=values, restart_values=restarts, lower_bound=lb, exact_value=ex.value,
                    n_rays=ex.width, saturation_width=sat, respects_bound=respects, monotone=mono,
@@ -156,6 +161,16 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
         path = plot_frontier(res, out)
         res = Frontier(**{**res.__dict__, "plot": str(path)})
     return res
+
+
+def _relabel(progress, stage):
+    """Forward the branch and bound's events (value and certified bound) under ``stage``."""
+
+    def cb(ev):
+        if ev.stage == "branch and bound":
+            progress(dataclasses.replace(ev, stage=stage))
+
+    return cb
 
 
 def plot_frontier(fr: Frontier, path, title: str | None = None) -> Path:
