@@ -1,7 +1,10 @@
-"""The layout promises of docs/architecture.md: no import cycle, no module over 600 lines,
-function-level imports only for optional heavy dependencies, a small public surface."""
+"""The layout promises of docs/architecture.md: no import cycle, exactly the package dependencies it
+lists, no module over 600 lines, function-level imports only for optional heavy dependencies, a small
+public surface."""
 
 import ast
+import re
+
 import pytest
 from pathlib import Path
 
@@ -137,3 +140,36 @@ def test_import_is_lazy_and_names_resolve_to_their_definitions():
     assert out == "RelaxationResult True True"
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         wl.nonexistent  # noqa: B018
+
+
+#: the layer on top: may use any part below, and no part below may use it
+TOP = {"problem", "lab", "cli", "__main__", "__init__"}
+
+
+def _part(module: str) -> str:
+    """``widelimit.exact.solve`` -> ``exact``; ``widelimit`` -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_dependencies_are_those_docs_architecture_lists():
+    """The "Dependencies" list of docs/architecture.md is the package-level import graph, exactly."""
+    text = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("## Dependencies", 1)[1].split("\n## ", 1)[0]
+    declared = {}
+    for left, right in re.findall(r"^- ((?:`[^`]+`(?:, )?)+): (.*)$", section, re.M):
+        uses = set() if right.strip() == "nothing." else set(re.findall(r"`([^`]+)`", right))
+        for name in re.findall(r"`([^`]+)`", left):
+            declared[name] = uses
+    assert len(declared) >= 10, "the list was not found"
+    mods = _modules()
+    actual = {}
+    for m, p in mods.items():
+        deps = actual.setdefault(_part(m), set())
+        deps |= {_part(t) for _, ts in _imports(m, p, mods) for t in ts} - {_part(m)}
+    assert set(declared) | TOP == set(actual), "a part of widelimit is missing from docs/architecture.md"
+    assert not set(declared) & TOP
+    wrong = {name: {"code": sorted(actual[name]), "docs": sorted(uses)}
+             for name, uses in declared.items() if actual[name] != uses}
+    assert wrong == {}, f"update docs/architecture.md's Dependencies: {wrong}"
+

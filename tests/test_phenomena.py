@@ -71,7 +71,7 @@ def _line_optimum(s, lam):
     optimum (a point beyond lam above beta* needs +u, one beyond lam below needs -u), or ``None`` when
     a point sits within 1e-7 of lam from beta* (then the 1-D answer is not decisive).
     """
-    def h(r):  # the per-point wide-limit cost (theory.md §2), written out here
+    def h(r):  # the per-point wide-limit cost ``h_lam`` (theory.md §3), written out here
         return np.where(r <= lam, r * r, 2 * lam * r - lam * lam)
 
     res = optimize.minimize_scalar(lambda bt: h(np.abs(s - bt)).mean(), bounds=(s.min() - 1, s.max() + 1),
@@ -138,7 +138,10 @@ def test_antipodal_experiment_quick(tmp_path):
 
 
 def test_exclusive_experiment_quick(tmp_path):
-    """The experiment's JSON against the closed-form optimum of exclusive categories (theory.md §6).
+    """The experiment's JSON against the closed-form optimum of exclusive categories.
+
+    The closed form is that of theory.md §3 (one atom per ray, code ``r - lam``); its consequences for
+    exclusive categories are derived in docs/experiments/exclusive.md.
 
     At b* = c with the category directions as atoms, an active point c + s u_j has code s - lam and
     residual lam u_j, so its cost is h(s) = 2 lam s - lam^2 and <u_d, r> = -lam/(K-1) for d != j; an

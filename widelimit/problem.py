@@ -107,7 +107,7 @@ class Problem:
         """The XXH64 content fingerprint of ``data`` (every byte of every row), taken in the median's first pass.
 
         Every certificate made by this problem is checked against it: a median, a checkpoint
-        or a solution of other data is refused (docs/theory.md §3).
+        or a solution of other data is refused (docs/theory.md §8.5).
         """
         return self.bound().fingerprint
 

@@ -53,7 +53,7 @@ def _add_certify(sub):
     p.add_argument("--norm-scaling-factor", type=positive_float, default=None,
                    help="SAELens expected_average_only_in: the input scaling factor to fold into the weights")
     p.add_argument("--stability", action="store_true",
-                   help="also check every feature's optimality conditions (theory.md section 5) with witnesses")
+                   help="also check every feature's optimality conditions (theory.md §5) with witnesses")
     p.add_argument("--same-width-steps", type=nonneg_int, default=0,
                    help="also run the gradient solver from the decoder at the same width for this many steps")
 

@@ -1,4 +1,4 @@
-r"""Optimal codes for a fixed dictionary and bias, with a certified duality gap (theory.md §5).
+r"""Optimal codes for a fixed dictionary and bias, with a certified duality gap (theory.md §8.6).
 
 One entry point, :func:`optimal_codes`, over three algorithms with the same
 problem and the same float64 certificate (the per-token lasso dual point, see
@@ -58,7 +58,7 @@ def optimal_codes(X, W, b, *, lam, algorithm: str = "auto", tol: float = 1e-6, d
     .. math:: \min_{z \ge 0}\ \|z W + b - x_i\|^2 + 2\lambda \sum_d z_d \|w_d\|
 
     and certifies it with a per-point duality gap ``gap_i >= P_i(z_i) - min P_i``
-    (float64, whatever the algorithm; theory.md §5). ``value - gap`` is a certified
+    (float64, whatever the algorithm; theory.md §8.6). ``value - gap`` is a certified
     lower bound on the best objective any encoder reaches with this decoder and bias.
 
     Parameters

@@ -1,7 +1,7 @@
 r"""The restricted solve of :mod:`widelimit.coding.cd`: coordinate descent and Newton steps on one token's working set.
 
 Per token, on the working atoms ``W`` with Gram block ``G_WW`` and correlations ``c_W = U_W r``
-(theory.md §5), minimise ``||xt - y U_W||^2 + 2 lam sum_a y_a`` over ``y >= 0``: cyclic
+(theory.md §8.6), minimise ``||xt - y U_W||^2 + 2 lam sum_a y_a`` over ``y >= 0``: cyclic
 coordinate descent (a sweep costs ``|W|^2`` flops) and, every few sweeps, a Newton step on the
 current support ``A`` (``G_AA y_A = q_A - lam`` by Cholesky), accepted when positive and better;
 it stops at a restricted duality gap. Compiled with numba, called per token from

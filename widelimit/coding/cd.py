@@ -1,7 +1,7 @@
 r"""Certified optimal codes by working-set coordinate descent on the Gram matrix (CPU, numba).
 
 Same problem and the same certificate as :func:`widelimit.coding.pdas.optimal_codes` (FISTA)
-(theory.md §5): per token, on unit atoms ``u_d`` (rows of ``U``) and ``xt = x - b``,
+(theory.md §8.6): per token, on unit atoms ``u_d`` (rows of ``U``) and ``xt = x - b``,
 
 .. math:: P(y) = \|xt - y U\|^2 + 2\lambda \textstyle\sum_d y_d, \qquad y \ge 0 ,
 

@@ -1,7 +1,7 @@
 r"""Optimal nonnegative codes for a fixed dictionary and bias, with a certified duality gap.
 
 For a dictionary ``W`` (k, n) (rows = atoms, any norms) and a bias ``b``, each
-point's best code solves a nonnegative lasso (theory.md §5, the encoder part of
+point's best code solves a nonnegative lasso (theory.md §8.6; the encoder part of
 an SAE's loss)
 
 .. math::

@@ -107,7 +107,8 @@ def balanced_rays2d(lam: float = 1.0, *, n_core: int = 30, seed: int = 0):
     that is exactly the stationarity of the Huber objective at ``b = c``, and
     since it is strictly convex the Huber median at this ``lam`` is ``c``. The
     narrowest optimum is then the six ray directions (width 6), with the core's
-    codes all zero: the figure of theory.md §3.
+    codes all zero: the narrowest optimum of theory.md §3, one atom per ray
+    (pictured in docs/experiments/rays.md).
 
     Returns
     -------

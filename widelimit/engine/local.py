@@ -394,7 +394,7 @@ class ScaledRows:
 
     Multiplying by a power of two is exact in floating point (away from overflow and
     subnormals), so a computation on the scaled rows is the same computation on ``X`` in other
-    units (docs/theory.md §8). The engines read ``base`` and scale each chunk after
+    units (docs/theory.md §8.4). The engines read ``base`` and scale each chunk after
     hashing it, so the fingerprint is that of ``X`` itself.
     """
 

@@ -3,7 +3,7 @@ r"""Collinear data: the median problems solved exactly in one dimension.
 When all points lie on one line ``o + t u`` (N = 1 and identical points included), both the
 Huber and the geometric median reduce to minimising ``sum_i w_i phi(|t - t_i|)`` over ``t``:
 a convex piecewise-quadratic (Huber) or piecewise-linear (geometric) function whose optimal
-set, an interval, is found exactly by sorting the breakpoints (docs/theory.md §3). The
+set, an interval, is found exactly by sorting the breakpoints (docs/theory.md §3.1). The
 detection is a pass (the largest distance from the fitted line) after a cheap test on a
 subsample.
 """

@@ -1,6 +1,7 @@
 r"""The medians' dual lower bound, made rigorous in floating point.
 
-Both median objectives are support functions, so each has a dual (docs/theory.md §3):
+Both median objectives are support functions, so each has a dual (docs/theory.md §4.1; with
+the rounding accounted for, docs/theory.md §8.2):
 
 .. math::
     \min_b \sum_i w_i h_\lambda(\|x_i-b\|) \;\ge\; \sum_i w_i\big(2\langle y_i, x_i-b\rangle-\|y_i\|^2\big)

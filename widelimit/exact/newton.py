@@ -3,7 +3,7 @@ r"""The Newton direction of the median solvers, from a subsample held in memory.
 The half-Hessian of ``sum_i w_i phi(||x_i - b||)`` is ``sum_i w_i c_i (I - (1 - t_i) u_i u_i^T)``
 with ``c_i = min(1, lam / r_i)`` (Huber; ``1 / r_i`` geometric), ``u_i`` the unit residual,
 ``t_i = 1`` within ``lam``, else 0: the matrix ``a I - M`` with ``a = sum_i w_i c_i`` from the pass
-and ``M`` from a random subsample (theory.md §3). Secant pairs of the last steps correct it (BFGS).
+and ``M`` from a random subsample (theory.md §4.2). Secant pairs of the last steps correct it (BFGS).
 """
 
 from __future__ import annotations

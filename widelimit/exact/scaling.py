@@ -8,7 +8,7 @@ whose magnitude (from a few rows read at random access, no pass) is outside
 (:class:`widelimit.engine.local.ScaledRows`; the fingerprint is still that of ``X``), ``lam``
 becomes ``f lam``, and the results are mapped back. Multiplying by a power of two is exact
 (away from the ends of the float64 range), so the scaled computation *is* the original one in
-other units, and its certificate carries over exactly (docs/theory.md §8.3). The
+other units, and its certificate carries over exactly (docs/theory.md §8.4). The
 ratio ``lam / scale`` is unchanged; the kernels avoid ``lam^2`` where it could under- or
 overflow, so tiny and huge ``lam`` work too.
 """

@@ -64,7 +64,7 @@ Cauchy-Schwarz), the inner minimum over ``P`` is
 a rigorous lower bound on the DNN optimum (and on the CP optimum, and on the
 nonnegative relaxation, since ``S >= 0``). Residual matrices are tried at
 each check: ``R`` at the iterate and at the feasible points below, and the rows ``x_i - b`` shortened to
-length ``lam`` (the per-point dual of theory.md §3 at the current bias); the
+length ``lam`` (the per-point dual of theory.md §4.1 at the current bias); the
 largest bound is kept. Before the final centring and scaling, each is moved
 towards the set {centred, rows of length <= lam} by three rounds of
 alternating projection (clip rows, centre), which keeps ``alpha`` close to 1. The upper bound is ``g`` at a
@@ -440,7 +440,7 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
                     lower = max(lower, prob.dual_bound(Rc, bc, sweeps))
             lower = max(lower, prob.dual_bound(R, bcur, sweeps))
             # second dual candidate: the residuals of the per-point optimum at the current bias
-            # (x_i - b shortened to length lam), the dual point of theory.md §3
+            # (x_i - b shortened to length lam), the dual point of theory.md §4.1
             Xt = prob.X - bcur[None, :]
             nr = torch.sqrt((Xt * Xt).sum(dim=1, keepdim=True))
             lower = max(lower, prob.dual_bound(Xt * torch.clamp(lam / torch.clamp(nr, min=1e-300), max=1.0), bcur,
