@@ -374,3 +374,18 @@ def test_cli_frontier_exact_reports_each_search(tmp_path, capsys, monkeypatch):
         sol = wl.solve(X, lam=0.3, width=w)
         assert (v, lb) == (sol.value, sol.lower_bound)
         assert f"exact width {w}: {v:.8g}, certified bound {lb:.8g} ({sol.n_nodes} nodes)" in said
+
+
+def test_threads_give_the_same_search():
+    """The children of a node are bounded on several threads against the same incumbent: the search,
+    its node count and its answer do not depend on the number of threads."""
+    X = _data(0, 14, 2)
+    runs = [wl.solve(X, lam=0.3, width=3, threads=t) for t in (1, 2, 3)]
+    ref = runs[0]
+    assert ref.certified
+    for s in runs[1:]:
+        assert (s.value, s.lower_bound, s.n_nodes) == (ref.value, ref.lower_bound, ref.n_nodes)
+        assert [h[1:] for h in s.history] == [h[1:] for h in ref.history]  # the same bounds at every mark
+        assert np.array_equal(s.dictionary, ref.dictionary) and np.array_equal(s.codes, ref.codes)
+    with pytest.raises(ValueError, match="threads"):
+        wl.solve(X, lam=0.3, width=3, threads=0)

@@ -224,7 +224,7 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
         Solve at this finite width instead (``k`` unit atoms): the certified global optimum
         by branch and bound over the atoms' directions (docs/theory.md §7), a
         :class:`widelimit.finite.FiniteSolution`. ``**finite_options`` (``rel_tol``,
-        ``time_limit``, ``max_nodes``, ``seed``) go to :func:`widelimit.finite.solve_finite`.
+        ``time_limit``, ``max_nodes``, ``seed``, ``threads``) go to :func:`widelimit.finite.solve_finite`.
     progress : callable, optional
         Receives :class:`widelimit.engine.local.Progress` events of the passes (with ``width``, then
         the branch and bound's, see :func:`widelimit.finite.solve_finite`).

@@ -29,7 +29,7 @@ import math
 import numba as nb
 import numpy as np
 
-from ._kernels import codes_then_bias, objective_from_residual, recentre, residual
+from ._kernels import codes_then_bias, node_solve, objective_from_residual, recentre, residual
 
 _JIT = dict(nogil=True, cache=True)
 _U = 2.0 ** -53
@@ -54,6 +54,43 @@ def fixed_dictionary(X, lam, W, b, Z, max_sweeps, tol):  # pragma: no cover - co
         if move <= tol * zmax:
             break
     return objective_from_residual(lam, Z, R)
+
+
+@nb.njit(**_JIT)
+def bound_node(X, lam, C, cth, sth, free, theta, Y, Z0, b0, lb, floor, target, tol_abs, taylor_max):  # pragma: no cover
+    """One node's certified bound, all in compiled code (the branch and bound's threads run it without the GIL).
+
+    Where every cap is narrower than ``taylor_max``: the exact optimum ``(Z0, b0)`` at the caps' centres
+    (in place, warm-started; its value is a candidate upper bound) and the second-order bound
+    (:func:`second_order_bound`); unless that reaches ``target``, the cone relaxation
+    (``_kernels.node_solve``, in place on ``Y``). Returns ``(lb, candidate, mass)``: the node's bound
+    (at least ``lb`` and ``floor``), the candidate's value (``inf`` when none) and each atom's code mass.
+    """
+    k = C.shape[0]
+    cand = np.inf
+    mass = np.zeros(k)
+    tmax = 0.0
+    for j in range(k):
+        tmax = max(tmax, theta[j])
+    lb = max(lb, floor)
+    if tmax < taylor_max:
+        cand = fixed_dictionary(X, lam, C, b0, Z0, 100000, 1e-13)
+        for i in range(Z0.shape[0]):
+            for j in range(k):
+                mass[j] += Z0[i, j]
+        lb = max(lb, second_order_bound(X, lam, C, theta, Z0, b0))
+        if lb >= target:
+            return lb, cand, mass
+    dual, _primal, _sweeps = node_solve(X, lam, C, cth, sth, free, Y, target, tol_abs, 20000, 10)
+    lb = max(lb, dual)
+    mass[:] = 0.0
+    for i in range(Y.shape[0]):
+        for j in range(k):
+            s = 0.0
+            for d in range(Y.shape[2]):
+                s += Y[i, j, d] * Y[i, j, d]
+            mass[j] += math.sqrt(s)
+    return lb, cand, mass
 
 
 @nb.njit(**_JIT)

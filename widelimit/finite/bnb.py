@@ -25,11 +25,14 @@ import heapq
 import itertools
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
+from .._runtime import default_threads
+from .._validation import check_int
 from ..engine.local import Progress
 from ..exact.objective import sae_objective
 from . import _kernels as K
@@ -269,7 +272,7 @@ def _initial(X, lam, k, rng, wide, n_starts):
 
 
 def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=None, seed=0, n_starts=20,
-                 wide=None, limits: FiniteLimits = FiniteLimits(), progress=None) -> FiniteSolution:
+                 wide=None, limits: FiniteLimits = FiniteLimits(), progress=None, threads=None) -> FiniteSolution:
     r"""Certified global optimum of the sparse dictionary-learning objective at width ``k``.
 
     See :func:`widelimit.solve` (``width=k``), which validates the input and dispatches here.
@@ -278,13 +281,16 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     :class:`widelimit.Progress` events (stage ``"branch and bound"``, ``rows_done`` = nodes bounded,
     ``rows_total`` = ``max_nodes`` or 0, ``value`` = best value so far, ``lower_bound`` = certified
     bound so far) every half second of the search, whenever the relative gap passes a power of ten,
-    and once at the end (``done``, the returned value and bound).
+    and once at the end (``done``, the returned value and bound). ``threads`` (default
+    :func:`widelimit._runtime.default_threads`): the children of a node are bounded on this many threads
+    (the compiled kernels release the GIL); the search and its result are the same on any number.
     """
     t0 = time.perf_counter()
     if not (0 < float(rel_tol) < 1):
         raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
     if not float(time_limit) >= 0:
         raise ValueError(f"time_limit must be >= 0 seconds, got {time_limit!r}")
+    n_threads = default_threads() if threads is None else check_int(threads, "threads", low=1)
 
     X = np.ascontiguousarray(X, dtype=np.float64)
     N, n = X.shape
@@ -313,40 +319,39 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     faces = -np.ones(k, dtype=np.int64)
     lo = -np.ones((k, n - 1))
     hi = np.ones((k, n - 1))
-    root = _Node(faces, lo, hi, np.zeros((N, k, n)), -np.inf, _free_caps(k, n))
+    # Z0, b0: the fixed-dictionary optimum's warm start, used once the caps are narrow (docs/theory.md §7.6)
+    root = _Node(faces, lo, hi, np.zeros((N, k, n)), -np.inf, _free_caps(k, n), (np.zeros((N, k)), X.mean(axis=0)))
     scale = max(abs(ub), 1e-300)
+    tol_abs = 1e-3 * rel_tol * scale  # the relaxation's own gap, far below the search's
 
     def target():
         return ub - rel_tol * scale * 0.999
 
-    n_nodes = 0
-
     def bound(node: _Node):
-        """Certify ``node.lb``; return an explicit candidate ``(value, W, Z, b)`` or None."""
-        nonlocal n_nodes
-        n_nodes += 1
-        cand = None
-        thmax = float(node.th.max())
-        if thmax < _TAYLOR_MAX_ANGLE:  # second-order bound (docs/theory.md §7.6) around the caps' centres
-            if node.Z0 is None:
-                node.Z0, node.b0 = np.zeros((N, k)), X.mean(axis=0)
-            val = T.fixed_dictionary(X, float(lam), node.C, node.b0, node.Z0, 100000, 1e-13)
-            cand = (float(val), node.C, node.Z0, node.b0)
-            node.mass = node.Z0.sum(axis=0)
-            lb2 = T.second_order_bound(X, float(lam), node.C, node.th, node.Z0, node.b0)
-            node.lb = max(node.lb, float(lb2), wlb)
-            if node.lb >= target():
-                return cand
-        tol_abs = 1e-3 * rel_tol * scale
-        dual, primal, _ = K.node_solve(X, float(lam), node.C, node.cth, node.sth, node.free, node.Y, target(),
-                                       tol_abs, 20000, 10)
-        node.lb = max(node.lb, float(dual), wlb)
-        node.mass = np.linalg.norm(node.Y, axis=2).sum(axis=0)
-        return cand
+        """Certify ``node.lb``; return an explicit candidate ``(value, W, Z, b)`` or None (thread-safe: it
+        writes only into ``node``, and ``ub`` does not change while children are bounded)."""
+        lb, cval, node.mass = T.bound_node(X, float(lam), node.C, node.cth, node.sth, node.free, node.th, node.Y,
+                                           node.Z0, node.b0, node.lb, wlb, target(), tol_abs, _TAYLOR_MAX_ANGLE)
+        node.lb = float(lb)
+        return None if cval == np.inf else (float(cval), node.C, node.Z0, node.b0)
 
     heap: list = []
     counter = itertools.count()
     bound(root)
+    n_nodes = 1
+    pool = ThreadPoolExecutor(n_threads - 1) if n_threads > 1 else None
+
+    def bound_all(kids):
+        """``bound`` of each node, the list split over the pool's threads and this one, in order."""
+        if pool is None or len(kids) < 2:
+            return [bound(ch) for ch in kids]
+        parts = [kids[t::n_threads] for t in range(n_threads)]
+        futs = [pool.submit(lambda part: [bound(ch) for ch in part], part) for part in parts[1:] if part]
+        got = [[bound(ch) for ch in parts[0]]] + [f.result() for f in futs]
+        out = [None] * len(kids)
+        for t, res in enumerate(got):
+            out[t::n_threads] = res
+        return out
     heapq.heappush(heap, (root.lb, next(counter), root))
     history = []
     next_mark = [1.0]  # record the bounds each time the relative gap passes the next power of ten
@@ -372,37 +377,40 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     closed_lb = np.inf  # bounds of nodes pruned or closed (each >= the target of its time)
     min_width = 1e-9
     status = "optimal"
-    while heap:
-        if time.perf_counter() - t0 > time_limit:
-            status = "time_limit"
-            break
-        if max_nodes is not None and n_nodes >= max_nodes:
-            status = "node_limit"
-            break
-        lb, _, node = heapq.heappop(heap)
-        mark(min(lb, leaves_lb, closed_lb))
-        if lb >= target():
-            closed_lb = min(closed_lb, lb)
-            heap.clear()
-            break
-        children = _branch(node, n, min_width)
-        if children is None:
-            leaves_lb = min(leaves_lb, lb)
-            continue
-        for ch in children:
-            if not _symmetric_ok(ch):
+    try:
+        while heap:
+            if time.perf_counter() - t0 > time_limit:
+                status = "time_limit"
+                break
+            if max_nodes is not None and n_nodes >= max_nodes:
+                status = "node_limit"
+                break
+            lb, _, node = heapq.heappop(heap)
+            mark(min(lb, leaves_lb, closed_lb))
+            if lb >= target():
+                closed_lb = min(closed_lb, lb)
+                heap.clear()
+                break
+            children = _branch(node, n, min_width)
+            if children is None:
+                leaves_lb = min(leaves_lb, lb)
                 continue
-            cand = bound(ch)
-            if cand is not None and cand[0] < ub:  # the fixed-dictionary optimum at the caps' centres
-                ub, W_best, Z_best, b_best = cand[0], cand[1].copy(), cand[2].copy(), cand[3].copy()
-            if n_nodes < 2000 or n_nodes % 16 == 0:  # upper bounds matter most early on
-                cand = K.heuristic(X, float(lam), ch.Y, ch.C, 30)
-                if cand[0] < ub:
-                    ub, W_best, Z_best, b_best = cand
-            if ch.lb < target():
-                heapq.heappush(heap, (ch.lb, next(counter), ch))
-            else:
-                closed_lb = min(closed_lb, ch.lb)
+            children = [ch for ch in children if _symmetric_ok(ch)]
+            for ch, cand in zip(children, bound_all(children)):  # all bounded against the same ub
+                n_nodes += 1
+                if cand is not None and cand[0] < ub:  # the fixed-dictionary optimum at the caps' centres
+                    ub, W_best, Z_best, b_best = cand[0], cand[1].copy(), cand[2].copy(), cand[3].copy()
+                if n_nodes < 2000 or n_nodes % 16 == 0:  # upper bounds matter most early on
+                    cand = K.heuristic(X, float(lam), ch.Y, ch.C, 30)
+                    if cand[0] < ub:
+                        ub, W_best, Z_best, b_best = cand
+                if ch.lb < target():
+                    heapq.heappush(heap, (ch.lb, next(counter), ch))
+                else:
+                    closed_lb = min(closed_lb, ch.lb)
+    finally:
+        if pool is not None:
+            pool.shutdown()
     open_lb = min([h[0] for h in heap] + [leaves_lb, closed_lb, ub])
     val = float(sae_objective(X, W_best, Z_best, b_best, lam=lam).value)
     history.append((time.perf_counter() - t0, float(max(open_lb, wlb)), val))
