@@ -12,6 +12,15 @@ from ..exact.certificate import verify
 from ..learn.crossval import best_fit
 from ..sae.formats import save_saelens
 from ..learn.frontier import frontier
+from .relax import check_device
+from .relax_bench import split_list
+
+#: Encoders that train by Adam (``--lr``); ``none`` (free codes) has no learning rate.
+_AMORTISED = ("standard", "jumprelu", "topk")
+#: ``fit_dictionary``'s learning rate when ``--lr`` is not given.
+_DEFAULT_LR = 1e-3
+#: ``frontier``'s time limit per width for ``--exact`` when ``--exact-time-limit`` is not given.
+_DEFAULT_EXACT_TIME_LIMIT = 600.0
 
 
 # --------------------------------------------------------------------------------------
@@ -26,7 +35,8 @@ def _add_fit_options(p):
     p.add_argument("--header", action="store_true", help="text tables: the first row is a header")
     p.add_argument("--encoder", default="none", choices=["none", "standard", "jumprelu", "topk"],
                    help="free codes (dictionary learning) or an amortised SAE encoder")
-    p.add_argument("--topk", type=positive_int, default=None, help="active features per point for --encoder topk")
+    p.add_argument("--topk", type=positive_int, default=None,
+                   help="active features per point; required with --encoder topk, used only there")
     p.add_argument("--init", default="rays", choices=["rays", "data", "random"], help="initial atoms")
     p.add_argument("--restarts", type=positive_int, default=1, help="independent runs; the best is kept")
     p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (an integer >= 0)")
@@ -34,8 +44,10 @@ def _add_fit_options(p):
     p.add_argument("--max-steps", type=positive_int, default=None, help="step budget")
     p.add_argument("--max-time", type=positive_float, default=None, help="time budget per run, seconds")
     p.add_argument("--rtol", type=nonneg_float, default=1e-8, help="stop when the relative improvement per step is below this")
-    p.add_argument("--batch-size", type=positive_int, default=None, help="minibatch size (default: full batch)")
-    p.add_argument("--lr", type=positive_float, default=1e-3, help="Adam learning rate (encoders)")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="minibatch size (default: full batch for free codes, 4096 for "
+                        "the encoders); at least N uses all the data")
+    p.add_argument("--lr", type=positive_float, default=None,
+                   help=f"Adam learning rate, with --encoder standard, jumprelu or topk (default {_DEFAULT_LR:g})")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -46,12 +58,39 @@ def _lam_of(args, lam0):
     return lam
 
 
+def _check_fit_flags(args, widths) -> None:
+    """Refuse, before any data is read, flags the chosen encoder does not use and a top-k encoder without its k."""
+    if args.encoder == "topk" and args.topk is None:
+        raise ValueError("--encoder topk needs --topk K (the number of active features per point)")
+    if args.topk is not None and args.encoder == "topk" and args.topk > min(widths):
+        where = f"--width {widths[0]}" if len(widths) == 1 else f"the smallest of --widths, {min(widths)}"
+        raise ValueError(f"--topk must be at most {where} (k active features among the atoms), got --topk {args.topk}")
+    if args.topk is not None and args.encoder != "topk":
+        raise ValueError(f"--topk applies only with --encoder topk, got --encoder {args.encoder}")
+    if args.lr is not None and args.encoder not in _AMORTISED:
+        raise ValueError(f"--lr applies only with --encoder {', '.join(_AMORTISED[:-1])} or {_AMORTISED[-1]} "
+                         f"(free codes have no learning rate), got --encoder {args.encoder}")
+    check_device(args.device)
+
+
 def _fit_kwargs(args):
     kw = {"encoder": args.encoder, "device": args.device, "max_steps": args.max_steps, "max_time": args.max_time,
-          "rtol": args.rtol, "batch_size": args.batch_size, "lr": args.lr}
+          "rtol": args.rtol, "batch_size": args.batch_size, "lr": _DEFAULT_LR if args.lr is None else args.lr}
     if args.topk is not None:
         kw["topk"] = args.topk
     return kw
+
+
+def _batch(args, N: int) -> tuple[int, bool, str]:
+    """``(points per step, whether that is all N points, a line saying so)`` for the table and JSON."""
+    bs = args.batch_size
+    if bs is None and args.encoder == "none":
+        return N, True, "full batch (the default for free codes)"
+    src = f"--batch-size {bs}" if bs is not None else "the encoders' default batch 4096"
+    bs = 4096 if bs is None else bs  # fit_dictionary's default for the encoders
+    if bs >= N:
+        return N, True, f"{src} >= N = {N}: every step uses all the data"
+    return bs, False, f"{src}: a random minibatch per step"
 
 
 class _Progress:
@@ -97,6 +136,7 @@ def _add_fit(sub):
 def _run_fit(args) -> int:
     import scipy.sparse as sp
 
+    _check_fit_flags(args, [args.width])
     check_out_dir(args.out)
     X, lam0, label = load_data(args.data, args.key, header=args.header or None)
     X = in_memory(X)
@@ -121,6 +161,8 @@ def _run_fit(args) -> int:
     d.update({"data": label, "value": cert.value, "lower_bound": cert.lower_bound, "gap": cert.gap,
               "rel_gap": cert.rel_gap, "certified": cert.certified, "width": fit.width,
               "restart_values": [f.value for f in fits], "bias": fit.bias, "certificate": cert.as_dict()})
+    batch, full_batch, batch_how = _batch(args, cert.n_points)
+    d.update({"batch_size": batch, "full_batch": full_batch})
     files = []
     if args.out:
 
@@ -140,7 +182,9 @@ def _run_fit(args) -> int:
         ("points N x dims n", f"{cert.n_points} x {cert.dim}", "data size"),
         ("lam", lam, "sparsity (SAELens l1_coefficient = 2 lam)"),
         ("width", fit.width, f"atoms ({fit.live_atoms} used)"),
-        ("encoder", fit.encoder, "none = free codes (dictionary learning)"),
+        ("encoder", fit.encoder if fit.encoder != "topk" else f"topk (k = {d['encoder_k']})",
+         "none = free codes (dictionary learning)"),
+        ("batch", "full data" if full_batch else batch, batch_how),
         ("value", cert.value, "objective of the learned (W, Z, b), float64"),
         ("lower bound", cert.lower_bound, "certified wide-limit bound: no width does better"),
         ("gap", cert.gap, "value - lower bound"),
@@ -161,20 +205,36 @@ def _run_fit(args) -> int:
 def _add_frontier(sub):
     p = sub.add_parser("frontier", help="best gradient objective per width vs the wide-limit bound (PNG + JSON)")
     _add_fit_options(p)
-    p.add_argument("--widths", required=True, help="comma-separated widths, e.g. 1,2,4,8")
+    p.add_argument("--widths", required=True, help="comma-separated widths, each once, e.g. 1,2,4,8")
     p.add_argument("--out", type=Path, default=Path("widelimit-frontier"), help="folder for frontier.png/json")
     p.add_argument("--exact", action="store_true", help="also the certified optimum per width (small data)")
-    p.add_argument("--exact-time-limit", type=float, default=600.0, help="seconds per width for --exact")
+    p.add_argument("--exact-time-limit", type=nonneg_float, default=None,
+                   help=f"with --exact: seconds per width (default {_DEFAULT_EXACT_TIME_LIMIT:g})")
+
+
+def _parse_widths(spec: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``: integers >= 1, each once; a one-line error naming ``--widths`` otherwise."""
+    try:
+        widths = [int(w) for w in split_list(spec, "--widths")]
+    except ValueError as e:
+        if str(e).startswith("--widths"):
+            raise
+        raise ValueError(f"--widths must be comma-separated integers, got {spec!r}") from None
+    if min(widths) < 1:
+        raise ValueError(f"--widths must be integers >= 1, got {spec!r}")
+    dup = next((w for i, w in enumerate(widths) if w in widths[:i]), None)
+    if dup is not None:
+        raise ValueError(f"--widths lists {dup} twice in {spec!r}: give each width once")
+    return widths
 
 
 def _run_frontier(args) -> int:
 
-    try:
-        widths = [int(w) for w in args.widths.split(",") if w.strip()]
-    except ValueError:
-        raise ValueError(f"--widths must be comma-separated integers, got {args.widths!r}") from None
-    if not widths or min(widths) < 1:
-        raise ValueError(f"--widths must be integers >= 1, got {args.widths!r}")
+    widths = _parse_widths(args.widths)
+    if args.exact_time_limit is not None and not args.exact:
+        raise ValueError(f"--exact-time-limit applies only with --exact, got --exact-time-limit "
+                         f"{args.exact_time_limit:g} without --exact")
+    _check_fit_flags(args, widths)
     check_out_dir(args.out)
     X, lam0, label = load_data(args.data, args.key, header=args.header or None)
     X = in_memory(X)
@@ -182,12 +242,15 @@ def _run_frontier(args) -> int:
     if max(widths) > X.shape[0]:
         raise ValueError(f"--widths {max(widths)} exceeds the number of points N = {X.shape[0]}")
     inits = (args.init,) if args.init != "rays" else ("rays", "data")
+    time_limit = _DEFAULT_EXACT_TIME_LIMIT if args.exact_time_limit is None else args.exact_time_limit
     with atomic_outputs(args.out) as tmp:
         with _Progress() as prog:
             fr = frontier(X, lam=lam, widths=widths, n_restarts=max(1, args.restarts), seed=args.seed, inits=inits,
                           out=tmp / "frontier.png", progress=lambda ev: prog.say(_frontier_status(ev)),
-                          exact_widths=args.exact, exact_time_limit=args.exact_time_limit, **_fit_kwargs(args))
+                          exact_widths=args.exact, exact_time_limit=time_limit, **_fit_kwargs(args))
         d = fr.as_dict()
+        # the plot's path once moved into --out, not the temporary folder it was drawn in
+        d["plot"] = str(moved([fr.plot], tmp, args.out)[0])
         d["data"] = label
         (tmp / "frontier.json").write_text(_dumps(d, indent=2))
     if args.json:
@@ -208,5 +271,5 @@ def _run_frontier(args) -> int:
     con.print(t)
     con.print(f"bound {fr.lower_bound:.10g}; rays {fr.n_rays}; saturation width {fr.saturation_width}; "
               f"all runs above the bound: {_fmt(fr.respects_bound)}")
-    con.print(f"wrote {args.out / 'frontier.png'} and {args.out / 'frontier.json'}")
+    con.print(f"wrote {d['plot']} and {args.out / 'frontier.json'}")
     return 0

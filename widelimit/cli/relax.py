@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+
 from ._common import _console, certificate_table, in_memory, load_data, positive_float, positive_int, print_json
+from .._runtime import resolve_device
 from ..relax.cones import CONES
 from ..exact.solve import solve
 from ..relax.dnn import solve_dnn
@@ -14,6 +17,28 @@ from ..relax.cpfactor import refine
 # relax
 # --------------------------------------------------------------------------------------
 
+#: ``--solver`` values (any case): the cvxpy conic solvers and widelimit's own DNN solver.
+SOLVERS = ("SCS", "CLARABEL", "TORCH")
+
+
+def _solver(text: str) -> str:
+    """argparse type: a solver name in any case, upper-cased; an unknown one is echoed as typed."""
+    if text.upper() not in SOLVERS:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(SOLVERS)}, any case)")
+    return text.upper()
+
+
+def check_device(device, flag: str = "--device"):
+    """Refuse a device torch cannot use (unknown name, CUDA absent), naming ``flag``; ``None`` passes."""
+    if device is None:
+        return None
+    try:
+        resolve_device(device)
+    except ValueError as e:
+        msg = str(e)
+        raise ValueError(f"{flag} {msg[len('device '):]}" if msg.startswith("device ") else f"{flag}: {msg}") from None
+    return device
+
 
 def _add_relax(sub):
 
@@ -24,11 +49,12 @@ def _add_relax(sub):
     p.add_argument("--header", action="store_true", help="text tables: the first row is a header")
     p.add_argument("--cone", default="dnn", choices=list(CONES),
                    help="outer: nonneg, dnn, dnn_horn (lower bounds); inner: sdd, nndd, diagonal (upper bounds)")
-    p.add_argument("--solver", default="SCS", type=str.upper, choices=["SCS", "CLARABEL", "TORCH"],
+    p.add_argument("--solver", default="SCS", type=_solver, metavar="{SCS,CLARABEL,TORCH}",
                    help="conic solver via cvxpy, or TORCH (widelimit's own first-order DNN solver; cone dnn)")
     p.add_argument("--tol", type=positive_float, default=1e-6, help="solver tolerance (TORCH: certified relative gap)")
     p.add_argument("--max-iters", type=positive_int, default=None, help="solver iteration cap")
-    p.add_argument("--device", default="auto", help="TORCH only: auto, cpu, cuda")
+    p.add_argument("--device", default=None,
+                   help="with --solver TORCH: auto, cpu, cuda or cuda:N (default auto); the cvxpy solvers run on the CPU")
     p.add_argument("--refine", action="store_true",
                    help="factor the solver's Q (CP factorisation) into (W, Z, b) and evaluate the true objective")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -36,6 +62,12 @@ def _add_relax(sub):
 
 def _run_relax(args) -> int:
 
+    if args.device is not None and args.solver != "TORCH":
+        raise ValueError(f"--device applies only with --solver TORCH ({args.solver} runs on the CPU through cvxpy), "
+                         f"got --device {args.device}")
+    if args.solver == "TORCH" and args.cone != "dnn":
+        raise ValueError(f"--solver TORCH solves the dnn cone only, got --cone {args.cone}")
+    check_device(args.device)
     X, lam0, label = load_data(args.data, args.key, header=args.header or None)
     X = in_memory(X)
     lam = args.lam if args.lam is not None else lam0
@@ -44,9 +76,7 @@ def _run_relax(args) -> int:
     exact = solve(X, lam=lam).value
     if args.solver == "TORCH":
 
-        if args.cone != "dnn":
-            raise ValueError(f"--solver TORCH solves the dnn cone only, got --cone {args.cone}")
-        r = solve_dnn(X, lam=lam, tol=args.tol, device=args.device, **{} if args.max_iters is None else {"max_iter": args.max_iters})
+        r = solve_dnn(X, lam=lam, tol=args.tol, device=args.device or "auto", **{} if args.max_iters is None else {"max_iter": args.max_iters})
         status = "optimal" if r.converged else "not_converged"
         value = r.lower_bound if r.converged else float("nan")
         d = {"value": value, "status": status, "cone": "dnn", "kind": "outer", "solver": "TORCH",

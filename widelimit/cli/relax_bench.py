@@ -10,10 +10,17 @@ import argparse
 from pathlib import Path
 
 from ..relax.export import EXPORT_CONES, FORMATS, export_instances
-from ..relax.families import FAMILIES, FAMILY_PARAMS, MIN_N, make_bench_instance
-from ._common import _console, print_json
+from ..relax.families import FAMILIES, FAMILY_PARAMS, MIN_N, check_params, make_bench_instance
+from ._common import _console, check_out_dir, nonneg_int, print_json
 
-__all__ = ["_add_relax_bench", "_run_relax_bench", "parse_N", "parse_params"]
+__all__ = ["_add_relax_bench", "_run_relax_bench", "parse_N", "parse_params", "split_list", "MAX_N", "MAX_DIM"]
+
+#: Largest ``N`` relax-bench generates: the exported SDP has ``N(N+1)/2`` variables, and its export
+#: takes about 300 N^2 bytes of memory (1.2 GB and a 150 MB SDPA file at N = 2000; 2.7 GB and
+#: about 340 MB at N = 3000). First-order solvers are documented up to N = 2000 (docs/relaxations.md).
+MAX_N = 3000
+#: Largest dimension (``--param dim``): ``n(n+1)/2`` variables for ``T`` and an ``N + n`` PSD block.
+MAX_DIM = 1000
 
 
 def _add_relax_bench(sub) -> None:
@@ -25,54 +32,81 @@ def _add_relax_bench(sub) -> None:
     )
     p.add_argument("--family", default="all",
                    help="comma-separated families (random, rays, collinear, inside, ties, scaled) or 'all'")
-    p.add_argument("--N", default="10", help="comma-separated numbers of points, e.g. 6,10,50 (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--N", default="10",
+                   help=f"comma-separated numbers of points, e.g. 6,10,50 (default 10; at most {MAX_N})")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed, an integer >= 0 (default 0)")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="family parameter, e.g. n_rays=2, frac_inside=0.8, decades=6, dim=3 (repeatable)")
+                   help="family parameter, e.g. n_rays=2, frac_inside=0.8, decades=6, "
+                        f"dim=3 (at most {MAX_DIM}) (repeatable)")
     p.add_argument("--export", type=Path, default=None, metavar="DIR",
                    help="write one problem file per instance, an .npy of X each, and DIR/instances.json "
                         "(DIR must be new or empty)")
-    p.add_argument("--format", default="sdpa", help="export format: sdpa (.dat-s) or cbf (default sdpa)")
-    p.add_argument("--cone", default="dnn", help="exported relaxation: dnn or nonneg (same optimum; default dnn)")
+    p.add_argument("--format", default=None, help="with --export: sdpa (.dat-s) or cbf (default sdpa)")
+    p.add_argument("--cone", default=None, help="with --export: dnn or nonneg (same optimum; default dnn)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
+def split_list(spec: str, flag: str) -> list[str]:
+    """The comma-separated items of ``spec``, stripped; an empty item is a one-line ``ValueError`` naming ``flag``."""
+    toks = [t.strip() for t in str(spec).split(",")]
+    if any(not t for t in toks):
+        raise ValueError(f"{flag} has an empty item in {str(spec)!r}: give comma-separated values without "
+                         "empty ones")
+    return toks
+
+
+def _no_duplicates(values, spec: str, flag: str) -> None:
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise ValueError(f"{flag} lists {v} twice in {str(spec)!r}: give each value once")
+        seen.add(v)
+
+
 def parse_N(spec: str) -> list[int]:
-    """``"6,10"`` -> ``[6, 10]``; a one-line ``ValueError`` otherwise."""
+    """``"6,10"`` -> ``[6, 10]``; a one-line ``ValueError`` naming ``--N`` otherwise."""
     out = []
-    for tok in str(spec).split(","):
-        tok = tok.strip()
+    for tok in split_list(spec, "--N"):
         try:
             out.append(int(tok))
         except ValueError:
             raise ValueError(f"--N must be comma-separated integers, got {spec!r}") from None
+    _no_duplicates(out, spec, "--N")
+    big = next((N for N in out if N > MAX_N), None)
+    if big is not None:
+        raise ValueError(f"--N must be at most {MAX_N} (the exported SDP has N(N+1)/2 variables; at N = {MAX_N} "
+                         f"its export needs about 3 GB of memory), got {big}")
     return out
 
 
 def parse_params(items) -> dict:
     """``["n_rays=2", "decades=6"]`` -> ``{"n_rays": 2, "decades": 6.0}``."""
-    out = {}
+    out, raw = {}, {}
     for it in items:
         key, sep, val = str(it).partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise ValueError(f"--param must be KEY=VALUE, got {it!r}")
         try:
             num = int(val) if val.strip().lstrip("-").isdigit() else float(val)
         except ValueError:
-            raise ValueError(f"--param {key.strip()}: value must be a number, got {val!r}") from None
-        out[key.strip()] = num
+            raise ValueError(f"--param {key}: value must be a number, got {val!r}") from None
+        if key in out:
+            raise ValueError(f"--param {key} is given twice ({raw[key]!r} and {str(it).strip()!r}): give it once")
+        if key == "dim" and num > MAX_DIM:
+            raise ValueError(f"--param dim must be at most {MAX_DIM}, got {val.strip()}")
+        out[key], raw[key] = num, str(it).strip()
     return out
 
 
 def _families(spec: str) -> list[str]:
     if spec.strip() == "all":
         return list(FAMILIES)
-    fams = [f.strip() for f in spec.split(",") if f.strip()]
+    fams = split_list(spec, "--family")
     for f in fams:
         if f not in FAMILIES:
             raise ValueError(f"unknown family {f!r}; choose from {', '.join(FAMILIES)} or all")
-    if not fams:
-        raise ValueError("--family is empty")
+    _no_duplicates(fams, spec, "--family")
     return fams
 
 
@@ -80,11 +114,16 @@ def _run_relax_bench(args: argparse.Namespace) -> int:
     fams = _families(args.family)
     Ns = parse_N(args.N)
     params = parse_params(args.param)
-    fmt, cone = str(args.format).lower(), str(args.cone).lower()
+    fmt = "sdpa" if args.format is None else str(args.format).lower()
+    cone = "dnn" if args.cone is None else str(args.cone).lower()
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {args.format!r}; choose from {', '.join(FORMATS)}")
     if cone not in EXPORT_CONES:
         raise ValueError(f"unknown cone {args.cone!r}; choose from {', '.join(EXPORT_CONES)}")
+    for flag, given in (("--format", args.format), ("--cone", args.cone)):
+        if given is not None and args.export is None:
+            raise ValueError(f"{flag} applies only with --export DIR (it chooses what the exported files hold), "
+                             f"got {flag} {given} without --export")
     for f in fams:
         for N in Ns:
             if N < MIN_N[f]:
@@ -92,9 +131,15 @@ def _run_relax_bench(args: argparse.Namespace) -> int:
     for key in params:
         if not any(key in FAMILY_PARAMS[f] for f in fams):
             raise ValueError(f"no selected family has the parameter {key!r}")
-    out = args.export
-    if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"export folder {str(out)!r} exists and is not empty; choose a new folder")
+    for f in fams:
+        for N in Ns:
+            try:
+                check_params(f, {k: v for k, v in params.items() if k in FAMILY_PARAMS[f]}, N)
+            except ValueError as e:
+                raise ValueError(f"--param {e}") from None
+    out = check_out_dir(args.export, "--export")
+    if out is not None and out.exists() and any(out.iterdir()):
+        raise ValueError(f"--export folder {str(out)!r} exists and is not empty; choose a new folder")
 
     insts = [make_bench_instance(f, N, seed=args.seed, **{k: v for k, v in params.items() if k in FAMILY_PARAMS[f]})
              for f in fams for N in Ns]
@@ -109,7 +154,7 @@ def _run_relax_bench(args: argparse.Namespace) -> int:
             r.update(file=rec["file"], bytes=rec["bytes"], n_vars=rec["n_vars"])
     if args.json:
         print_json({"instances": rows, "export": None if out is None else str(out),
-                    "format": fmt if out is not None else None, "cone": cone})
+                    "format": fmt if out is not None else None, "cone": cone if out is not None else None})
         return 0
     from rich.table import Table
 

@@ -78,7 +78,8 @@ import numpy as np
 from ..data import datasets
 from ..exact.solve import solve
 
-__all__ = ["FAMILIES", "FAMILY_PARAMS", "MIN_N", "BenchInstance", "make_bench_instance", "closed_form"]
+__all__ = ["FAMILIES", "FAMILY_PARAMS", "PARAM_RANGES", "INT_PARAMS", "MIN_N", "check_params", "BenchInstance",
+           "make_bench_instance", "closed_form"]
 
 #: Instance families, in the order of the docs page.
 FAMILIES = ("random", "rays", "collinear", "inside", "ties", "scaled")
@@ -171,40 +172,83 @@ def _symmetric(c, H, N):
     return np.vstack(parts)
 
 
-def _check_params(family: str, params: dict) -> dict:
+#: Valid range of each numeric parameter: ``(low, high, low_open, high_open)``. The bounds keep
+#: the data, ``lam`` and the optimum finite and normal in float64 and each family's structure
+#: intact (at ``lam`` below ``1e-3`` the points ``c +- lam u`` of ``ties`` no longer lie at distance
+#: ``lam`` to rounding; ``decades`` and ``magnitude`` at their bounds give data and optima between
+#: about ``1e-200`` and ``1e300``). ``dim`` has no upper bound here (``widelimit relax-bench`` sets one).
+PARAM_RANGES: dict[str, tuple] = {
+    "dim": (1, math.inf, False, True),
+    "lam": (1e-3, 1e3, False, False),
+    "lam_rel": (1e-3, 1e3, False, False),
+    "n_rays": (2, math.inf, False, True),
+    "gap": (0.0, 1e3, False, False),
+    "spread": (0.0, 1e3, True, False),
+    "frac_inside": (0.0, 1.0, False, False),
+    "inner_radius": (0.0, 1.0, True, True),
+    "frac_tie": (0.0, 1.0, False, False),
+    "copies": (1, math.inf, False, True),
+    "decades": (0.0, 100.0, False, False),
+    "magnitude": (-100.0, 100.0, False, False),
+}
+
+#: Parameters that are integers (an integral float such as ``2.0`` is taken as the integer).
+INT_PARAMS = frozenset({"dim", "n_rays", "copies"})
+
+
+def _show(v) -> str:
+    """A parameter value for a message: integral floats without ``.0``, others as ``repr``."""
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer() and abs(v) < 1e16:
+        return str(int(v))
+    return repr(v)
+
+
+def _range_text(key: str) -> str:
+    lo, hi, lo_open, hi_open = PARAM_RANGES[key]
+    if key in INT_PARAMS:
+        return f"an integer >= {lo}" if hi == math.inf else f"an integer in [{lo}, {hi}]"
+    if hi == math.inf:
+        return f"a number {'>' if lo_open else '>='} {lo:g}"
+    return f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+
+def check_params(family: str, params: dict, N: int | None = None) -> dict:
+    """The family's parameters with the defaults filled in, each checked; a one-line ``ValueError`` otherwise.
+
+    Every message starts with the parameter's name and ends with the value given (``n_rays must be
+    an integer, got 2.5``). With ``N``, parameters that need more points than ``N`` are refused
+    naming both (``n_rays`` rays need ``n_rays`` points; ``copies`` copies need as many).
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
     known = FAMILY_PARAMS[family]
     bad = sorted(set(params) - set(known))
     if bad:
         raise ValueError(f"family {family!r} has no parameter {bad[0]!r}; its parameters are {', '.join(known)}")
     p = dict(known)
     p.update({k: v for k, v in params.items() if v is not None})
-    p["dim"] = int(p["dim"])
-    if p["dim"] < 1:
-        raise ValueError(f"dim must be >= 1, got {p['dim']}")
-    for k in ("lam", "lam_rel", "spread", "inner_radius"):
-        if k in p and not (isinstance(p[k], (int, float)) and math.isfinite(p[k]) and p[k] > 0):
-            raise ValueError(f"{k} must be a positive number, got {p[k]!r}")
+    for k in known:
+        v = p[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise ValueError(f"{k} must be a number, got {v!r}")
+        v = int(v) if isinstance(v, np.integer) else float(v) if isinstance(v, np.floating) else v
+        if k in INT_PARAMS:
+            if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
+                raise ValueError(f"{k} must be an integer, got {_show(v)}")
+            v = int(v)
+        lo, hi, lo_open, hi_open = PARAM_RANGES[k]
+        inside = (math.isfinite(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi))
+        if not inside:
+            raise ValueError(f"{k} must be {_range_text(k)}, got {_show(v)}")
+        p[k] = v
     if family == "rays":
-        p["n_rays"] = int(p["n_rays"])
-        if p["n_rays"] < 2 or p["n_rays"] % 2:
-            raise ValueError(f"n_rays must be an even number >= 2, got {p['n_rays']}")
-    if family == "collinear" and not (math.isfinite(p["gap"]) and p["gap"] >= 0):
-        raise ValueError(f"gap must be >= 0, got {p['gap']!r}")
-    if family == "inside":
-        if not 0 <= p["frac_inside"] <= 1:
-            raise ValueError(f"frac_inside must be in [0, 1], got {p['frac_inside']!r}")
-        if not p["inner_radius"] < 1:
-            raise ValueError(f"inner_radius must be < 1 (a fraction of lam), got {p['inner_radius']!r}")
-    if family == "ties":
-        if not 0 <= p["frac_tie"] <= 1:
-            raise ValueError(f"frac_tie must be in [0, 1], got {p['frac_tie']!r}")
-        p["copies"] = int(p["copies"])
-        if p["copies"] < 1:
-            raise ValueError(f"copies must be >= 1, got {p['copies']}")
-    if family == "scaled":
-        for k in ("decades", "magnitude"):
-            if not math.isfinite(p[k]):
-                raise ValueError(f"{k} must be finite, got {p[k]!r}")
+        if p["n_rays"] % 2:
+            raise ValueError(f"n_rays must be an even integer >= 2 (antipodal pairs), got {p['n_rays']}")
+        if N is not None and p["n_rays"] > N:
+            raise ValueError(f"n_rays must be at most N = {N} (each ray needs a point of its own), "
+                             f"got {p['n_rays']}")
+    if family == "ties" and N is not None and p["copies"] > N:
+        raise ValueError(f"copies must be at most N = {N} (each copy is one of the N points), got {p['copies']}")
     return p
 
 
@@ -219,7 +263,8 @@ def make_bench_instance(family: str, N: int, *, seed: int = 0, **params) -> Benc
         Number of points, at least :data:`MIN_N` of the family.
     seed : int
     **params
-        Family parameters (:data:`FAMILY_PARAMS`; ``None`` means the default).
+        Family parameters (:data:`FAMILY_PARAMS`; ``None`` means the default), each within
+        :data:`PARAM_RANGES` (:func:`check_params`).
 
     Returns
     -------
@@ -229,7 +274,8 @@ def make_bench_instance(family: str, N: int, *, seed: int = 0, **params) -> Benc
     Raises
     ------
     ValueError
-        Unknown family or parameter, ``N`` too small, a parameter out of range.
+        Unknown family or parameter, ``N`` too small, a parameter out of range, not an integer
+        (``dim``, ``n_rays``, ``copies``) or needing more than ``N`` points (``n_rays``, ``copies``).
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
@@ -238,7 +284,7 @@ def make_bench_instance(family: str, N: int, *, seed: int = 0, **params) -> Benc
     N = int(N)
     if N < MIN_N[family]:
         raise ValueError(f"N = {N} is too small for family {family!r} (needs N >= {MIN_N[family]})")
-    p = _check_params(family, params)
+    p = check_params(family, params, N)
     n = p["dim"]
     rng = np.random.default_rng(seed)
     h = N // 2
@@ -292,6 +338,10 @@ def make_bench_instance(family: str, N: int, *, seed: int = 0, **params) -> Benc
         truth["closed_form"] = closed_form(X, c, lam=lam)
     X = np.ascontiguousarray(X, dtype=np.float64)
     sol = solve(X, lam=lam)
+    if not (math.isfinite(sol.value) and sol.certificate.certified):  # the ranges above should prevent it
+        raise ValueError(f"family {family!r} with {p} at N = {N} gives no certified optimum in float64 "
+                         f"(value {sol.value!r}, relative gap {sol.certificate.rel_gap:.1e}); choose parameters "
+                         "nearer the defaults")
     truth["width"] = int(sol.width)
     truth["n_within_lam"] = int(np.count_nonzero(sol.rays < 0))
     return BenchInstance(family=family, X=X, lam=float(lam), optimum=float(sol.value),

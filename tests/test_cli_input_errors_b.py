@@ -1,0 +1,236 @@
+"""Bad input to ``fit``, ``frontier``, ``relax`` and ``relax-bench``: one line naming the flag and the value, status 2.
+
+The project rule: bad input gets a one-line error that says what is wrong and where, exit status 2
+on the CLI, never a traceback and never a silent default. Each test below is one reviewed defect
+(numbered as in the review); each failed before its fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from widelimit.cli import main
+from widelimit.relax.families import make_bench_instance
+
+
+@pytest.fixture
+def good(tmp_path) -> str:
+    """Small data: 8 points in 3-D."""
+    path = tmp_path / "good.npy"
+    np.save(path, np.random.default_rng(0).standard_normal((8, 3)))
+    return str(path)
+
+
+def _one_line_error(capsys, argv, *needles, absent=()):
+    """``main(argv)`` exits 2 with one line on stderr holding every needle, and no traceback."""
+    assert main(argv) == 2
+    cap = capsys.readouterr()
+    err = cap.err
+    assert err.count("\n") == 1 and err.startswith("widelimit "), err
+    assert "Traceback" not in err and "error:" in err, err
+    for s in needles:
+        assert s in err, err
+    for s in absent:
+        assert s not in err, err
+    assert cap.out == "", cap.out  # nothing computed, nothing printed
+    return err
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+# --------------------------------------------------------------------------------------
+# 1. relax --device: refused with the cvxpy solvers, checked with TORCH
+# --------------------------------------------------------------------------------------
+
+
+def test_1_relax_device_refused_without_torch(good, capsys):
+    _one_line_error(capsys, ["relax", good, "--lam", "0.5", "--device", "bogus"],
+                    "--device applies only with --solver TORCH", "bogus")
+    _one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "clarabel", "--device", "cpu"],
+                    "--device applies only with --solver TORCH", "--device cpu")
+
+
+def test_1_relax_device_checked_with_torch(good, capsys):
+    _one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "torch", "--device", "bogus"],
+                    "--device must be", "'bogus'")
+
+
+def test_1_fit_device_checked_before_the_data(good, capsys):
+    _one_line_error(capsys, ["fit", good, "--lam", "0.5", "--width", "2", "--device", "bogus"],
+                    "--device must be", "'bogus'")
+
+
+# --------------------------------------------------------------------------------------
+# 2. fit --encoder topk needs --topk; the k used is shown
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cmd", [["fit", "--width", "2"], ["frontier", "--widths", "1,2"]])
+def test_2_topk_encoder_requires_topk(good, capsys, cmd):
+    argv = [cmd[0], good, "--lam", "0.5", *cmd[1:], "--encoder", "topk"]
+    _one_line_error(capsys, argv, "--encoder topk needs --topk")
+
+
+@pytest.mark.parametrize("cmd,needles", [
+    (["fit", "--width", "2"], ["--topk must be at most --width 2", "--topk 3"]),
+    (["frontier", "--widths", "2,1"], ["--topk must be at most the smallest of --widths, 1", "--topk 3"]),
+])
+def test_2_topk_beyond_the_width(good, capsys, cmd, needles):
+    _one_line_error(capsys, [cmd[0], good, "--lam", "0.5", *cmd[1:], "--encoder", "topk", "--topk", "3"], *needles)
+
+
+def test_2_topk_shown_in_table_and_json(good, capsys):
+    argv = ["fit", good, "--lam", "0.5", "--width", "2", "--encoder", "topk", "--topk", "1", "--max-steps", "5",
+            "--device", "cpu"]
+    assert main(argv) == 0
+    assert "topk (k = 1)" in capsys.readouterr().out
+    assert _json(capsys, [*argv, "--json"])["encoder_k"] == 1
+
+
+# --------------------------------------------------------------------------------------
+# 3. relax-bench parameters: integers, ranges, sizes, --seed
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--family", "rays", "--param", "n_rays=2.5", "--json"], ["--param n_rays must be an integer", "got 2.5"]),
+    (["--family", "random", "--param", "dim=2.7", "--json"], ["--param dim must be an integer", "got 2.7"]),
+    (["--family", "rays", "--param", "n_rays=1.5"], ["--param n_rays must be an integer", "got 1.5"]),
+    (["--family", "ties", "--param", "copies=2.5"], ["--param copies must be an integer", "got 2.5"]),
+    (["--family", "rays", "--param", "n_rays=1000000000"], ["--param n_rays", "N = 10", "got 1000000000"]),
+    (["--family", "ties", "--param", "copies=11"], ["--param copies", "N = 10", "got 11"]),
+    (["--family", "scaled", "--param", "decades=-1"], ["--param decades", "[0, 100]", "got -1"]),
+    (["--family", "scaled", "--param", "decades=1000"], ["--param decades", "[0, 100]", "got 1000"]),
+    (["--family", "scaled", "--param", "magnitude=200"], ["--param magnitude", "[-100, 100]", "got 200"]),
+    (["--family", "rays", "--param", "lam=1e300"], ["--param lam", "[0.001, 1000]", "got 1e+300"]),
+    (["--family", "collinear", "--param", "gap=1e300"], ["--param gap", "[0, 1000]", "got 1e+300"]),
+    (["--N", "1000000000"], ["--N must be at most 3000", "got 1000000000"]),
+    (["--param", "dim=1e9"], ["--param dim must be at most 1000", "got 1e9"]),
+    (["--param", "dim=3", "--param", "dim=4"], ["--param dim is given twice", "dim=4"]),
+    (["--seed", "-1"], ["--seed", "'-1'"]),
+])
+def test_3_relax_bench_parameters(capsys, argv, needles):
+    _one_line_error(capsys, ["relax-bench", *argv], *needles, absent=["got 1\n", "got 2\n", "got inf"])
+
+
+def test_3_family_parameters_through_the_api():
+    with pytest.raises(ValueError, match=r"^n_rays must be an integer, got 2.5$"):
+        make_bench_instance("rays", 10, n_rays=2.5)
+    with pytest.raises(ValueError, match=r"n_rays must be at most N = 10 .*got 12$"):
+        make_bench_instance("rays", 10, n_rays=12)
+    with pytest.raises(ValueError, match=r"decades must be a number in \[0, 100\], got -1$"):
+        make_bench_instance("scaled", 10, decades=-1)
+    # an integral float is the integer, and n_rays = N (one point per ray) is allowed
+    assert make_bench_instance("rays", 6, n_rays=6.0).params["n_rays"] == 6
+
+
+# --------------------------------------------------------------------------------------
+# 4. flags given but unused are refused
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cmd,argv,needles", [
+    ("fit", ["--width", "2", "--lr", "0.01"], ["--lr applies only with --encoder", "--encoder none"]),
+    ("fit", ["--width", "2", "--topk", "1"], ["--topk applies only with --encoder topk", "--encoder none"]),
+    ("frontier", ["--widths", "1,2", "--lr", "0.01"], ["--lr applies only with --encoder"]),
+    ("frontier", ["--widths", "1,2", "--exact-time-limit", "5"],
+     ["--exact-time-limit applies only with --exact", "--exact-time-limit 5"]),
+])
+def test_4_unused_fit_flags(good, capsys, cmd, argv, needles):
+    _one_line_error(capsys, [cmd, good, "--lam", "0.5", *argv], *needles)
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--format", "cbf"], ["--format applies only with --export", "--format cbf"]),
+    (["--cone", "nonneg"], ["--cone applies only with --export", "--cone nonneg"]),
+])
+def test_4_unused_relax_bench_flags(capsys, argv, needles):
+    _one_line_error(capsys, ["relax-bench", *argv], *needles)
+
+
+# --------------------------------------------------------------------------------------
+# 5. lists: no empty items, no duplicates
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("widths,needles", [
+    ("1,,2", ["--widths has an empty item", "'1,,2'"]),
+    ("1,2,", ["--widths has an empty item", "'1,2,'"]),
+    ("1,1", ["--widths lists 1 twice", "'1,1'"]),
+])
+def test_5_frontier_widths(good, capsys, widths, needles):
+    _one_line_error(capsys, ["frontier", good, "--lam", "0.5", "--widths", widths], *needles)
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--N", "10,"], ["--N has an empty item", "'10,'"]),
+    (["--N", "10,10"], ["--N lists 10 twice", "'10,10'"]),
+    (["--family", "random,,rays"], ["--family has an empty item", "'random,,rays'"]),
+    (["--family", "rays,rays"], ["--family lists rays twice", "'rays,rays'"]),
+])
+def test_5_relax_bench_lists(capsys, argv, needles):
+    _one_line_error(capsys, ["relax-bench", *argv], *needles)
+
+
+# --------------------------------------------------------------------------------------
+# 6. --exact-time-limit checked at parse time, by its flag
+# --------------------------------------------------------------------------------------
+
+
+def test_6_exact_time_limit_negative(good, capsys):
+    _one_line_error(capsys, ["frontier", good, "--lam", "0.5", "--widths", "1,2", "--exact", "--exact-time-limit", "-1"],
+                    "argument --exact-time-limit", "'-1'", absent=["time_limit"])
+
+
+# --------------------------------------------------------------------------------------
+# 7. echo what the user typed; a file is not a folder
+# --------------------------------------------------------------------------------------
+
+
+def test_7_relax_solver_echoed_as_typed(good, capsys):
+    _one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "bogus"], "--solver", "'bogus'",
+                    absent=["BOGUS"])
+
+
+def test_7_relax_bench_export_is_a_file(tmp_path, capsys):
+    f = tmp_path / "good.csv"
+    f.write_text("1,2\n3,4\n")
+    _one_line_error(capsys, ["relax-bench", "--export", str(f)], "--export", "good.csv", "is a file",
+                    absent=["folder 'good.csv'", "not empty"])
+    assert f.read_text() == "1,2\n3,4\n"
+
+
+# --------------------------------------------------------------------------------------
+# 8. frontier records the plot's final path
+# --------------------------------------------------------------------------------------
+
+
+def test_8_frontier_records_the_final_plot_path(good, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    d = _json(capsys, ["frontier", good, "--lam", "0.5", "--widths", "1,2", "--out", "fr", "--json",
+                       "--max-steps", "5", "--restarts", "1", "--device", "cpu"])
+    assert d["plot"] == os.path.join("fr", "frontier.png") and Path(d["plot"]).is_file()
+    assert json.loads(Path("fr/frontier.json").read_text())["plot"] == d["plot"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fr", "good.npy"]  # no temporary folder left
+
+
+# --------------------------------------------------------------------------------------
+# 9. fit says when the batch is the whole data
+# --------------------------------------------------------------------------------------
+
+
+def test_9_fit_batch_at_least_n_is_the_full_data(good, capsys):
+    argv = ["fit", good, "--lam", "0.5", "--width", "2", "--batch-size", "100", "--max-steps", "5", "--device", "cpu"]
+    d = _json(capsys, [*argv, "--json"])
+    assert d["batch_size"] == 8 and d["full_batch"] is True
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.replace("\u2502", " ").split())  # the table's text, unwrapped
+    assert "full data" in out and "--batch-size 100 >= N = 8" in out
