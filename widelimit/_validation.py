@@ -15,6 +15,19 @@ import numpy as np
 from .engine import engine_for
 from .engine.local import CHUNK_BYTES, chunk_rows, is_dask_array, raise_nonfinite  # noqa: F401  (re-exported)
 
+#: The largest row norm accepted: ``sqrt(max float64) / u = 2^565`` (about 1.2e170, ``u = 2^-53``).
+#: The solvers rescale data of extreme magnitude by a power of two (exact/scaling.py), so every
+#: pass works in units where the data are about 1, and rows far above ``sqrt(max float64)`` (1.34e154)
+#: are solved and certified where the objective itself fits in float64 (it is lam-dependent, checked on
+#: the results). Beyond ``2^565`` even the rounding error of a row (``u`` times its norm: any
+#: reconstruction of it is off by that much) squares past the float64 range, so no objective of such
+#: data can be evaluated, whatever ``lam``.
+SQUARE_LIMIT = 2.0**565
+#: The smallest ``lam`` accepted: the smallest normal float64. The certificate's rounding bounds
+#: (exact/median_bound.py, exact/certificate.py) are relative bounds ``gamma_K |value|``, which
+#: do not hold for subnormal numbers (their absolute underflow term ``ETA = 2^-1075`` rounds to 0).
+LAM_MIN = float(np.finfo(np.float64).tiny)
+
 
 def to_numpy(a, name: str = "array") -> np.ndarray:
     """Return ``a`` as a NumPy array; torch tensors (any device, bf16 too) are accepted."""
@@ -53,6 +66,82 @@ def _float_dtype(arr: np.ndarray, name: str) -> np.ndarray:
     if arr.dtype not in (np.float32, np.float64):
         return arr.astype(np.float64)
     return arr
+
+
+def refuse_bool(dtype, name: str) -> None:
+    """Data of dtype bool are refused (like complex data): a mask is not a set of points."""
+    if np.dtype(dtype).kind == "b":
+        raise ValueError(f"{name} has dtype bool; widelimit needs floating point or integer data")
+
+
+def bad_row(c) -> tuple[int, str, float] | None:
+    """The first row of the 2-D chunk ``c`` that holds NaN / Inf or is too large to square, or ``None``.
+
+    Returns ``(i, what, norm)`` with ``what`` one of ``"NaN"``, ``"Inf"``, ``"large"`` (a row whose
+    Euclidean norm exceeds :data:`SQUARE_LIMIT`; ``norm`` is that norm, ``inf`` when it overflows).
+    Two reductions per chunk when the chunk is fine (``max``, ``min``; NaN propagates through both).
+    """
+    if c.size == 0:
+        return None
+    m = max(float(c.max()), -float(c.min()))
+    if not math.isfinite(m):
+        ok = np.isfinite(c).all(axis=1)
+        if not ok.all():
+            i = int(np.flatnonzero(~ok)[0])
+            return i, ("NaN" if np.isnan(c[i]).any() else "Inf"), math.nan
+        m = math.inf  # pragma: no cover - max/min of finite data are finite
+    n = c.shape[1]
+    if m * math.sqrt(n) <= SQUARE_LIMIT:
+        return None
+    amax = np.abs(c).max(axis=1).astype(np.float64)
+    for i in np.flatnonzero(amax * math.sqrt(n) > SQUARE_LIMIT):
+        q = np.asarray(c[i], dtype=np.float64) / amax[i]
+        with np.errstate(over="ignore"):
+            nrm = float(amax[i] * math.sqrt(float(q @ q)))
+        if nrm > SQUARE_LIMIT:
+            return int(i), "large", nrm
+    return None
+
+
+def too_large(norm: float) -> str:
+    """Why a row :func:`bad_row` calls ``"large"`` is refused (the caller says which row)."""
+    shown = f"{norm:.3g}" if math.isfinite(norm) else "above 1.8e+308"
+    return (f"its norm is {shown}, above 2^565 = {SQUARE_LIMIT:.3g}, where even its float64 rounding error "
+            "(2^-53 of it) squares past the float64 range, so no objective of it can be evaluated; rescale the data")
+
+
+def _sample_rows(N: int) -> np.ndarray:
+    """Up to 257 evenly spaced rows (the rows :func:`widelimit.exact.scaling.normaliser` reads)."""
+    return np.unique(np.linspace(0, N - 1, min(N, 257)).astype(np.int64))
+
+
+def check_magnitude_sample(X, name: str = "X") -> None:
+    """Refuse data whose sampled rows are too large to square in float64 (random access, no pass).
+
+    For data whose finiteness is checked in the first pass of the computation (``finite=False`` or a
+    source): the rows :func:`~widelimit.exact.scaling.normaliser` reads anyway. A larger row that the
+    sample misses shows in that pass, which rescales from every row.
+    """
+    N = int(X.shape[0])
+    if N == 0 or is_dask_array(X):
+        return
+    idx = _sample_rows(N)
+    try:
+        S = np.asarray(X[idx])
+    except (TypeError, IndexError, NotImplementedError):  # a row-wise wrapper without fancy indexing
+        return
+    S = S if S.dtype.kind == "f" else S.astype(np.float64)
+    S = np.where(np.isfinite(S), S, 0.0)  # non-finite rows are the first pass's to report
+    hit = bad_row(S)
+    if hit is not None:
+        row = int(idx[hit[0]])
+        where = ""
+        loc = getattr(X, "locate", None)
+        if loc is not None:
+            shard, r = loc(row)
+            where = f" (shard {shard}, row {r})"
+        raise ValueError(f"{name} has values too large to square in float64 in row {row} (0-based){where}: "
+                         f"{too_large(hit[2])}")
 
 
 def iter_chunks(X: np.ndarray, rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
@@ -107,8 +196,9 @@ def _check_out_of_core(X, name: str, finite: bool | None):
         raise ValueError(f"{name} must be 2-D of shape (N points, n dims), got shape {tuple(X.shape)}")
     if X.shape[0] == 0 or X.shape[1] == 0:
         raise ValueError(f"{name} is empty: shape {tuple(X.shape)}")
+    refuse_bool(X.dtype, name)
     kind = np.dtype(X.dtype).kind
-    if kind not in "fiub":
+    if kind not in "fiu":
         raise ValueError(f"{name} has non-numeric dtype {X.dtype}")
     if is_dask_array(X):
         if kind != "f" or X.dtype == np.float16:
@@ -117,11 +207,16 @@ def _check_out_of_core(X, name: str, finite: bool | None):
             X = X.rechunk({1: -1})  # passes need whole rows
     if finite:  # chunkwise; otherwise the first pass of each computation checks
         engine_for(X).reduce(_finite_chunk, lambda a, b: None, stage="check")
+    check_magnitude_sample(X, name)
     return X
 
 
 def check_data(X, name: str = "X", *, finite: bool | None = None):
     """Validate a data matrix: 2-D ``(N, n)``, non-empty, finite; float32 kept, ints -> float64.
+
+    Booleans are refused (floating point or integer data are needed), and so are rows whose norm
+    is too large to square in float64 (above :data:`SQUARE_LIMIT`, about 1.2e170); rows are
+    numbered from 0 in messages.
 
     float32 input is kept as float32 (no full-size copy); every computation
     reads it in float64 chunks.
@@ -144,12 +239,29 @@ def check_data(X, name: str = "X", *, finite: bool | None = None):
         )
     if arr.shape[0] == 0 or arr.shape[1] == 0:
         raise ValueError(f"{name} is empty: shape {arr.shape}")
+    refuse_bool(arr.dtype, name)
     arr = _float_dtype(arr, name)
-    bad = first_nonfinite_row(arr) if finite is not False else None
+    if finite is False:  # the first pass checks every row; too large rows are caught from a sample here
+        check_magnitude_sample(arr, name)
+        return arr
+    bad = first_bad_row(arr)
     if bad is not None:
-        what = "NaN" if np.isnan(arr[bad]).any() else "Inf"
-        raise ValueError(f"{name} has a non-finite value ({what}) in row {bad}")
+        row, what, nrm = bad
+        if what == "large":
+            raise ValueError(f"{name} has values too large to square in float64 in row {row} (0-based): "
+                             f"{too_large(nrm)}")
+        raise ValueError(f"{name} has a non-finite value ({what}) in row {row} (0-based)")
     return arr
+
+
+def first_bad_row(X: np.ndarray) -> tuple[int, str, float] | None:
+    """:func:`bad_row` over all of ``X`` (2-D), chunk by chunk: ``(row, what, norm)`` or ``None``."""
+    rows = chunk_rows(X.shape[1])
+    for s in range(0, X.shape[0], rows):
+        hit = bad_row(X[s : s + rows])
+        if hit is not None:
+            return s + hit[0], hit[1], hit[2]
+    return None
 
 
 def check_vector(v, n: int, name: str) -> np.ndarray:
@@ -180,6 +292,9 @@ def check_lam(lam) -> float:
         raise ValueError(f"lam must be a positive finite number, got {type(lam).__name__} {str(lam)[:60]!r}") from None
     if not math.isfinite(val) or val <= 0:
         raise ValueError(f"lam must be a positive finite number, got {lam!r}")
+    if val < LAM_MIN:
+        raise ValueError(f"lam must be at least {LAM_MIN!r} (the smallest normal float64; the certificate's "
+                         f"rounding bounds do not hold for subnormal numbers), got {val!r}")
     return val
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from .._json import dumps as _dumps
+from .._validation import LAM_MIN
 from ..data import datasets
-from ..data.shards import show
-from ..data.source import open_activations
+from ..data.shards import first_line, show
+from ..data.source import check_values, open_activations
 from ..plot import plot_solution
 
 
@@ -49,6 +50,27 @@ def nonneg_float(text: str) -> float:
     return _number(text, float, 0, False)
 
 
+def lam_float(text: str) -> float:
+    """argparse type for ``--lam``: a finite number >= the smallest normal float64 (subnormal values refused)."""
+    v = _number(text, float, 0, True)
+    if v < LAM_MIN:
+        raise argparse.ArgumentTypeError(f"must be at least {LAM_MIN!r} (the smallest normal float64; the "
+                                         "certificate's rounding bounds do not hold for subnormal numbers), "
+                                         f"got {text!r}")
+    return v
+
+
+def unit_interval_float(text: str) -> float:
+    """argparse type: a number strictly between 0 and 1 (a relative tolerance)."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1), got {text!r}")
+    return v
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     return _number(text, int, 1, False)
@@ -73,22 +95,43 @@ class Parser(argparse.ArgumentParser):
 
 
 def load_data(spec: str, key: str | None = None, seed: int = 0, *, column: str | None = None,
-              header: bool | None = None):
+              header: bool | None = None, scan: bool = True):
     """``(X, default_lam, label)`` from a path or a built-in dataset name.
 
     Every path goes through :func:`widelimit.open_activations` (``X`` is then an
-    :class:`~widelimit.data.source.ActivationSource`); a built-in name gives an array.
+    :class:`~widelimit.data.source.ActivationSource`); a built-in name gives an array. An option
+    that does not apply (``--key`` on a .npy file, ``--header`` on a built-in dataset, ...) is refused.
+    With ``scan`` (the default) every row is read once here and NaN / Inf or rows too large to square
+    are refused before any computation, naming the file and the line (text tables) or the row (0-based).
     """
     if spec in datasets.BUILTIN and not Path(spec).exists():
+        for flag, v in (("--key", key), ("--column", column), ("--header", header)):
+            if v is not None:
+                raise ValueError(f"{flag} applies only to data files, not to the built-in dataset {spec!r}")
         X, _ = datasets.load_builtin(spec, seed=seed)
         return X, datasets.BUILTIN[spec][1], f"built-in dataset {spec!r}"
-    return open_activations(spec, key=key, column=column, header=header), None, show(spec)
+    src = open_activations(spec, key=key, column=column, header=header)
+    if scan:
+        check_values(src, show(spec))
+    return src, None, show(spec)
+
+
+def check_finite_result(label: str, lam, *values) -> None:
+    """Refuse a result whose objective left the float64 range (lam-dependent: data far above 1e154 whose
+    squares overflow at this lam), instead of printing ``null``."""
+    if lam is not None and not all(v is not None and math.isfinite(v) for v in values):
+        raise ValueError(f"{label}: the objective at --lam {lam:g} overflows float64 (the data are too large to "
+                         "square at this lam); rescale the data or lower --lam")
 
 
 def in_memory(X) -> np.ndarray:
     """The rows of ``X`` as one writable NumPy array (for the in-memory solvers: torch, cvxpy)."""
     a = np.asarray(X)
     return a if a.flags.writeable else a.copy()
+
+
+def _cannot_write(flag: str, path, e: OSError) -> ValueError:
+    return ValueError(f"{flag} {show(path)}: cannot write here ({e.strerror or first_line(e)})")
 
 
 def check_out_dir(out, flag: str = "--out"):
@@ -113,27 +156,67 @@ def check_out_dir(out, flag: str = "--out"):
         raise ValueError(f"{flag} {show(out)}: {show(probe)} is a file, a folder is needed")
     if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {show(out)}: {show(probe)} is not writable")
+    try:  # permissions do not tell everything (/proc, /sys, read-only mounts): create and remove a folder
+        os.rmdir(tempfile.mkdtemp(prefix=".widelimit-probe.", dir=probe))
+    except OSError as e:
+        raise _cannot_write(flag, out, e) from None
     return out
 
 
+def check_out_file(path, flag: str):
+    """Refuse an output *file* (a checkpoint) that cannot be written, before any computation.
+
+    Its folder must exist and be writable (tested by creating and removing a file there); ``path`` must
+    not be a folder. Every message names ``flag`` and ``path`` as given.
+    """
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {show(path)}: is a folder, a file is needed")
+    parent = path.parent
+    probe = parent
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ValueError(f"{flag} {show(path)}: its parent {show(probe)} is a file, not a folder")
+    if not parent.exists():
+        raise ValueError(f"{flag} {show(path)}: cannot write here (its folder {show(parent)} does not exist)")
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        raise _cannot_write(flag, path, e) from None
+    return path
+
+
 @contextlib.contextmanager
-def atomic_outputs(out):
+def atomic_outputs(out, flag: str = "--out"):
     """Yield a temporary folder next to ``out``; on success move its files into ``out``.
 
     Each file appears in ``out`` by one ``os.replace`` (never half-written); on an error or
-    Ctrl-C the temporary folder is removed and ``out`` is left as it was.
+    Ctrl-C the temporary folder is removed and ``out`` is left as it was. A folder that cannot be
+    made or written is one ``ValueError`` naming ``flag`` and ``out`` as given (never the temporary name).
     """
+    given = out
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as e:
+        raise _cannot_write(flag, given, e) from None
     try:
         yield tmp
-        out.mkdir(parents=True, exist_ok=True)
-        for f in sorted(tmp.rglob("*")):
-            if f.is_file():
-                dest = out / f.relative_to(tmp)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(f, dest)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for f in sorted(tmp.rglob("*")):
+                if f.is_file():
+                    dest = out / f.relative_to(tmp)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(f, dest)
+        except OSError as e:
+            raise _cannot_write(flag, given, e) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

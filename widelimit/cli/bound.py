@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from ..data.source import ActivationSource
 
-from ._common import _console, certificate_table, check_out_dir, load_data, positive_float, positive_int, print_json, progress_display
+from ._common import (_console, certificate_table, check_finite_result, check_out_file, lam_float, load_data,
+                      positive_float, positive_int, print_json, progress_display)
+from ..data.shards import first_line, show
 from ..exact.median import geometric_median, huber_median
 from ..engine.dask_engine import from_source
 
@@ -29,7 +34,7 @@ def _add_bound(sub):
     )
     p.add_argument("data", help=".npy / .safetensors / .arrow file, a folder of shards, a Hugging Face "
                                 "datasets cache (SAELens), another data file, or a built-in dataset name")
-    p.add_argument("--lam", type=positive_float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
+    p.add_argument("--lam", type=lam_float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
     p.add_argument("--key", default=None, help="tensor name inside .safetensors / .npz / .pt")
     p.add_argument("--column", default=None, help="column of a datasets / Arrow cache (default: its float column)")
     p.add_argument("--header", action="store_true", help="text tables: the first row is a header")
@@ -39,9 +44,11 @@ def _add_bound(sub):
     p.add_argument("--dask", default=None, metavar="ADDRESS",
                    help="run the passes on a Dask cluster: a scheduler address (tcp://host:8786) or "
                         "'local' / 'local:N' for a LocalCluster of N >= 1 worker processes")
-    p.add_argument("--dask-timeout", type=positive_float, default=30.0, metavar="SECONDS",
-                   help="give up when the scheduler does not answer, or has no worker, within this time")
-    p.add_argument("--rows", type=positive_int, default=None, help="rows per Dask block (default: a 32 MiB float64 block)")
+    p.add_argument("--dask-timeout", type=positive_float, default=None, metavar="SECONDS",
+                   help="with --dask: give up when the scheduler does not answer, or has no worker, within this "
+                        "time (default 30)")
+    p.add_argument("--rows", type=positive_int, default=None,
+                   help="with --dask: rows per Dask block (default: a 32 MiB float64 block)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -91,13 +98,57 @@ def _dask_client(spec: str, timeout: float = 30.0):
     return client, cluster
 
 
+_NPZ_MAGIC = b"PK\x03\x04"
+
+
+def _check_checkpoint(path: Path) -> None:
+    """``--checkpoint``: a path where a checkpoint can be written, or an existing widelimit checkpoint.
+
+    An existing file that is not a checkpoint is refused (never overwritten), saying what it is instead.
+    """
+    check_out_file(path, "--checkpoint")
+    if not path.exists():
+        return
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise ValueError(f"--checkpoint {show(path)}: cannot read it ({e.strerror or first_line(e)})") from None
+    if head != _NPZ_MAGIC:
+        what = "it is empty" if not head else f"it starts with {head!r}"
+        raise ValueError(f"--checkpoint {show(path)}: exists and is not a widelimit checkpoint (a checkpoint is "
+                         f"an .npz archive; this file is not one: {what}); delete it or choose another path")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if "__meta__" not in z.files:
+                raise ValueError(f"--checkpoint {show(path)}: exists and is not a widelimit checkpoint (an .npz "
+                                 f"archive without its __meta__ entry; it holds {', '.join(z.files) or 'nothing'}); "
+                                 "delete it or choose another path")
+            json.loads(bytes(z["__meta__"]).decode())
+    except ValueError as e:
+        if str(e).startswith("--checkpoint"):
+            raise
+        raise ValueError(f"--checkpoint {show(path)}: exists and is not a readable widelimit checkpoint "
+                         f"({type(e).__name__}: {first_line(e)}); delete it or choose another path") from None
+    except Exception as e:  # noqa: BLE001 - a corrupted archive
+        raise ValueError(f"--checkpoint {show(path)}: exists and is not a readable widelimit checkpoint "
+                         f"(a damaged .npz archive: {type(e).__name__}: {first_line(e)}); delete it or choose "
+                         "another path") from None
+
+
 def _run_bound(args) -> int:
 
+    if not args.dask:
+        for flag, v in (("--dask-timeout", args.dask_timeout), ("--rows", args.rows)):
+            if v is not None:
+                raise ValueError(f"{flag} applies only with --dask")
+    if args.dask_timeout is None:
+        args.dask_timeout = 30.0
     if args.checkpoint is not None:
-        if args.checkpoint.is_dir():
-            raise ValueError(f"--checkpoint {args.checkpoint}: is a folder, a file is needed")
-        check_out_dir(args.checkpoint.parent, "--checkpoint")
-    X, lam0, label = load_data(args.data, args.key, column=args.column, header=args.header or None)
+        _check_checkpoint(args.checkpoint)
+    # with --dask the passes read the data on the cluster, whose first pass checks every row
+    X, lam0, label = load_data(args.data, args.key, column=args.column, header=args.header or None,
+                               scan=not args.dask)
     if isinstance(X, ActivationSource):
         label = repr(X)
     lam = args.lam if args.lam is not None else lam0
@@ -121,6 +172,7 @@ def _run_bound(args) -> int:
             else:
                 res = huber_median(X, lam=lam, progress=cb, checkpoint=args.checkpoint)
         secs = time.perf_counter() - t0
+        check_finite_result(show(args.data), None if args.geometric else lam, res.value, res.lower_bound)
     finally:
         if client is not None:
             client.close()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..data.source import open_activations
-from ._common import (_console, atomic_outputs, certificate_table, check_out_dir, moved, nonneg_float, nonneg_int,
-                      positive_float, positive_int, print_json, progress_display)
+from ._common import (_console, atomic_outputs, certificate_table, check_out_dir, lam_float, moved, nonneg_float,
+                      nonneg_int, positive_float, positive_int, print_json, progress_display)
 from ..sae.report import certificate_rows
 from ..sae.certify import certify_sae, write_sae_certificate
 from ..sae.formats import load_sae
@@ -30,7 +30,7 @@ def _add_certify(sub):
     p.add_argument("acts", help="activations (N, d_in): .npy, .safetensors, .pt, .npz, a folder of shards, "
                                 "a datasets Arrow cache")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--lam", type=positive_float, help="sparsity lam > 0 of the objective")
+    g.add_argument("--lam", type=lam_float, help="sparsity lam > 0 of the objective")
     g.add_argument("--l1-coefficient", type=positive_float, help="SAELens / dictionary_learning L1 coefficient (= 2 lam)")
     p.add_argument("--architecture", default=None,
                    choices=["standard", "jumprelu", "topk", "batchtopk", "gated", "matryoshka"],

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import (_console, _solution_rows, _write_solution, atomic_outputs, certificate_table, check_out_dir,
-                      load_data, moved, nonneg_float, positive_float, print_json, progress_display)
+from ._common import (_console, _solution_rows, _write_solution, atomic_outputs, certificate_table,
+                      check_finite_result, check_out_dir, lam_float, load_data, moved, nonneg_float, print_json,
+                      progress_display, unit_interval_float)
 from ..exact.solve import solve
 from .solve_width import run_solve_width
 
@@ -18,7 +19,7 @@ from .solve_width import run_solve_width
 def _add_solve(sub):
     p = sub.add_parser("solve", help="solve the wide-limit problem exactly, with a certificate")
     p.add_argument("data", help="data file (.npy .npz .csv .safetensors .pt) or a built-in dataset name")
-    p.add_argument("--lam", type=positive_float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
+    p.add_argument("--lam", type=lam_float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
     p.add_argument("--key", default=None, help="array name inside .npz / .safetensors / .pt")
     p.add_argument("--header", action="store_true", help="text tables: the first row is a header (default: only "
                    "when none of its fields is a number)")
@@ -27,13 +28,35 @@ def _add_solve(sub):
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--out", type=Path, default=None, help="write solution.npz, solution.json, solution.png here")
     p.add_argument("--width", default=None, help="certified global optimum at this finite width (branch and bound)")
-    p.add_argument("--time-limit", type=float, default=600.0, help="seconds for the --width search (default 600)")
-    p.add_argument("--rel-tol", type=float, default=1e-6, help="relative gap of the --width search (default 1e-6)")
+    p.add_argument("--time-limit", type=nonneg_float, default=None,
+                   help="with --width: seconds for the search, >= 0 (default 600)")
+    p.add_argument("--rel-tol", type=unit_interval_float, default=None,
+                   help="with --width: relative gap of the search, in (0, 1) (default 1e-6)")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr (shown on terminals only)")
+
+
+#: Defaults of the options that apply only with --width (default=None above tells "given" from "not given").
+WIDTH_DEFAULTS = {"time_limit": 600.0, "rel_tol": 1e-6}
+
+
+def _check_width_options(args) -> None:
+    """Options of the --width search given without --width, or combined with what it cannot do, are refused."""
+    if args.width is None:
+        for dest, flag in (("time_limit", "--time-limit"), ("rel_tol", "--rel-tol")):
+            if getattr(args, dest) is not None:
+                raise ValueError(f"{flag} applies only with --width")
+        return
+    if args.signed:
+        raise ValueError("--width and --signed cannot be combined: the finite-width search supports nonnegative "
+                         "codes only")
+    for dest, default in WIDTH_DEFAULTS.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
 
 
 def _run_solve(args) -> int:
 
+    _check_width_options(args)
     check_out_dir(args.out)
     X, lam0, label = load_data(args.data, args.key, header=args.header or None)
     lam = args.lam if args.lam is not None else lam0
@@ -47,6 +70,7 @@ def _run_solve(args) -> int:
     err = Console(stderr=True)
     with progress_display(err, enabled=not args.no_progress and err.is_terminal) as cb:  # terminals only
         sol = solve(X, lam=lam, ray_tol=args.ray_tol, signed=args.signed, progress=cb)
+    check_finite_result(label, lam, sol.value, sol.lower_bound)
     files = []
     if args.out:
         with atomic_outputs(args.out) as tmp:

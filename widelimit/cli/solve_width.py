@@ -6,7 +6,8 @@ import numpy as np
 
 from ..exact.solve import solve
 from .._json import write_json
-from ._common import _console, certificate_table, print_json, progress_display
+from ._common import (_console, atomic_outputs, certificate_table, check_finite_result, moved, print_json,
+                      progress_display)
 
 
 def _parse_width(text: str) -> int:
@@ -24,16 +25,19 @@ def run_solve_width(args, X, lam, label) -> int:
     from rich.console import Console
 
     k = _parse_width(args.width)
+    if k > X.shape[0]:  # checked again by solve(width=); here before the wide solve's passes
+        raise ValueError(f"--width {k} exceeds the number of points N = {X.shape[0]}")
     err = Console(stderr=True)
     with progress_display(err, enabled=not args.no_progress and err.is_terminal) as cb:  # terminals only
         sol = solve(X, lam=lam, width=k, ray_tol=args.ray_tol, signed=args.signed, time_limit=args.time_limit,
                     rel_tol=args.rel_tol, progress=cb)
+    check_finite_result(label, lam, sol.value, sol.lower_bound)
     files = []
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        np.savez(args.out / "solution.npz", dictionary=sol.dictionary, codes=sol.codes, bias=sol.bias)
-        write_json(args.out / "solution.json", sol.as_dict())
-        files = [args.out / "solution.npz", args.out / "solution.json"]
+        with atomic_outputs(args.out) as tmp:
+            np.savez(tmp / "solution.npz", dictionary=sol.dictionary, codes=sol.codes, bias=sol.bias)
+            write_json(tmp / "solution.json", sol.as_dict())
+            files = moved([tmp / "solution.npz", tmp / "solution.json"], tmp, args.out)
     if args.json:
         d = sol.as_dict()
         d["data"] = label

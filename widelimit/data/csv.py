@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .shards import DataError, first_line, show
+from .shards import ArrayShard, DataError, first_line, show
 
-__all__ = ["read_table"]
+__all__ = ["read_table", "read_table_shard", "TableShard"]
 
 
 def _is_number(field: str) -> bool:
@@ -61,8 +61,45 @@ def _locate_error(path: Path, delim: str | None, skip_line: int | None) -> None:
             raise DataError(f"{show(path)}: line {ln} has {len(fields)} fields, line {first} has {width}")
 
 
+class TableShard(ArrayShard):
+    """The rows of a text table, which knows the line of the file each row came from (for messages)."""
+
+    def __init__(self, arr: np.ndarray, path: Path, header_line: int | None):
+        super().__init__(arr, str(path))
+        self.path, self.header_line = Path(path), header_line
+
+    def line_of(self, row: int) -> tuple[int, list[str]]:
+        """``(line number, fields)`` of data row ``row`` (0-based) in the file (1-based lines, as an editor shows)."""
+        delim = "," if self.path.suffix.lower() == ".csv" else None
+        k = -1
+        for ln, text in _rows(self.path):
+            if ln == self.header_line:
+                continue
+            k += 1
+            if k == row:
+                return ln, _split(text.split("#", 1)[0], delim)
+        raise IndexError(row)  # pragma: no cover - the file changed since it was read
+
+    def describe(self, row: int, col: int | None, what: str) -> str:
+        """``path: line L, column C: 'text' is <what>`` (``col`` 0-based, or None for the whole line)."""
+        try:
+            ln, fields = self.line_of(row)
+        except (IndexError, DataError):  # pragma: no cover - the file changed since it was read
+            return f"{show(self.path)}: data row {row} (0-based): {what}"
+        if col is None or col >= len(fields):
+            return f"{show(self.path)}: line {ln}: {what}"
+        return f"{show(self.path)}: line {ln}, column {col + 1}: {fields[col][:40]!r} is {what}"
+
+
 def read_table(path: Path, header: bool | None = None) -> np.ndarray:
+    """Read a numeric table as a float64 ``(rows, columns)`` array (see :func:`read_table_shard`)."""
+    return read_table_shard(path, header).arr
+
+
+def read_table_shard(path: Path, header: bool | None = None) -> TableShard:
     """Read a numeric table as a float64 ``(rows, columns)`` array.
+
+    A :class:`TableShard`: it maps rows back to the file's lines for messages.
 
     Parameters
     ----------
@@ -93,4 +130,4 @@ def read_table(path: Path, header: bool | None = None) -> np.ndarray:
         raise DataError(f"{show(path)}: could not read as a table of numbers ({first_line(e)})") from None
     if arr.size == 0:
         raise DataError(f"{show(path)}: holds no rows" + (" after its header" if header else ""))
-    return arr
+    return TableShard(arr, path, skip)

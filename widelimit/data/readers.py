@@ -50,11 +50,13 @@ def check_2d(shape, path, what: str = "array") -> None:
 
 
 def array_shard(arr: np.ndarray, path, what: str = "array", kind: str | None = None) -> ArrayShard:
-    """An in-memory shard of a 2-D numeric array (floats kept, integers/booleans as float64)."""
+    """An in-memory shard of a 2-D numeric array (floats kept, integers as float64; booleans refused)."""
     check_2d(arr.shape, path, what)
     if kind is None:
         dt = np.dtype(arr.dtype)
-        if dt.kind in "iub":
+        if dt.kind == "b":
+            raise DataError(f"{show(path)}: {what} has dtype bool; expected floating point or integer numbers")
+        if dt.kind in "iu":
             arr = arr.astype(np.float64)
         elif dt.kind == "f" and dt not in _NP_FLOATS:
             arr = arr.astype(np.float64)
@@ -92,6 +94,8 @@ def read_npy(path: Path) -> list:
     check_2d(shape, path)
     if dtype.hasobject:
         raise DataError(f"{show(path)}: holds Python objects (dtype {dtype}); widelimit reads numeric arrays only")
+    if dtype.kind == "b":
+        raise DataError(f"{show(path)}: array has dtype bool; expected floating point or integer numbers")
     if dtype in _NP_FLOATS and dtype.isnative and (not fortran or shape[0] <= 1 or shape[1] <= 1):
         return [FileShard(path, offset, shape[0], shape[1], dtype, KIND_OF_ITEMSIZE[dtype.itemsize])]
     need = offset + int(np.prod(shape)) * dtype.itemsize
@@ -193,6 +197,9 @@ def safetensors_entry(path: Path, key: str | None) -> tuple[tuple, int, str]:
 def read_safetensors(path: Path, key: str | None) -> list:
     shape, offset, dt = safetensors_entry(path, key)
     check_2d(shape, path, "tensor" if key is None else f"tensor {key!r}")
+    if dt == "BOOL":
+        raise DataError(f"{show(path)}: {'tensor' if key is None else f'tensor {key!r}'} has dtype BOOL; "
+                        "expected floating point or integer numbers")
     if dt in _ST_FLOATS:
         return [FileShard(path, offset, shape[0], shape[1], _ST_FLOATS[dt], _ST_KIND[dt])]
     arr = np.memmap(path, dtype=np.dtype(_ST_INTS[dt]), mode="r", offset=offset, shape=shape)
@@ -211,11 +218,32 @@ def unpickle_reason(e: Exception) -> str:
     return m.group(1).strip() if m else "weights_only load refused it"
 
 
+#: How the files ``torch.save`` writes begin: a zip archive (torch >= 1.6) or a pickle (protocol 2+).
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+_PICKLE_PROTO = 0x80
+
+
+def _check_torch_magic(path: Path) -> None:
+    """Refuse a file that is neither a zip archive nor a pickle (a text file named ``.pt``, say), in one line."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise DataError(f"{show(path)}: could not read .pt file ({e.strerror or first_line(e)})") from None
+    if not head:
+        raise DataError(f"{show(path)}: empty file, not a torch tensor file")
+    if head.startswith(_ZIP_MAGIC) or head[0] == _PICKLE_PROTO:
+        return
+    raise DataError(f"{show(path)}: not a torch tensor file (neither a zip archive nor a pickle, as torch.save "
+                    f"writes; it starts with {head!r})")
+
+
 def torch_load(path: Path):
     """``torch.load(path, weights_only=True)`` (memory-mapped when possible), torch's warnings and advice
     (re-running with ``weights_only=False``) replaced by one :class:`DataError` line."""
     import torch
 
+    _check_torch_magic(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -249,6 +277,8 @@ def read_torch(path: Path, key: str | None) -> list:
         return [array_shard(t.contiguous().view(torch.int16).numpy().view(np.uint16), path, kind="bf16")]
     if t.is_complex():
         raise DataError(f"{show(path)}: tensor has dtype {t.dtype}; expected real numbers")
+    if t.dtype == torch.bool:
+        raise DataError(f"{show(path)}: tensor has dtype torch.bool; expected floating point or integer numbers")
     if not t.is_floating_point():
         t = t.to(torch.float64)
     return [array_shard(t.numpy(), path)]

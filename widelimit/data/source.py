@@ -13,17 +13,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .._validation import to_numpy
+from .._validation import bad_row, chunk_rows, to_numpy, too_large
 from . import readers
 from .arrow import ArrowShard, arrow_files, is_datasets_folder
-from .csv import read_table
+from .csv import TableShard, read_table_shard
 from .shards import ArrayShard, DataError, FileShard, Shard, check_path, natural_key, show
 
-__all__ = ["ActivationSource", "DataError", "open_activations"]
+__all__ = ["ActivationSource", "DataError", "open_activations", "check_values"]
 
 _NP_FLOATS = {np.dtype("float16"), np.dtype("float32"), np.dtype("float64")}
 _SHARD_EXTS = (".npy", ".safetensors")
 _FILE_EXTS = (".npy", ".npz", ".safetensors", ".csv", ".txt", ".pt", ".pth", ".arrow")
+_KEY_EXTS = (".npz", ".safetensors", ".pt", ".pth")  # formats holding several named arrays
+_TEXT_EXTS = (".csv", ".txt")
 
 
 class ActivationSource:
@@ -73,7 +75,9 @@ class ActivationSource:
         a = to_numpy(arr, name)
         if a.ndim != 2:
             raise DataError(f"{name}: must be 2-D (N, n), has shape {a.shape}")
-        if a.dtype.kind in "iub" or (a.dtype.kind == "f" and a.dtype not in _NP_FLOATS):
+        if a.dtype.kind == "b":
+            raise DataError(f"{name}: has dtype bool; expected floating point or integer numbers")
+        if a.dtype.kind in "iu" or (a.dtype.kind == "f" and a.dtype not in _NP_FLOATS):
             a = a.astype(np.float64)
         elif a.dtype.kind != "f":
             raise DataError(f"{name}: has dtype {a.dtype}; expected real numbers")
@@ -175,8 +179,33 @@ def _check_option(value, name: str, kinds=(str,), allowed: str = "a string") -> 
         raise DataError(f"{name} must be {allowed} or None, got {type(value).__name__} {value!r}"[:200])
 
 
+_KIND_TEXT = {"npyfolder": "a folder of .npy shards", "stfolder": "a folder of .safetensors shards",
+              "datasets": "a datasets / Arrow cache"}
+
+
+def _unused_options(p: Path, kind: str, key, column, header) -> None:
+    """Refuse an option that does not apply to what ``p`` is, naming the option and the file.
+
+    ``kind``: the file's extension, or ``"npyfolder"``, ``"stfolder"``, ``"datasets"``. Messages
+    name the option as ``key=...`` (the CLI shows ``--key``).
+    """
+    this = _KIND_TEXT.get(kind, f"a {kind} file")
+    if key is not None and kind not in _KEY_EXTS + ("stfolder",):
+        hint = "; choose its column with column=..." if kind in (".arrow", "datasets") else ""
+        raise DataError(f"{show(p)}: key=... {key!r} given, but it names an array inside .npz, .safetensors or "
+                        f".pt files only, and this is {this}, which holds one array{hint}")
+    if column is not None and kind not in (".arrow", "datasets"):
+        raise DataError(f"{show(p)}: column=... {column!r} given, but it names a column of an Arrow file or a "
+                        f"datasets cache only, and this is {this}")
+    if header is not None and kind not in _TEXT_EXTS:
+        raise DataError(f"{show(p)}: header=... given, but it applies to text tables (.csv, .txt) only, and "
+                        f"this is {this}")
+
+
 def _file_shards(p: Path, key, column, header) -> list[Shard]:
     ext = p.suffix.lower()
+    if ext in _FILE_EXTS:
+        _unused_options(p, ext, key, column, header)
     if ext == ".npy":
         return readers.read_npy(p)
     if ext == ".safetensors":
@@ -185,8 +214,8 @@ def _file_shards(p: Path, key, column, header) -> list[Shard]:
         return readers.read_npz(p, key)
     if ext in (".pt", ".pth"):
         return readers.read_torch(p, key)
-    if ext in (".csv", ".txt"):
-        return [ArrayShard(read_table(p, header=header), str(p))]
+    if ext in _TEXT_EXTS:
+        return [read_table_shard(p, header=header)]
     if ext == ".arrow":
         return [ArrowShard(p, column)]
     raise DataError(f"{show(p)}: unsupported file type {ext or '(no extension)'!r} "
@@ -212,14 +241,15 @@ def open_activations(path, *, key: str | None = None, column: str | None = None,
         such folders (``shard_0``, ``shard_1``, ...).
     key : str, optional
         Array / tensor name inside an ``.npz``, ``.safetensors`` or ``.pt`` holding
-        several (ignored by formats that hold one array).
+        several (or a folder of ``.safetensors`` shards); refused for other formats,
+        which hold one array.
     column : str, optional
         Column of an Arrow / ``datasets`` cache (default: its only float column,
         e.g. ``blocks.0.hook_resid_pre``). ``Array2D`` columns of shape
-        ``(context, d)`` yield ``context`` rows per dataset row.
+        ``(context, d)`` yield ``context`` rows per dataset row. Refused for other formats.
     header : bool, optional
         Text tables only: ``None`` (default) treats the first row as a header when
-        none of its fields is a number; ``True`` / ``False`` force it.
+        none of its fields is a number; ``True`` / ``False`` force it. Refused for other formats.
 
     Returns
     -------
@@ -231,7 +261,9 @@ def open_activations(path, *, key: str | None = None, column: str | None = None,
     DataError
         One line naming the file: missing (a broken symlink and a symlink loop are
         named as such), unreadable, corrupted or truncated, pickled Python objects,
-        not 2-D, empty, not numeric, a malformed text row (with its line and column).
+        not 2-D, empty, not numeric (booleans included), a malformed text row (with its line and
+        column), an option that does not apply to the format (``key``, ``column``, ``header``).
+        Non-finite values are found by :func:`check_values` or by the first pass of a computation.
     """
     if isinstance(path, ActivationSource):
         return path
@@ -241,6 +273,7 @@ def open_activations(path, *, key: str | None = None, column: str | None = None,
     p = check_path(path)
     if p.is_dir():
         if is_datasets_folder(p):
+            _unused_options(p, "datasets", key, column, header)
             src = ActivationSource([ArrowShard(f, column) for f in arrow_files(p)], str(p))
         else:
             files = sorted((f for f in p.iterdir() if f.suffix.lower() in _SHARD_EXTS), key=natural_key)
@@ -248,6 +281,8 @@ def open_activations(path, *, key: str | None = None, column: str | None = None,
                 raise DataError(f"{show(p)}: no .npy, .safetensors or Arrow shards in this folder")
             if len({f.suffix.lower() for f in files}) > 1:
                 raise DataError(f"{show(p)}: mixes .npy and .safetensors shards; keep one kind per folder")
+            _unused_options(p, "npyfolder" if files[0].suffix.lower() == ".npy" else "stfolder", key, column,
+                            header)
             src = ActivationSource([sh for f in files for sh in _file_shards(check_path(f), key, column, header)],
                                    str(p))
     elif p.is_file():
@@ -257,3 +292,32 @@ def open_activations(path, *, key: str | None = None, column: str | None = None,
     if src.shape[0] == 0 or src.shape[1] == 0:
         raise DataError(f"{show(p)}: holds no data (shape {src.shape})")
     return src
+
+
+def check_values(src: ActivationSource, label: str | None = None) -> None:
+    """Read every row once and refuse NaN / Inf and rows too large to square in float64, naming where.
+
+    A text table is named by its line and column (1-based, as the parser's messages); other files by
+    the row inside the file (0-based), and its row among all of ``src``'s rows when it is one shard of
+    several. Memory: one chunk.
+    """
+    many = len(src.shards) > 1
+    for j, sh in enumerate(src.shards):
+        rows = max(1, chunk_rows(sh.n))
+        for s in range(0, sh.rows, rows):
+            c = sh.read(s, min(sh.rows, s + rows))
+            hit = bad_row(c)
+            if hit is None:
+                continue
+            i, what, nrm = hit
+            r = s + i
+            if isinstance(sh, TableShard):
+                if what == "large":
+                    raise DataError(sh.describe(r, None, f"values too large to square in float64: {too_large(nrm)}"))
+                col = int(np.flatnonzero(~np.isfinite(c[i]))[0])
+                raise DataError(sh.describe(r, col, "not a finite number"))
+            at = f"row {r} (0-based" + (f"; row {int(src.starts[j]) + r} of {show(label or src.label)})" if many
+                                        else ")")
+            if what == "large":
+                raise DataError(f"{show(sh.name)}: values too large to square in float64 in {at}: {too_large(nrm)}")
+            raise DataError(f"{show(sh.name)}: non-finite value ({what}) in {at}")

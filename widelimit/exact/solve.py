@@ -298,9 +298,12 @@ def _solve_width(X, lam, width, *, ray_tol, tol, signed, progress, checkpoint, m
     if isinstance(width, (bool, np.bool_)) or not isinstance(width, (int, np.integer)) or width <= 0:
         raise ValueError(f"width must be a positive integer, got {width!r}")
     if signed:
-        raise ValueError("width= supports nonnegative codes only (signed=False)")
+        raise ValueError("width= cannot be combined with signed=True: the finite-width search supports "
+                         "nonnegative codes only")
 
     X = check_data(X)
+    if int(width) > X.shape[0]:  # before anything of size width is made; width >= the rays is the closed form
+        raise ValueError(f"width={int(width)} exceeds the number of points N = {X.shape[0]} (width must be <= N)")
     lam = check_lam(lam)
     wide = solve(X, lam=lam, ray_tol=ray_tol, tol=tol, progress=progress, checkpoint=checkpoint, median=median)
     return solve_finite(np.asarray(X, dtype=np.float64), lam, int(width), wide=wide, progress=progress, **options)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..._validation import LAM_MIN as _LAM_MIN
 from ...data.readers import unpickle_reason
 from ..model import SAEFormatError
 
@@ -130,7 +131,8 @@ def cfg_get(cfg: dict, field: str, where, kind: str, default=_MISSING, *, prefix
     """Field ``field`` of ``cfg`` checked against ``kind``; a wrong type is one line naming file and field.
 
     ``kind``: ``"int"`` (an integer; an integral float such as ``8.0`` is accepted),
-    ``"pos_int"``, ``"float"`` (finite number), ``"bool"`` (a JSON boolean only:
+    ``"pos_int"``, ``"float"`` (finite number), ``"l1"`` (an L1 coefficient: a positive finite number whose
+    half, ``lam``, is a normal float64), ``"bool"`` (a JSON boolean only:
     ``"false"`` is an error), ``"str"``, ``"dict"``, ``"int_list"``. ``None`` values
     count as absent. ``prefix`` names the enclosing object in messages
     (``trainer.``).
@@ -151,6 +153,14 @@ def cfg_get(cfg: dict, field: str, where, kind: str, default=_MISSING, *, prefix
     if kind == "float":
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             _bad(where, name, "a finite number", v)
+        return float(v)
+    if kind == "l1":  # an L1 coefficient (= 2 lam): lam = v / 2 must be a positive normal float64
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            _bad(where, name, "a finite number", v)
+        if v <= 0:
+            _bad(where, name, "a positive finite number", v)
+        if float(v) / 2.0 < _LAM_MIN:
+            _bad(where, name, f"at least {2 * _LAM_MIN!r} (half of it is lam, which must be a normal float64)", v)
         return float(v)
     if kind == "bool":
         if not isinstance(v, bool):

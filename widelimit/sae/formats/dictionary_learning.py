@@ -101,7 +101,7 @@ def dl_from_dicts(sd: dict, cfg: dict, *, ae_path, cfg_path, architecture=None, 
             raise SAEFormatError(f"{ae_path}: {cls} without k (no 'k' tensor and no {pre}k in a config)")
         if arch != "topk" and "threshold" in sd:
             kw["threshold"] = sd["threshold"]
-    l1 = cfg_get(trainer, "l1_penalty", where, "float", None, prefix=pre)
+    l1 = cfg_get(trainer, "l1_penalty", where, "l1", None, prefix=pre)
     sae = SAE(**kw, architecture=arch, k=k, apply_b_dec_to_input=apply, source_format=source_format,
               path=str(ae_path), dtype=dtype_name(sd), l1_coefficient=l1, config=cfg, warnings=warnings)
     check_dims(sae, where, d_in, d_sae)

@@ -158,10 +158,10 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
         warnings.append(f"norm scaling factor {float(norm_scaling_factor):g} folded into the weights")
     elif norm_scaling_factor is not None:
         raise SAEFormatError(f"{cfg_path}: norm_scaling_factor given but the SAE uses normalize_activations={norm!r}")
-    l1 = cfg_get(cfg, "l1_coefficient", cfg_path, "float", None)
+    l1 = cfg_get(cfg, "l1_coefficient", cfg_path, "l1", None)
     details = cfg_get(meta, "training_architecture_details", cfg_path, "dict", {}, prefix="metadata.")
     if l1 is None:
-        l1 = cfg_get(details, "l1_coefficient", cfg_path, "float", None,
+        l1 = cfg_get(details, "l1_coefficient", cfg_path, "l1", None,
                      prefix="metadata.training_architecture_details.")
     train_arch = cfg_get(meta, "training_architecture", cfg_path, "str", None, prefix="metadata.")
     train_arch = _TRAINING_ONLY.get(train_arch, train_arch)

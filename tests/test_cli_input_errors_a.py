@@ -1,0 +1,475 @@
+"""Bad input to ``solve``, ``bound``, ``certify``, ``demo``, ``experiment`` and the shared loader: one line
+naming the flag, file, field or row, status 2.
+
+The project rule: bad input gets a one-line error that says what is wrong and where (parameter, file,
+field, row), exit status 2 on the CLI, never a traceback and never a silent default. Each test below is
+one reviewed defect (numbered as in the review); each failed before its fix. The end-to-end tests
+(the smallest accepted lam, data just below the largest accepted magnitude) check the result too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import save_file
+
+import widelimit as wl
+from fixtures.saes import orthogonal_rays_sae
+from widelimit.cli import main
+from widelimit.sae.formats import save_saelens
+
+TINY = float(np.finfo(np.float64).tiny)  # the smallest normal float64: the smallest lam accepted
+LIMIT = 2.0**565  # the largest row norm accepted (widelimit._validation.SQUARE_LIMIT)
+LINUX_PROC = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
+
+
+@pytest.fixture
+def X():
+    return np.random.default_rng(0).standard_normal((8, 2))
+
+
+@pytest.fixture
+def good(tmp_path, X) -> str:
+    path = tmp_path / "good.npy"
+    np.save(path, X)
+    return str(path)
+
+
+@pytest.fixture
+def good_csv(tmp_path, X) -> str:
+    path = tmp_path / "good.csv"
+    np.savetxt(path, X, delimiter=",")
+    return str(path)
+
+
+@pytest.fixture
+def sae_dir(tmp_path) -> tuple[str, str]:
+    """A SAELens folder and activations (12-D) it reads."""
+    acts, sae = orthogonal_rays_sae(0.5, seed=10)
+    save_saelens(sae, tmp_path / "sae")
+    np.save(tmp_path / "acts.npy", acts)
+    return str(tmp_path / "sae"), str(tmp_path / "acts.npy")
+
+
+def _one_line_error(capsys, argv, *needles, absent=()):
+    """``main(argv)`` exits 2 with one line on stderr holding every needle, no traceback, nothing on stdout."""
+    assert main([str(a) for a in argv]) == 2
+    cap = capsys.readouterr()
+    err = cap.err
+    assert err.count("\n") == 1 and err.startswith("widelimit "), err
+    assert "Traceback" not in err and "error:" in err, err
+    for s in needles:
+        assert s in err, err
+    for s in absent:
+        assert s not in err, err
+    assert cap.out == "", cap.out
+    return err
+
+
+def _csv(row) -> str:
+    return ",".join(repr(float(v)) for v in row)
+
+
+def _json(capsys, argv):
+    assert main([str(a) for a in argv]) == 0, capsys.readouterr().err
+    cap = capsys.readouterr()
+    assert cap.err == "", cap.err
+    return json.loads(cap.out)
+
+
+# --------------------------------------------------------------------------------------
+# 1. boolean arrays are refused as data, like complex ones
+# --------------------------------------------------------------------------------------
+
+BOOL = np.array([[True, False], [False, True], [True, True]])
+
+
+@pytest.mark.parametrize("argv", [["solve", "--lam", "0.5"], ["bound", "--lam", "0.5"],
+                                  ["fit", "--lam", "0.5", "--width", "2"], ["relax", "--lam", "0.5"],
+                                  ["frontier", "--lam", "0.5", "--widths", "1"]])
+def test_1_bool_npy_refused(tmp_path, capsys, argv):
+    p = tmp_path / "bool.npy"
+    np.save(p, BOOL)
+    _one_line_error(capsys, [argv[0], p, *argv[1:]], "bool.npy: array has dtype bool",
+                    "expected floating point or integer numbers")
+
+
+def test_1_bool_activations_refused_by_certify(tmp_path, capsys, sae_dir):
+    sae, acts = sae_dir
+    p = tmp_path / "bool_acts.npy"
+    np.save(p, np.load(acts) > 0)
+    _one_line_error(capsys, ["certify", sae, p, "--lam", "0.5"], "bool_acts.npy: array has dtype bool",
+                    "floating point or integer")
+
+
+def test_1_bool_in_every_format_and_the_api(tmp_path):
+    save_file({"m": BOOL}, str(tmp_path / "b.safetensors"))
+    torch.save(torch.tensor(BOOL), tmp_path / "b.pt")
+    np.savez(tmp_path / "b.npz", m=BOOL)
+    for name in ("b.safetensors", "b.pt", "b.npz"):
+        with pytest.raises(wl.DataError, match=r"dtype (bool|BOOL|torch\.bool); expected floating point or integer"):
+            wl.open_activations(tmp_path / name)
+    with pytest.raises(ValueError, match="X has dtype bool; widelimit needs floating point or integer data"):
+        wl.solve(BOOL, lam=0.5)
+    with pytest.raises(ValueError, match="dtype bool"):
+        wl.ActivationSource.from_array(BOOL)
+
+
+# --------------------------------------------------------------------------------------
+# 2. --time-limit / --rel-tol: only with --width, checked when parsed
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--time-limit", "5", "--time-limit applies only with --width"),
+    ("--rel-tol", "0.5", "--rel-tol applies only with --width"),
+    ("--time-limit", "-1", "argument --time-limit: must be a finite number >= 0, got '-1'"),  # a bad value first
+    ("--rel-tol", "5", "argument --rel-tol: must be a number in (0, 1), got '5'"),
+])
+def test_2_width_options_without_width(good, capsys, flag, value, needle):
+    _one_line_error(capsys, ["solve", good, "--lam", "0.5", flag, value], needle)
+
+
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--time-limit", "-1", "argument --time-limit: must be a finite number >= 0, got '-1'"),
+    ("--time-limit", "nan", "argument --time-limit"),
+    ("--rel-tol", "5", "argument --rel-tol: must be a number in (0, 1), got '5'"),
+    ("--rel-tol", "0", "argument --rel-tol: must be a number in (0, 1)"),
+    ("--rel-tol", "1", "argument --rel-tol: must be a number in (0, 1)"),
+    ("--rel-tol", "nan", "argument --rel-tol"),
+])
+def test_2_width_option_values_checked_at_parse_time(good, capsys, flag, value, needle):
+    _one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "1", flag, value], needle)
+
+
+def test_2_width_options_with_width_are_used(good, capsys, X):
+    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--time-limit", "60", "--rel-tol", "1e-4",
+                       "--json", "--no-progress"])
+    assert d["rel_tol"] == 1e-4 and d["width"] == 1 and d["certified"]
+    assert d["value"] == pytest.approx(wl.solve(X, lam=0.5, width=1, rel_tol=1e-4).value, rel=1e-4)
+
+
+# --------------------------------------------------------------------------------------
+# 3. options given but unused are refused
+# --------------------------------------------------------------------------------------
+
+
+def test_3_key_on_single_array_files(good, good_csv, capsys, sae_dir):
+    for cmd in ("solve", "bound"):
+        for path, name in ((good, "good.npy"), (good_csv, "good.csv")):
+            _one_line_error(capsys, [cmd, path, "--lam", "0.5", "--key", "acts"], f"{name}: --key 'acts' given",
+                            ".npz, .safetensors or .pt files only")
+    sae, acts = sae_dir
+    _one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--key", "acts"], "acts.npy: --key 'acts' given")
+
+
+def test_3_header_on_non_text_files_and_builtin_datasets(good, tmp_path, capsys, X):
+    np.savez(tmp_path / "x.npz", acts=X)
+    for cmd in ("solve", "bound"):
+        _one_line_error(capsys, [cmd, good, "--lam", "0.5", "--header"], "good.npy: --header given",
+                        "text tables (.csv, .txt) only")
+        _one_line_error(capsys, [cmd, tmp_path / "x.npz", "--lam", "0.5", "--header"], "x.npz: --header given")
+        _one_line_error(capsys, [cmd, "rays", "--header"],
+                        "--header applies only to data files, not to the built-in dataset 'rays'")
+    _one_line_error(capsys, ["solve", "rays", "--key", "a"], "--key applies only to data files")
+
+
+def test_3_column_on_npy(good, capsys, sae_dir):
+    _one_line_error(capsys, ["bound", good, "--lam", "0.5", "--column", "acts"], "good.npy: --column 'acts' given",
+                    "Arrow file or a datasets cache only")
+    sae, acts = sae_dir
+    _one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--column", "acts"], "acts.npy: --column 'acts'")
+
+
+@pytest.mark.parametrize("flag, value", [("--dask-timeout", "3"), ("--rows", "3")])
+def test_3_dask_options_without_dask(good, capsys, flag, value):
+    _one_line_error(capsys, ["bound", good, "--lam", "0.5", flag, value], f"{flag} applies only with --dask")
+
+
+def test_3_options_that_apply_are_still_accepted(tmp_path, capsys, X):
+    np.savez(tmp_path / "x.npz", acts=X, other=X[:2])
+    (tmp_path / "h.csv").write_text("a,b\n" + "\n".join(_csv(r) for r in X) + "\n")
+    ref = wl.solve(X, lam=0.5).value
+    assert _json(capsys, ["solve", tmp_path / "x.npz", "--lam", "0.5", "--key", "acts", "--json"])["value"] == \
+        pytest.approx(ref, rel=1e-12)
+    assert _json(capsys, ["solve", tmp_path / "h.csv", "--lam", "0.5", "--header", "--json"])["value"] == \
+        pytest.approx(ref, rel=1e-12)
+
+
+# --------------------------------------------------------------------------------------
+# 4. output paths: every error names the flag and the path as given
+# --------------------------------------------------------------------------------------
+
+
+@LINUX_PROC
+def test_4_unwritable_out_names_flag_and_path(good, capsys, sae_dir):
+    _one_line_error(capsys, ["solve", good, "--lam", "0.5", "--out", "/proc/x.json"],
+                    "--out /proc/x.json: cannot write here (No such file or directory)", absent=(".tmp",))
+    _one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--out", "/proc/x.json"],
+                    "--out /proc/x.json: cannot write here", absent=(".tmp",))
+    _one_line_error(capsys, ["demo", "--out", "/proc/x"], "--out /proc/x: cannot write here", absent=(".tmp",))
+    _one_line_error(capsys, ["experiment", "rays", "--quick", "--out", "/proc/x"], "--out /proc/x: cannot write here")
+    sae, acts = sae_dir
+    _one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--out", "/proc/x"],
+                    "--out /proc/x: cannot write here", absent=(".tmp",))
+    _one_line_error(capsys, ["fit", good, "--lam", "0.5", "--width", "1", "--out", "/proc/x"],
+                    "--out /proc/x: cannot write here", absent=(".tmp",))
+    if Path("/sys/kernel").is_dir():
+        _one_line_error(capsys, ["solve", good, "--lam", "0.5", "--out", "/sys/kernel/x"],
+                        "--out /sys/kernel/x: cannot write here (", absent=(".tmp",))
+
+
+@LINUX_PROC
+def test_4_unwritable_checkpoint(good, tmp_path, capsys):
+    _one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", "/proc/x.ckpt"],
+                    "--checkpoint /proc/x.ckpt: cannot write here (No such file or directory)", absent=(".tmp",))
+    missing = tmp_path / "nonexist_dir" / "ck"
+    _one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", missing],
+                    f"--checkpoint {missing}: cannot write here (its folder {missing.parent} does not exist)",
+                    absent=(".tmp",))
+
+
+def test_4_checkpoint_that_is_another_file_or_under_a_file(good, good_csv, capsys):
+    before = Path(good_csv).read_bytes()
+    _one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", good_csv],
+                    f"--checkpoint {good_csv}: exists and is not a widelimit checkpoint",
+                    "a checkpoint is an .npz archive; this file is not one", absent=("(ValueError)",))
+    assert Path(good_csv).read_bytes() == before  # never overwritten
+    _one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", good_csv + "/sub"],
+                    f"--checkpoint {good_csv}/sub: its parent {good_csv} is a file, not a folder")
+
+
+def test_4_npz_that_is_not_a_checkpoint(good, tmp_path, capsys):
+    np.savez(tmp_path / "other.npz", a=np.zeros(3))
+    _one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", tmp_path / "other.npz"],
+                    "is not a widelimit checkpoint (an .npz archive without its __meta__ entry; it holds a)")
+
+
+def test_4_a_good_checkpoint_still_resumes(good, tmp_path, capsys):
+    ck = tmp_path / "ck.npz"
+    first = _json(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", ck, "--json", "--no-progress"])
+    assert ck.is_file()
+    again = _json(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", ck, "--json", "--no-progress"])
+    assert again["lower_bound"] == pytest.approx(first["lower_bound"], rel=1e-12)
+    assert not list(tmp_path.glob(".*probe*")) and not list(tmp_path.glob("*.tmp"))  # the write test left nothing
+
+
+# --------------------------------------------------------------------------------------
+# 5. --width above the number of points
+# --------------------------------------------------------------------------------------
+
+
+def test_5_width_above_n_refused(good, capsys, X):
+    _one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "1000000000000"],
+                    "--width 1000000000000 exceeds the number of points N = 8")
+    with pytest.raises(ValueError, match=r"width=1000000000000 exceeds the number of points N = 8 "
+                                         r"\(width must be <= N\)"):
+        wl.solve(X, lam=0.5, width=10**12)
+    with pytest.raises(ValueError, match="width=9 exceeds"):
+        wl.solve(X, lam=0.5, width=9)
+
+
+# --------------------------------------------------------------------------------------
+# 6. --width with --signed
+# --------------------------------------------------------------------------------------
+
+
+def test_6_width_and_signed(good, capsys, X):
+    _one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "2", "--signed"],
+                    "--width and --signed cannot be combined: the finite-width search supports nonnegative codes only",
+                    absent=("--signed False",))
+    with pytest.raises(ValueError, match="width= cannot be combined with signed=True"):
+        wl.solve(X, lam=0.5, width=2, signed=True)
+
+
+# --------------------------------------------------------------------------------------
+# 7. an SAE config's l1_coefficient: the file and the field are blamed, not a flag
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [-3, 0, 1e-320])
+def test_7_bad_l1_coefficient_in_cfg(sae_dir, capsys, value):
+    sae, acts = sae_dir
+    cfg_path = Path(sae) / "cfg.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["l1_coefficient"] = value
+    cfg_path.write_text(json.dumps(cfg))
+    needle = "must be a positive finite number" if value <= 0 else "(half of it is lam, which must be a normal float64)"
+    _one_line_error(capsys, ["certify", sae, acts], f"{cfg_path}: field 'l1_coefficient' must be", needle,
+                    absent=("--l1-coefficient",))
+
+
+def test_7_bad_l1_in_metadata(sae_dir, capsys):
+    sae, acts = sae_dir
+    cfg_path = Path(sae) / "cfg.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.setdefault("metadata", {})["training_architecture_details"] = {"l1_coefficient": -3}
+    cfg_path.write_text(json.dumps(cfg))
+    _one_line_error(capsys, ["certify", sae, acts],
+                    "field 'metadata.training_architecture_details.l1_coefficient' must be a positive finite number",
+                    absent=("--l1-coefficient",))
+
+
+# --------------------------------------------------------------------------------------
+# 8. lam below the smallest normal float64
+# --------------------------------------------------------------------------------------
+
+
+def test_8_subnormal_lam_refused(good, capsys, sae_dir, X):
+    for cmd in ("solve", "bound"):
+        _one_line_error(capsys, [cmd, good, "--lam", "1e-320"],
+                        f"argument --lam: must be at least {TINY!r} (the smallest normal float64",
+                        absent=("inconsistent certificate",))
+    sae, acts = sae_dir
+    _one_line_error(capsys, ["certify", sae, acts, "--lam", "1e-320"], "argument --lam: must be at least")
+    _one_line_error(capsys, ["fit", good, "--lam", "1e-320", "--width", "1"], "lam must be at least")
+    for fn in (lambda: wl.solve(X, lam=1e-320), lambda: wl.huber_median(X, lam=5e-324)):
+        with pytest.raises(ValueError, match="lam must be at least"):
+            fn()
+
+
+def test_8_the_smallest_accepted_lam_works_end_to_end(good, capsys, X):
+    """At lam = the smallest normal float64 every point is beyond lam: the Huber median is the geometric
+    median and the bound is 2 lam times its mean distance (theory.md §3), computed without error."""
+    geo = wl.geometric_median(X)
+    d = _json(capsys, ["solve", good, "--lam", repr(TINY), "--json", "--no-progress"])
+    assert d["lam"] == TINY and d["width"] == 8 and d["n_points"] == 8
+    assert d["lower_bound"] == pytest.approx(2 * TINY * geo.value, rel=1e-9)
+    assert d["lower_bound"] <= d["value"]
+    np.testing.assert_allclose(d["bias"], geo.point, rtol=1e-9, atol=1e-12)
+    b = _json(capsys, ["bound", good, "--lam", repr(TINY), "--json", "--no-progress"])
+    assert b["converged"] and b["value"] == pytest.approx(2 * TINY * geo.value, rel=1e-9)
+    assert b["lower_bound"] <= b["value"] and b["lower_bound"] == pytest.approx(b["value"], rel=1e-9)
+
+
+# --------------------------------------------------------------------------------------
+# 9. NaN / Inf: the file named by every subcommand; CSV by line and column, arrays by 0-based row
+# --------------------------------------------------------------------------------------
+
+NAN_CMDS = [["solve", "--lam", "0.5"], ["bound", "--lam", "0.5"], ["fit", "--lam", "0.5", "--width", "1"],
+            ["frontier", "--lam", "0.5", "--widths", "1"], ["relax", "--lam", "0.5"]]
+
+
+@pytest.mark.parametrize("argv", NAN_CMDS, ids=[a[0] for a in NAN_CMDS])
+def test_9_nonfinite_npy_names_the_file_and_a_0_based_row(tmp_path, capsys, X, argv):
+    Y = X.copy()
+    Y[2, 1] = np.nan
+    np.save(tmp_path / "nan.npy", Y)
+    _one_line_error(capsys, [argv[0], tmp_path / "nan.npy", *argv[1:]],
+                    "nan.npy: non-finite value (NaN) in row 2 (0-based)")
+
+
+@pytest.mark.parametrize("argv", NAN_CMDS, ids=[a[0] for a in NAN_CMDS])
+def test_9_nonfinite_csv_names_line_and_column(tmp_path, capsys, X, argv):
+    lines = ["x,y"] + [_csv(r) for r in X[:3]] + ["", "# a comment", f"{float(X[3, 0])!r},inf"] + \
+        [_csv(r) for r in X[4:]]
+    (tmp_path / "inf.csv").write_text("\n".join(lines) + "\n")
+    # data row 3 (0-based) is on line 7 of the file, after the header, a blank line and a comment
+    _one_line_error(capsys, [argv[0], tmp_path / "inf.csv", *argv[1:]],
+                    "inf.csv: line 7, column 2: 'inf' is not a finite number")
+
+
+def test_9_shards_of_a_folder_name_the_shard(tmp_path, capsys, X):
+    (tmp_path / "acts").mkdir()
+    Y = X.copy()
+    Y[5, 0] = np.inf
+    np.save(tmp_path / "acts" / "part_1.npy", Y[:4])
+    np.save(tmp_path / "acts" / "part_2.npy", Y[4:])
+    _one_line_error(capsys, ["solve", tmp_path / "acts", "--lam", "0.5"],
+                    "part_2.npy: non-finite value (Inf) in row 1 (0-based; row 5 of ")
+
+
+def test_9_api_rows_are_0_based(X):
+    Y = X.copy()
+    Y[2, 0] = np.inf
+    with pytest.raises(ValueError, match=r"X has a non-finite value \(Inf\) in row 2 \(0-based\)"):
+        wl.verify(Y, np.eye(2), np.zeros((8, 2)), np.zeros(2), lam=0.5)
+
+
+# --------------------------------------------------------------------------------------
+# 10. data too large to square in float64
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["solve", "--lam", "0.5"], ["bound", "--lam", "0.5"],
+                                  ["fit", "--lam", "0.5", "--width", "2"], ["relax", "--lam", "0.5"]])
+def test_10_huge_data_refused_naming_file_and_row(tmp_path, capsys, X, argv):
+    Y = X.copy()
+    Y[3] *= 1e200
+    np.save(tmp_path / "huge.npy", Y)
+    _one_line_error(capsys, [argv[0], tmp_path / "huge.npy", *argv[1:]],
+                    "huge.npy: values too large to square in float64 in row 3 (0-based)", "above 2^565",
+                    absent=("learning rate",))
+
+
+def test_10_huge_data_refused_by_the_api(X):
+    with pytest.raises(ValueError, match=r"X has values too large to square in float64 in row 0 \(0-based\)"):
+        wl.solve(X * 1e200, lam=0.5)
+    with pytest.raises(ValueError, match="too large to square"):
+        wl.fit_dictionary(X * 1e200, lam=0.5, width=2)
+
+
+def test_10_csv_huge_row_named_by_line(tmp_path, capsys, X):
+    (tmp_path / "h.csv").write_text("\n".join(_csv(r) for r in X[:2]) + "\n1e200,1\n")
+    _one_line_error(capsys, ["solve", tmp_path / "h.csv", "--lam", "0.5"],
+                    "h.csv: line 3: values too large to square in float64")
+
+
+def test_10_just_below_the_limit_is_solved(tmp_path, capsys, X):
+    """Rows up to 2^565 are accepted: the passes run rescaled by a power of two, and at a lam where the
+    objective fits in float64 the bound is right (2 lam times the geometric median's value)."""
+    X0 = X / np.linalg.norm(X, axis=1).max()
+    s = 0.99 * LIMIT
+    Y = X0 * s
+    assert s * np.linalg.norm(X0, axis=1).max() < LIMIT
+    np.save(tmp_path / "big.npy", Y)
+    lam = s * 1e-40  # every point beyond lam; the objective about 2 lam |x| ~ 1e300
+    geo = wl.geometric_median(X0)
+    b = _json(capsys, ["bound", tmp_path / "big.npy", "--lam", repr(lam), "--json", "--no-progress"])
+    assert b["converged"] and b["lower_bound"] == pytest.approx(2 * lam * s * geo.value, rel=1e-9)
+    d = _json(capsys, ["solve", tmp_path / "big.npy", "--lam", repr(lam), "--json", "--no-progress"])
+    assert np.isfinite(d["value"]) and d["lower_bound"] <= d["value"]
+    assert d["lower_bound"] == pytest.approx(b["lower_bound"], rel=1e-9)
+    # just above: refused
+    np.save(tmp_path / "above.npy", X0 * (1.01 * LIMIT))
+    _one_line_error(capsys, ["bound", tmp_path / "above.npy", "--lam", repr(lam)], "too large to square in float64")
+
+
+def test_10_rows_above_1e154_are_solved_where_the_objective_fits(tmp_path, capsys, X):
+    """Squares of rows above sqrt(max float64) overflow, yet the rescaled solve certifies them when the
+    objective fits in float64; where it does not (lam too large), one line instead of value null."""
+    X0 = X / np.linalg.norm(X, axis=1).max()
+    s = 2.0**520  # about 3.4e156
+    np.save(tmp_path / "big.npy", X0 * s)
+    ref = wl.solve(X0, lam=1e-10)
+    d = _json(capsys, ["solve", tmp_path / "big.npy", "--lam", repr(1e-10 * s), "--json", "--no-progress"])
+    assert d["certified"] and d["value"] / s / s == pytest.approx(ref.value, rel=1e-9) and d["width"] == ref.width
+    for cmd in ("solve", "bound"):
+        _one_line_error(capsys, [cmd, tmp_path / "big.npy", "--lam", repr(0.5 * s)],
+                        "big.npy: the objective at --lam", "overflows float64", absent=("null",))
+
+
+# --------------------------------------------------------------------------------------
+# 11. a file named .pt that is not a torch file
+# --------------------------------------------------------------------------------------
+
+
+def test_11_text_named_pt(tmp_path, capsys):
+    (tmp_path / "text.pt").write_text("1,2\n3,4\n")
+    _one_line_error(capsys, ["solve", tmp_path / "text.pt", "--lam", "0.5"],
+                    "text.pt: not a torch tensor file (neither a zip archive nor a pickle",
+                    absent=("Unsupported operand", "Python objects"))
+    (tmp_path / "empty.pt").write_bytes(b"")
+    _one_line_error(capsys, ["bound", tmp_path / "empty.pt", "--lam", "0.5"],
+                    "empty.pt: empty file, not a torch tensor file")
+
+
+def test_11_real_torch_files_still_read(tmp_path, X):
+    torch.save(torch.tensor(X), tmp_path / "zip.pt")
+    torch.save(torch.tensor(X), tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    for name in ("zip.pt", "legacy.pt"):
+        np.testing.assert_array_equal(np.asarray(wl.open_activations(tmp_path / name)), X)
