@@ -196,6 +196,23 @@ def test_6_finite_data_whose_squares_overflow_are_rescaled():
     assert med.converged and med.value / 2.0**1000 / 2.0**1000 == pytest.approx(ref.value, rel=1e-13)
     np.testing.assert_allclose(med.point, ref.point * 2.0**1000, rtol=1e-12)
 
+def test_6_a_value_beyond_float64_is_refused_not_certified():
+    """Rows near 3e156 are solved as 2^-520 X exactly; where the optimum times 2^1040 leaves the float64 range
+    the answer is an error, not ``value = inf`` with ``certified = True`` (``gap <= tol * inf`` holds for any gap)."""
+    X0 = np.random.default_rng(3).standard_normal((30, 3))
+    X0 /= 1.25 * np.abs(X0).max()  # entries below 1 in magnitude: X0 needs no scaling, 2^520 X0 is scaled by 2^-520
+    s = 2.0**520
+    X = X0 * s
+    ref = wl.solve(X0, lam=1e-10)
+    sol = wl.solve(X, lam=1e-10 * s)  # the same computation in other units: exact powers of two
+    assert sol.certified and sol.value == (ref.value * s) * s and sol.width == ref.width
+    big = wl.solve(X0, lam=0.5)
+    W, Z, b = big.dictionary, big.codes * s, big.bias * s
+    for call in (lambda: wl.solve(X, lam=0.5 * s), lambda: wl.huber_median(X, lam=0.5 * s),
+                 lambda: wl.verify(X, W, Z, b, lam=0.5 * s)):
+        with pytest.raises(ValueError, match="beyond the float64 range"):
+            call()
+
 
 @pytest.mark.parametrize("lam", [1e-200, 1e-100, 1e200])
 def test_6_tiny_and_huge_lam(lam):

@@ -116,14 +116,6 @@ def load_data(spec: str, key: str | None = None, seed: int = 0, *, column: str |
     return src, None, show(spec)
 
 
-def check_finite_result(label: str, lam, *values) -> None:
-    """Refuse a result whose objective left the float64 range (lam-dependent: data far above 1e154 whose
-    squares overflow at this lam), instead of printing ``null``."""
-    if lam is not None and not all(v is not None and math.isfinite(v) for v in values):
-        raise ValueError(f"{label}: the objective at --lam {lam:g} overflows float64 (the data are too large to "
-                         "square at this lam); rescale the data or lower --lam")
-
-
 def in_memory(X) -> np.ndarray:
     """The rows of ``X`` as one writable NumPy array (for the in-memory solvers: torch, cvxpy)."""
     a = np.asarray(X)

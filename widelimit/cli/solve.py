@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ._common import (_console, _solution_rows, _write_solution, atomic_outputs, certificate_table,
-                      check_finite_result, check_out_dir, lam_float, load_data, moved, nonneg_float, print_json,
+                      check_out_dir, lam_float, load_data, moved, nonneg_float, print_json,
                       progress_display, unit_interval_float)
 from ..exact.solve import solve
 from .solve_width import run_solve_width
@@ -70,7 +70,6 @@ def _run_solve(args) -> int:
     err = Console(stderr=True)
     with progress_display(err, enabled=not args.no_progress and err.is_terminal) as cb:  # terminals only
         sol = solve(X, lam=lam, ray_tol=args.ray_tol, signed=args.signed, progress=cb)
-    check_finite_result(label, lam, sol.value, sol.lower_bound)
     files = []
     if args.out:
         with atomic_outputs(args.out) as tmp:

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..exact.solve import solve
 from .._json import write_json
-from ._common import (_console, atomic_outputs, certificate_table, check_finite_result, moved, print_json,
+from ._common import (_console, atomic_outputs, certificate_table, moved, print_json,
                       progress_display)
 
 
@@ -31,7 +31,6 @@ def run_solve_width(args, X, lam, label) -> int:
     with progress_display(err, enabled=not args.no_progress and err.is_terminal) as cb:  # terminals only
         sol = solve(X, lam=lam, width=k, ray_tol=args.ray_tol, signed=args.signed, time_limit=args.time_limit,
                     rel_tol=args.rel_tol, progress=cb)
-    check_finite_result(label, lam, sol.value, sol.lower_bound)
     files = []
     if args.out:
         with atomic_outputs(args.out) as tmp:

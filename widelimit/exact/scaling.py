@@ -23,7 +23,7 @@ import numpy as np
 from ..engine import engine_for
 from ..engine.local import ScaledRows, is_dask_array
 
-__all__ = ["normaliser", "unscale_median", "unscale_certificate", "scaled_lam"]
+__all__ = ["normaliser", "unscale_median", "unscale_certificate", "scaled_lam", "unscaled_value"]
 
 #: Data whose largest sampled |entry| lies in [2^-LIMIT, 2^LIMIT] are used as they are.
 LIMIT = 64
@@ -73,10 +73,25 @@ def _div2(v, f):
     return v / f / f
 
 
+def unscaled_value(v, f: float) -> float:
+    """An objective value of ``f X`` mapped back to ``X`` (``v / f^2``), refused where that leaves the float64 range.
+
+    The scaled computation is exact, but a value above about ``1.8e308`` has no float64: returned as
+    ``inf`` it would make a certificate (``gap <= tol |value|``) hold for any gap.
+    """
+    out = _div2(v, f)
+    if math.isfinite(v) and not math.isfinite(out):
+        e10 = math.log10(v) - 2.0 * math.log10(f)
+        raise ValueError(f"the objective of these data is about {10 ** (e10 % 1):.2g}e+{int(e10)}, beyond the "
+                         "float64 range (1.8e308): divide X and lam by the same power of two (the value scales by "
+                         "its square; docs/theory.md §8.4)")
+    return out
+
+
 def unscale_median(res, f: float, lam):
     """The :class:`~widelimit.exact.median.MedianResult` of ``X`` from that of ``f X`` (lam ``f lam``)."""
     return dataclasses.replace(
-        res, point=res.point / f, value=_div2(res.value, f), lower_bound=_div2(res.lower_bound, f),
+        res, point=res.point / f, value=unscaled_value(res.value, f), lower_bound=_div2(res.lower_bound, f),
         gap=_div2(res.gap, f), segment=res.segment / f, lam=lam,
         history=[(_div2(v, f), _div2(b, f)) for v, b in res.history], rounding=_div2(res.rounding, f),
         radius=res.radius / f)
@@ -90,7 +105,7 @@ def scale_median(res, f: float, lam_f):
 def unscale_certificate(c, f: float, lam, atol):
     """The :class:`~widelimit.exact.certificate.Certificate` of the data ``X`` from that of ``f X``."""
     return dataclasses.replace(
-        c, value=_div2(c.value, f), reconstruction=_div2(c.reconstruction, f), penalty=_div2(c.penalty, f),
+        c, value=unscaled_value(c.value, f), reconstruction=_div2(c.reconstruction, f), penalty=_div2(c.penalty, f),
         lower_bound=_div2(c.lower_bound, f), lower_bound_error=_div2(c.lower_bound_error, f),
         lower_bound_at_bias=_div2(c.lower_bound_at_bias, f), gap=_div2(c.gap, f),
         bias_stationarity=c.bias_stationarity / f, dual_min=c.dual_min / f,

@@ -32,7 +32,7 @@ from .rays import KeysTap, RayGroups, _group_rays, default_ray_tol
 from ..engine import engine_for
 from ..engine.local import LocalEngine, ScaledRows, one_blas_thread, raise_nonfinite
 from ..engine.fingerprint import mismatch_error
-from .scaling import normaliser, scale_median, scaled_lam, unscale_certificate, unscale_median
+from .scaling import normaliser, scale_median, scaled_lam, unscale_certificate, unscale_median, unscaled_value
 from ..finite import solve_finite
 
 if TYPE_CHECKING:  # the finite-width search imports this module
@@ -273,7 +273,7 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     if f == 1.0:
         return sol
     return dataclasses.replace(
-        sol, value=sol.value / f / f, bias=sol.bias / f, bias_segment=sol.bias_segment / f,
+        sol, value=unscaled_value(sol.value, f), bias=sol.bias / f, bias_segment=sol.bias_segment / f,
         code_values=sol.code_values / f, certificate=unscale_certificate(sol.certificate, f, lam, 0.0),
         median=unscale_median(sol.median, f, lam), lam=lam, excess=sol.excess / f / f)
 
