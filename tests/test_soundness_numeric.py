@@ -406,3 +406,21 @@ def test_short_runs_are_grouped_as_one_by_one(monkeypatch):
     np.testing.assert_array_equal(batched.rays, one_by_one.rays)
     # repeated directions were merged, distinct ones kept
     assert batched.width == np.unique(sel).size + np.count_nonzero(np.linalg.norm(Rnd, axis=1) > 0.5)
+
+
+def test_underflow_allowance_covers_subnormal_products():
+    """The rounding model of the bounds, |fl(x y) - x y| <= U |x y| + ETA, on products that underflow into the
+    subnormals, checked in exact rationals (an allowance of 0, as 2.0**-1075 evaluates to, fails it)."""
+    from fractions import Fraction
+
+    from widelimit.exact.median_bound import ETA, U
+
+    rng = np.random.default_rng(0)
+    worst = Fraction(0)
+    for _ in range(2000):
+        x = float(rng.uniform(0.5, 1.0)) * 2.0 ** int(rng.integers(-560, -500))
+        y = float(rng.uniform(0.5, 1.0)) * 2.0 ** int(rng.integers(-560, -500))
+        exact = Fraction(x) * Fraction(y)
+        err = abs(Fraction(x * y) - exact) - Fraction(U) * exact
+        worst = max(worst, err)
+    assert 0 < worst <= Fraction(ETA)

@@ -35,8 +35,9 @@ __all__ = ["U", "ETA", "gamma", "sum_depth", "lower_bound", "norm"]
 
 #: Unit roundoff of float64.
 U = 2.0**-53
-#: Underflow: a product or quotient is off by at most this much absolutely (half the smallest subnormal).
-ETA = 2.0**-1075
+#: Underflow: a product or quotient is off by at most half the smallest subnormal, 2^-1075, absolutely; that
+#: half is not a float64 (``2.0**-1075`` is 0.0), so the bounds use the smallest subnormal itself.
+ETA = 2.0**-1074
 
 
 def norm(v) -> float:
