@@ -475,3 +475,11 @@ def test_11_real_torch_files_still_read(tmp_path, X):
     torch.save(torch.tensor(X), tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
     for name in ("zip.pt", "legacy.pt"):
         np.testing.assert_array_equal(np.asarray(wl.open_activations(tmp_path / name)), X)
+
+
+def test_bound_geometric_refuses_lam(tmp_path, capsys, X):
+    """--geometric computes a median with no lam: a --lam given with it is refused, not dropped."""
+    np.save(tmp_path / "good.npy", X)
+    _one_line_error(capsys, ["bound", tmp_path / "good.npy", "--geometric", "--lam", "0.5"],
+                    "--lam applies only without --geometric")
+    assert main(["bound", str(tmp_path / "good.npy"), "--geometric", "--json", "--no-progress"]) == 0

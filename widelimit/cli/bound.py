@@ -151,6 +151,8 @@ def _run_bound(args) -> int:
                                scan=not args.dask)
     if isinstance(X, ActivationSource):
         label = repr(X)
+    if args.geometric and args.lam is not None:
+        raise ValueError("--lam applies only without --geometric (the geometric median has no lam)")
     lam = args.lam if args.lam is not None else lam0
     if lam is None and not args.geometric:
         raise ValueError("--lam is required for data files (or use --geometric)")
