@@ -21,6 +21,7 @@ import widelimit as wl
 from fixtures.saes import orthogonal_rays_sae
 from widelimit.cli import main
 from widelimit.sae.formats import save_saelens
+from fixtures.cli import one_line_error
 
 TINY = float(np.finfo(np.float64).tiny)  # the smallest normal float64: the smallest lam accepted
 LIMIT = 2.0**565  # the largest row norm accepted (widelimit._validation.SQUARE_LIMIT)
@@ -55,21 +56,6 @@ def sae_dir(tmp_path) -> tuple[str, str]:
     return str(tmp_path / "sae"), str(tmp_path / "acts.npy")
 
 
-def _one_line_error(capsys, argv, *needles, absent=()):
-    """``main(argv)`` exits 2 with one line on stderr holding every needle, no traceback, nothing on stdout."""
-    assert main([str(a) for a in argv]) == 2
-    cap = capsys.readouterr()
-    err = cap.err
-    assert err.count("\n") == 1 and err.startswith("widelimit "), err
-    assert "Traceback" not in err and "error:" in err, err
-    for s in needles:
-        assert s in err, err
-    for s in absent:
-        assert s not in err, err
-    assert cap.out == "", cap.out
-    return err
-
-
 def _csv(row) -> str:
     return ",".join(repr(float(v)) for v in row)
 
@@ -94,7 +80,7 @@ BOOL = np.array([[True, False], [False, True], [True, True]])
 def test_1_bool_npy_refused(tmp_path, capsys, argv):
     p = tmp_path / "bool.npy"
     np.save(p, BOOL)
-    _one_line_error(capsys, [argv[0], p, *argv[1:]], "bool.npy: array has dtype bool",
+    one_line_error(capsys, [argv[0], p, *argv[1:]], "bool.npy: array has dtype bool",
                     "expected floating point or integer numbers")
 
 
@@ -102,7 +88,7 @@ def test_1_bool_activations_refused_by_certify(tmp_path, capsys, sae_dir):
     sae, acts = sae_dir
     p = tmp_path / "bool_acts.npy"
     np.save(p, np.load(acts) > 0)
-    _one_line_error(capsys, ["certify", sae, p, "--lam", "0.5"], "bool_acts.npy: array has dtype bool",
+    one_line_error(capsys, ["certify", sae, p, "--lam", "0.5"], "bool_acts.npy: array has dtype bool",
                     "floating point or integer")
 
 
@@ -131,7 +117,7 @@ def test_1_bool_in_every_format_and_the_api(tmp_path):
     ("--rel-tol", "5", "argument --rel-tol: must be a number in (0, 1), got '5'"),
 ])
 def test_2_width_options_without_width(good, capsys, flag, value, needle):
-    _one_line_error(capsys, ["solve", good, "--lam", "0.5", flag, value], needle)
+    one_line_error(capsys, ["solve", good, "--lam", "0.5", flag, value], needle)
 
 
 @pytest.mark.parametrize("flag, value, needle", [
@@ -143,7 +129,7 @@ def test_2_width_options_without_width(good, capsys, flag, value, needle):
     ("--rel-tol", "nan", "argument --rel-tol"),
 ])
 def test_2_width_option_values_checked_at_parse_time(good, capsys, flag, value, needle):
-    _one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "1", flag, value], needle)
+    one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "1", flag, value], needle)
 
 
 def test_2_width_options_with_width_are_used(good, capsys, X):
@@ -161,33 +147,33 @@ def test_2_width_options_with_width_are_used(good, capsys, X):
 def test_3_key_on_single_array_files(good, good_csv, capsys, sae_dir):
     for cmd in ("solve", "bound"):
         for path, name in ((good, "good.npy"), (good_csv, "good.csv")):
-            _one_line_error(capsys, [cmd, path, "--lam", "0.5", "--key", "acts"], f"{name}: --key 'acts' given",
+            one_line_error(capsys, [cmd, path, "--lam", "0.5", "--key", "acts"], f"{name}: --key 'acts' given",
                             ".npz, .safetensors or .pt files only")
     sae, acts = sae_dir
-    _one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--key", "acts"], "acts.npy: --key 'acts' given")
+    one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--key", "acts"], "acts.npy: --key 'acts' given")
 
 
 def test_3_header_on_non_text_files_and_builtin_datasets(good, tmp_path, capsys, X):
     np.savez(tmp_path / "x.npz", acts=X)
     for cmd in ("solve", "bound"):
-        _one_line_error(capsys, [cmd, good, "--lam", "0.5", "--header"], "good.npy: --header given",
+        one_line_error(capsys, [cmd, good, "--lam", "0.5", "--header"], "good.npy: --header given",
                         "text tables (.csv, .txt) only")
-        _one_line_error(capsys, [cmd, tmp_path / "x.npz", "--lam", "0.5", "--header"], "x.npz: --header given")
-        _one_line_error(capsys, [cmd, "rays", "--header"],
+        one_line_error(capsys, [cmd, tmp_path / "x.npz", "--lam", "0.5", "--header"], "x.npz: --header given")
+        one_line_error(capsys, [cmd, "rays", "--header"],
                         "--header applies only to data files, not to the built-in dataset 'rays'")
-    _one_line_error(capsys, ["solve", "rays", "--key", "a"], "--key applies only to data files")
+    one_line_error(capsys, ["solve", "rays", "--key", "a"], "--key applies only to data files")
 
 
 def test_3_column_on_npy(good, capsys, sae_dir):
-    _one_line_error(capsys, ["bound", good, "--lam", "0.5", "--column", "acts"], "good.npy: --column 'acts' given",
+    one_line_error(capsys, ["bound", good, "--lam", "0.5", "--column", "acts"], "good.npy: --column 'acts' given",
                     "Arrow file or a datasets cache only")
     sae, acts = sae_dir
-    _one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--column", "acts"], "acts.npy: --column 'acts'")
+    one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--column", "acts"], "acts.npy: --column 'acts'")
 
 
 @pytest.mark.parametrize("flag, value", [("--dask-timeout", "3"), ("--rows", "3")])
 def test_3_dask_options_without_dask(good, capsys, flag, value):
-    _one_line_error(capsys, ["bound", good, "--lam", "0.5", flag, value], f"{flag} applies only with --dask")
+    one_line_error(capsys, ["bound", good, "--lam", "0.5", flag, value], f"{flag} applies only with --dask")
 
 
 def test_3_options_that_apply_are_still_accepted(tmp_path, capsys, X):
@@ -207,45 +193,45 @@ def test_3_options_that_apply_are_still_accepted(tmp_path, capsys, X):
 
 @LINUX_PROC
 def test_4_unwritable_out_names_flag_and_path(good, capsys, sae_dir):
-    _one_line_error(capsys, ["solve", good, "--lam", "0.5", "--out", "/proc/x.json"],
+    one_line_error(capsys, ["solve", good, "--lam", "0.5", "--out", "/proc/x.json"],
                     "--out /proc/x.json: cannot write here (No such file or directory)", absent=(".tmp",))
-    _one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--out", "/proc/x.json"],
+    one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--out", "/proc/x.json"],
                     "--out /proc/x.json: cannot write here", absent=(".tmp",))
-    _one_line_error(capsys, ["demo", "--out", "/proc/x"], "--out /proc/x: cannot write here", absent=(".tmp",))
-    _one_line_error(capsys, ["experiment", "rays", "--quick", "--out", "/proc/x"], "--out /proc/x: cannot write here")
+    one_line_error(capsys, ["demo", "--out", "/proc/x"], "--out /proc/x: cannot write here", absent=(".tmp",))
+    one_line_error(capsys, ["experiment", "rays", "--quick", "--out", "/proc/x"], "--out /proc/x: cannot write here")
     sae, acts = sae_dir
-    _one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--out", "/proc/x"],
+    one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--out", "/proc/x"],
                     "--out /proc/x: cannot write here", absent=(".tmp",))
-    _one_line_error(capsys, ["fit", good, "--lam", "0.5", "--width", "1", "--out", "/proc/x"],
+    one_line_error(capsys, ["fit", good, "--lam", "0.5", "--width", "1", "--out", "/proc/x"],
                     "--out /proc/x: cannot write here", absent=(".tmp",))
     if Path("/sys/kernel").is_dir():
-        _one_line_error(capsys, ["solve", good, "--lam", "0.5", "--out", "/sys/kernel/x"],
+        one_line_error(capsys, ["solve", good, "--lam", "0.5", "--out", "/sys/kernel/x"],
                         "--out /sys/kernel/x: cannot write here (", absent=(".tmp",))
 
 
 @LINUX_PROC
 def test_4_unwritable_checkpoint(good, tmp_path, capsys):
-    _one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", "/proc/x.ckpt"],
+    one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", "/proc/x.ckpt"],
                     "--checkpoint /proc/x.ckpt: cannot write here (No such file or directory)", absent=(".tmp",))
     missing = tmp_path / "nonexist_dir" / "ck"
-    _one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", missing],
+    one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", missing],
                     f"--checkpoint {missing}: cannot write here (its folder {missing.parent} does not exist)",
                     absent=(".tmp",))
 
 
 def test_4_checkpoint_that_is_another_file_or_under_a_file(good, good_csv, capsys):
     before = Path(good_csv).read_bytes()
-    _one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", good_csv],
+    one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", good_csv],
                     f"--checkpoint {good_csv}: exists and is not a widelimit checkpoint",
                     "a checkpoint is an .npz archive; this file is not one", absent=("(ValueError)",))
     assert Path(good_csv).read_bytes() == before  # never overwritten
-    _one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", good_csv + "/sub"],
+    one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", good_csv + "/sub"],
                     f"--checkpoint {good_csv}/sub: its parent {good_csv} is a file, not a folder")
 
 
 def test_4_npz_that_is_not_a_checkpoint(good, tmp_path, capsys):
     np.savez(tmp_path / "other.npz", a=np.zeros(3))
-    _one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", tmp_path / "other.npz"],
+    one_line_error(capsys, ["bound", good, "--lam", "0.5", "--checkpoint", tmp_path / "other.npz"],
                     "is not a widelimit checkpoint (an .npz archive without its __meta__ entry; it holds a)")
 
 
@@ -264,7 +250,7 @@ def test_4_a_good_checkpoint_still_resumes(good, tmp_path, capsys):
 
 
 def test_5_width_above_n_refused(good, capsys, X):
-    _one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "1000000000000"],
+    one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "1000000000000"],
                     "--width 1000000000000 exceeds the number of points N = 8")
     with pytest.raises(ValueError, match=r"width=1000000000000 exceeds the number of points N = 8 "
                                          r"\(width must be <= N\)"):
@@ -279,7 +265,7 @@ def test_5_width_above_n_refused(good, capsys, X):
 
 
 def test_6_width_and_signed(good, capsys, X):
-    _one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "2", "--signed"],
+    one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "2", "--signed"],
                     "--width and --signed cannot be combined: the finite-width search supports nonnegative codes only",
                     absent=("--signed False",))
     with pytest.raises(ValueError, match="width= cannot be combined with signed=True"):
@@ -299,7 +285,7 @@ def test_7_bad_l1_coefficient_in_cfg(sae_dir, capsys, value):
     cfg["l1_coefficient"] = value
     cfg_path.write_text(json.dumps(cfg))
     needle = "must be a positive finite number" if value <= 0 else "(half of it is lam, which must be a normal float64)"
-    _one_line_error(capsys, ["certify", sae, acts], f"{cfg_path}: field 'l1_coefficient' must be", needle,
+    one_line_error(capsys, ["certify", sae, acts], f"{cfg_path}: field 'l1_coefficient' must be", needle,
                     absent=("--l1-coefficient",))
 
 
@@ -309,7 +295,7 @@ def test_7_bad_l1_in_metadata(sae_dir, capsys):
     cfg = json.loads(cfg_path.read_text())
     cfg.setdefault("metadata", {})["training_architecture_details"] = {"l1_coefficient": -3}
     cfg_path.write_text(json.dumps(cfg))
-    _one_line_error(capsys, ["certify", sae, acts],
+    one_line_error(capsys, ["certify", sae, acts],
                     "field 'metadata.training_architecture_details.l1_coefficient' must be a positive finite number",
                     absent=("--l1-coefficient",))
 
@@ -321,12 +307,12 @@ def test_7_bad_l1_in_metadata(sae_dir, capsys):
 
 def test_8_subnormal_lam_refused(good, capsys, sae_dir, X):
     for cmd in ("solve", "bound"):
-        _one_line_error(capsys, [cmd, good, "--lam", "1e-320"],
+        one_line_error(capsys, [cmd, good, "--lam", "1e-320"],
                         f"argument --lam: must be at least {TINY!r} (the smallest normal float64",
                         absent=("inconsistent certificate",))
     sae, acts = sae_dir
-    _one_line_error(capsys, ["certify", sae, acts, "--lam", "1e-320"], "argument --lam: must be at least")
-    _one_line_error(capsys, ["fit", good, "--lam", "1e-320", "--width", "1"], "lam must be at least")
+    one_line_error(capsys, ["certify", sae, acts, "--lam", "1e-320"], "argument --lam: must be at least")
+    one_line_error(capsys, ["fit", good, "--lam", "1e-320", "--width", "1"], "lam must be at least")
     for fn in (lambda: wl.solve(X, lam=1e-320), lambda: wl.huber_median(X, lam=5e-324)):
         with pytest.raises(ValueError, match="lam must be at least"):
             fn()
@@ -359,7 +345,7 @@ def test_9_nonfinite_npy_names_the_file_and_a_0_based_row(tmp_path, capsys, X, a
     Y = X.copy()
     Y[2, 1] = np.nan
     np.save(tmp_path / "nan.npy", Y)
-    _one_line_error(capsys, [argv[0], tmp_path / "nan.npy", *argv[1:]],
+    one_line_error(capsys, [argv[0], tmp_path / "nan.npy", *argv[1:]],
                     "nan.npy: non-finite value (NaN) in row 2 (0-based)")
 
 
@@ -369,7 +355,7 @@ def test_9_nonfinite_csv_names_line_and_column(tmp_path, capsys, X, argv):
         [_csv(r) for r in X[4:]]
     (tmp_path / "inf.csv").write_text("\n".join(lines) + "\n")
     # data row 3 (0-based) is on line 7 of the file, after the header, a blank line and a comment
-    _one_line_error(capsys, [argv[0], tmp_path / "inf.csv", *argv[1:]],
+    one_line_error(capsys, [argv[0], tmp_path / "inf.csv", *argv[1:]],
                     "inf.csv: line 7, column 2: 'inf' is not a finite number")
 
 
@@ -379,7 +365,7 @@ def test_9_shards_of_a_folder_name_the_shard(tmp_path, capsys, X):
     Y[5, 0] = np.inf
     np.save(tmp_path / "acts" / "part_1.npy", Y[:4])
     np.save(tmp_path / "acts" / "part_2.npy", Y[4:])
-    _one_line_error(capsys, ["solve", tmp_path / "acts", "--lam", "0.5"],
+    one_line_error(capsys, ["solve", tmp_path / "acts", "--lam", "0.5"],
                     "part_2.npy: non-finite value (Inf) in row 1 (0-based; row 5 of ")
 
 
@@ -401,7 +387,7 @@ def test_10_huge_data_refused_naming_file_and_row(tmp_path, capsys, X, argv):
     Y = X.copy()
     Y[3] *= 1e200
     np.save(tmp_path / "huge.npy", Y)
-    _one_line_error(capsys, [argv[0], tmp_path / "huge.npy", *argv[1:]],
+    one_line_error(capsys, [argv[0], tmp_path / "huge.npy", *argv[1:]],
                     "huge.npy: values too large to square in float64 in row 3 (0-based)", "above 2^565",
                     absent=("learning rate",))
 
@@ -415,7 +401,7 @@ def test_10_huge_data_refused_by_the_api(X):
 
 def test_10_csv_huge_row_named_by_line(tmp_path, capsys, X):
     (tmp_path / "h.csv").write_text("\n".join(_csv(r) for r in X[:2]) + "\n1e200,1\n")
-    _one_line_error(capsys, ["solve", tmp_path / "h.csv", "--lam", "0.5"],
+    one_line_error(capsys, ["solve", tmp_path / "h.csv", "--lam", "0.5"],
                     "h.csv: line 3: values too large to square in float64")
 
 
@@ -436,7 +422,7 @@ def test_10_just_below_the_limit_is_solved(tmp_path, capsys, X):
     assert d["lower_bound"] == pytest.approx(b["lower_bound"], rel=1e-9)
     # just above: refused
     np.save(tmp_path / "above.npy", X0 * (1.01 * LIMIT))
-    _one_line_error(capsys, ["bound", tmp_path / "above.npy", "--lam", repr(lam)], "too large to square in float64")
+    one_line_error(capsys, ["bound", tmp_path / "above.npy", "--lam", repr(lam)], "too large to square in float64")
 
 
 def test_10_rows_above_1e154_are_solved_where_the_objective_fits(tmp_path, capsys, X):
@@ -450,7 +436,7 @@ def test_10_rows_above_1e154_are_solved_where_the_objective_fits(tmp_path, capsy
     d = _json(capsys, ["solve", tmp_path / "big.npy", "--lam", repr(1e-10 * s), "--json", "--no-progress"])
     assert d["certified"] and d["value"] / s / s == pytest.approx(ref.value, rel=1e-9) and d["width"] == ref.width
     for cmd in ("solve", "bound"):
-        _one_line_error(capsys, [cmd, tmp_path / "big.npy", "--lam", repr(0.5 * s)],
+        one_line_error(capsys, [cmd, tmp_path / "big.npy", "--lam", repr(0.5 * s)],
                         "the objective of these data is about", "beyond the float64 range",
                         "divide X and lam by the same power of two", absent=("null",))
 
@@ -462,11 +448,11 @@ def test_10_rows_above_1e154_are_solved_where_the_objective_fits(tmp_path, capsy
 
 def test_11_text_named_pt(tmp_path, capsys):
     (tmp_path / "text.pt").write_text("1,2\n3,4\n")
-    _one_line_error(capsys, ["solve", tmp_path / "text.pt", "--lam", "0.5"],
+    one_line_error(capsys, ["solve", tmp_path / "text.pt", "--lam", "0.5"],
                     "text.pt: not a torch tensor file (neither a zip archive nor a pickle",
                     absent=("Unsupported operand", "Python objects"))
     (tmp_path / "empty.pt").write_bytes(b"")
-    _one_line_error(capsys, ["bound", tmp_path / "empty.pt", "--lam", "0.5"],
+    one_line_error(capsys, ["bound", tmp_path / "empty.pt", "--lam", "0.5"],
                     "empty.pt: empty file, not a torch tensor file")
 
 
@@ -480,6 +466,6 @@ def test_11_real_torch_files_still_read(tmp_path, X):
 def test_bound_geometric_refuses_lam(tmp_path, capsys, X):
     """--geometric computes a median with no lam: a --lam given with it is refused, not dropped."""
     np.save(tmp_path / "good.npy", X)
-    _one_line_error(capsys, ["bound", tmp_path / "good.npy", "--geometric", "--lam", "0.5"],
+    one_line_error(capsys, ["bound", tmp_path / "good.npy", "--geometric", "--lam", "0.5"],
                     "--lam applies only without --geometric")
     assert main(["bound", str(tmp_path / "good.npy"), "--geometric", "--json", "--no-progress"]) == 0

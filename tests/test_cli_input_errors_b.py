@@ -16,6 +16,7 @@ import pytest
 
 from widelimit.cli import main
 from widelimit.relax.families import make_bench_instance
+from fixtures.cli import one_line_error
 
 
 @pytest.fixture
@@ -24,21 +25,6 @@ def good(tmp_path) -> str:
     path = tmp_path / "good.npy"
     np.save(path, np.random.default_rng(0).standard_normal((8, 3)))
     return str(path)
-
-
-def _one_line_error(capsys, argv, *needles, absent=()):
-    """``main(argv)`` exits 2 with one line on stderr holding every needle, and no traceback."""
-    assert main(argv) == 2
-    cap = capsys.readouterr()
-    err = cap.err
-    assert err.count("\n") == 1 and err.startswith("widelimit "), err
-    assert "Traceback" not in err and "error:" in err, err
-    for s in needles:
-        assert s in err, err
-    for s in absent:
-        assert s not in err, err
-    assert cap.out == "", cap.out  # nothing computed, nothing printed
-    return err
 
 
 def _json(capsys, argv):
@@ -52,19 +38,19 @@ def _json(capsys, argv):
 
 
 def test_1_relax_device_refused_without_torch(good, capsys):
-    _one_line_error(capsys, ["relax", good, "--lam", "0.5", "--device", "bogus"],
+    one_line_error(capsys, ["relax", good, "--lam", "0.5", "--device", "bogus"],
                     "--device applies only with --solver TORCH", "bogus")
-    _one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "clarabel", "--device", "cpu"],
+    one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "clarabel", "--device", "cpu"],
                     "--device applies only with --solver TORCH", "--device cpu")
 
 
 def test_1_relax_device_checked_with_torch(good, capsys):
-    _one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "torch", "--device", "bogus"],
+    one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "torch", "--device", "bogus"],
                     "--device must be", "'bogus'")
 
 
 def test_1_fit_device_checked_before_the_data(good, capsys):
-    _one_line_error(capsys, ["fit", good, "--lam", "0.5", "--width", "2", "--device", "bogus"],
+    one_line_error(capsys, ["fit", good, "--lam", "0.5", "--width", "2", "--device", "bogus"],
                     "--device must be", "'bogus'")
 
 
@@ -76,7 +62,7 @@ def test_1_fit_device_checked_before_the_data(good, capsys):
 @pytest.mark.parametrize("cmd", [["fit", "--width", "2"], ["frontier", "--widths", "1,2"]])
 def test_2_topk_encoder_requires_topk(good, capsys, cmd):
     argv = [cmd[0], good, "--lam", "0.5", *cmd[1:], "--encoder", "topk"]
-    _one_line_error(capsys, argv, "--encoder topk needs --topk")
+    one_line_error(capsys, argv, "--encoder topk needs --topk")
 
 
 @pytest.mark.parametrize("cmd,needles", [
@@ -84,7 +70,7 @@ def test_2_topk_encoder_requires_topk(good, capsys, cmd):
     (["frontier", "--widths", "2,1"], ["--topk must be at most the smallest of --widths, 1", "--topk 3"]),
 ])
 def test_2_topk_beyond_the_width(good, capsys, cmd, needles):
-    _one_line_error(capsys, [cmd[0], good, "--lam", "0.5", *cmd[1:], "--encoder", "topk", "--topk", "3"], *needles)
+    one_line_error(capsys, [cmd[0], good, "--lam", "0.5", *cmd[1:], "--encoder", "topk", "--topk", "3"], *needles)
 
 
 def test_2_topk_shown_in_table_and_json(good, capsys):
@@ -118,7 +104,7 @@ def test_2_topk_shown_in_table_and_json(good, capsys):
     (["--seed", "-1"], ["--seed", "'-1'"]),
 ])
 def test_3_relax_bench_parameters(capsys, argv, needles):
-    _one_line_error(capsys, ["relax-bench", *argv], *needles, absent=["got 1\n", "got 2\n", "got inf"])
+    one_line_error(capsys, ["relax-bench", *argv], *needles, absent=["got 1\n", "got 2\n", "got inf"])
 
 
 def test_3_family_parameters_through_the_api():
@@ -145,7 +131,7 @@ def test_3_family_parameters_through_the_api():
      ["--exact-time-limit applies only with --exact", "--exact-time-limit 5"]),
 ])
 def test_4_unused_fit_flags(good, capsys, cmd, argv, needles):
-    _one_line_error(capsys, [cmd, good, "--lam", "0.5", *argv], *needles)
+    one_line_error(capsys, [cmd, good, "--lam", "0.5", *argv], *needles)
 
 
 @pytest.mark.parametrize("argv,needles", [
@@ -153,7 +139,7 @@ def test_4_unused_fit_flags(good, capsys, cmd, argv, needles):
     (["--cone", "nonneg"], ["--cone applies only with --export", "--cone nonneg"]),
 ])
 def test_4_unused_relax_bench_flags(capsys, argv, needles):
-    _one_line_error(capsys, ["relax-bench", *argv], *needles)
+    one_line_error(capsys, ["relax-bench", *argv], *needles)
 
 
 # --------------------------------------------------------------------------------------
@@ -167,7 +153,7 @@ def test_4_unused_relax_bench_flags(capsys, argv, needles):
     ("1,1", ["--widths lists 1 twice", "'1,1'"]),
 ])
 def test_5_frontier_widths(good, capsys, widths, needles):
-    _one_line_error(capsys, ["frontier", good, "--lam", "0.5", "--widths", widths], *needles)
+    one_line_error(capsys, ["frontier", good, "--lam", "0.5", "--widths", widths], *needles)
 
 
 @pytest.mark.parametrize("argv,needles", [
@@ -177,7 +163,7 @@ def test_5_frontier_widths(good, capsys, widths, needles):
     (["--family", "rays,rays"], ["--family lists rays twice", "'rays,rays'"]),
 ])
 def test_5_relax_bench_lists(capsys, argv, needles):
-    _one_line_error(capsys, ["relax-bench", *argv], *needles)
+    one_line_error(capsys, ["relax-bench", *argv], *needles)
 
 
 # --------------------------------------------------------------------------------------
@@ -186,7 +172,7 @@ def test_5_relax_bench_lists(capsys, argv, needles):
 
 
 def test_6_exact_time_limit_negative(good, capsys):
-    _one_line_error(capsys, ["frontier", good, "--lam", "0.5", "--widths", "1,2", "--exact", "--exact-time-limit", "-1"],
+    one_line_error(capsys, ["frontier", good, "--lam", "0.5", "--widths", "1,2", "--exact", "--exact-time-limit", "-1"],
                     "argument --exact-time-limit", "'-1'", absent=["time_limit"])
 
 
@@ -196,14 +182,14 @@ def test_6_exact_time_limit_negative(good, capsys):
 
 
 def test_7_relax_solver_echoed_as_typed(good, capsys):
-    _one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "bogus"], "--solver", "'bogus'",
+    one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "bogus"], "--solver", "'bogus'",
                     absent=["BOGUS"])
 
 
 def test_7_relax_bench_export_is_a_file(tmp_path, capsys):
     f = tmp_path / "good.csv"
     f.write_text("1,2\n3,4\n")
-    _one_line_error(capsys, ["relax-bench", "--export", str(f)], "--export", "good.csv", "is a file",
+    one_line_error(capsys, ["relax-bench", "--export", str(f)], "--export", "good.csv", "is a file",
                     absent=["folder 'good.csv'", "not empty"])
     assert f.read_text() == "1,2\n3,4\n"
 

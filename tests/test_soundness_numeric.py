@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import widelimit as wl
 from widelimit.cli import main
 from widelimit.exact.median_bound import InconsistentBound
+from fixtures.cli import one_line_error
 
 
 def _stale_pair():
@@ -39,15 +40,6 @@ def _fans(dtype=np.float64, m=3000, spread=9e-6, seed=0):
     return (rad[:, None] * np.c_[np.cos(th), np.sin(th)]).astype(dtype)
 
 
-def _one_line_error(capsys, argv, *needles):
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("widelimit "), err
-    for s in needles:
-        assert s in err, err
-    return err
-
-
 # --------------------------------------------------------------------------------------
 # the reproducers
 # --------------------------------------------------------------------------------------
@@ -61,7 +53,7 @@ def test_1_stale_checkpoint_on_the_cli_is_an_error_naming_both(tmp_path, capsys)
     out = json.loads(capsys.readouterr().out)
     assert out["lower_bound"] == pytest.approx(wl.huber_median(B, lam=1.0).lower_bound, rel=1e-12)
     np.savez(d, x=A)  # same file name, same shape, same first and last 64 rows
-    err = _one_line_error(capsys, ["bound", str(d), "--lam", "1", "--checkpoint", str(ck), "--json", "--no-progress"],
+    err = one_line_error(capsys, ["bound", str(d), "--lam", "1", "--checkpoint", str(ck), "--json", "--no-progress"],
                           "computed on other data")
     fa = wl.huber_median(A, lam=1.0).fingerprint
     fb = wl.huber_median(B, lam=1.0).fingerprint
