@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .._json import dumps as _dumps
+from .._runtime import resolve_device
 from .._validation import LAM_MIN
 from ..data import datasets
 from ..data.shards import first_line, show
@@ -329,3 +330,31 @@ def progress_display(console=None, enabled: bool = True):
     return ctx()
 
 
+def split_list(spec: str, flag: str) -> list[str]:
+    """The comma-separated items of ``spec``, stripped; an empty item is a one-line ``ValueError`` naming ``flag``."""
+    toks = [t.strip() for t in str(spec).split(",")]
+    if any(not t for t in toks):
+        raise ValueError(f"{flag} has an empty item in {str(spec)!r}: give comma-separated values without "
+                         "empty ones")
+    return toks
+
+
+def no_duplicates(values, spec: str, flag: str) -> None:
+    """A value listed twice in ``spec`` is a one-line ``ValueError`` naming ``flag``."""
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise ValueError(f"{flag} lists {v} twice in {str(spec)!r}: give each value once")
+        seen.add(v)
+
+
+def check_device(device, flag: str = "--device"):
+    """Refuse a device torch cannot use (unknown name, CUDA absent), naming ``flag``; ``None`` passes."""
+    if device is None:
+        return None
+    try:
+        resolve_device(device)
+    except ValueError as e:
+        msg = str(e)
+        raise ValueError(f"{flag} {msg[len('device '):]}" if msg.startswith("device ") else f"{flag}: {msg}") from None
+    return device

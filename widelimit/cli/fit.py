@@ -6,14 +6,13 @@ from pathlib import Path
 
 
 from .._json import dumps as _dumps
-from ._common import (_console, _fmt, atomic_outputs, certificate_table, check_out_dir, in_memory, load_data, moved,
-                      nonneg_float, nonneg_int, positive_float, positive_int, print_json)
+from ._common import (_console, _fmt, atomic_outputs, certificate_table, check_device, check_out_dir, in_memory,
+                      load_data, moved, no_duplicates, nonneg_float, nonneg_int, positive_float, positive_int, print_json,
+                      split_list)
 from ..exact.certificate import verify
 from ..learn.crossval import best_fit
 from ..sae.formats import save_saelens
 from ..learn.frontier import frontier
-from .relax import check_device
-from .relax_bench import split_list
 
 #: Encoders that train by Adam (``--lr``); ``none`` (free codes) has no learning rate.
 _AMORTISED = ("standard", "jumprelu", "topk")
@@ -222,9 +221,7 @@ def _parse_widths(spec: str) -> list[int]:
         raise ValueError(f"--widths must be comma-separated integers, got {spec!r}") from None
     if min(widths) < 1:
         raise ValueError(f"--widths must be integers >= 1, got {spec!r}")
-    dup = next((w for i, w in enumerate(widths) if w in widths[:i]), None)
-    if dup is not None:
-        raise ValueError(f"--widths lists {dup} twice in {spec!r}: give each width once")
+    no_duplicates(widths, spec, "--widths")
     return widths
 
 

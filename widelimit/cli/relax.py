@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import _console, certificate_table, in_memory, load_data, positive_float, positive_int, print_json
-from .._runtime import resolve_device
+from ._common import (_console, certificate_table, check_device, in_memory, load_data, positive_float, positive_int,
+                      print_json)
 from ..relax.cones import CONES
 from ..exact.solve import solve
 from ..relax.dnn import solve_dnn
@@ -26,18 +26,6 @@ def _solver(text: str) -> str:
     if text.upper() not in SOLVERS:
         raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(SOLVERS)}, any case)")
     return text.upper()
-
-
-def check_device(device, flag: str = "--device"):
-    """Refuse a device torch cannot use (unknown name, CUDA absent), naming ``flag``; ``None`` passes."""
-    if device is None:
-        return None
-    try:
-        resolve_device(device)
-    except ValueError as e:
-        msg = str(e)
-        raise ValueError(f"{flag} {msg[len('device '):]}" if msg.startswith("device ") else f"{flag}: {msg}") from None
-    return device
 
 
 def _add_relax(sub):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from ..relax.export import EXPORT_CONES, FORMATS, export_instances
 from ..relax.families import FAMILIES, FAMILY_PARAMS, MIN_N, check_params, make_bench_instance
-from ._common import _console, check_out_dir, nonneg_int, print_json
+from ._common import _console, check_out_dir, no_duplicates, nonneg_int, print_json, split_list
 
-__all__ = ["_add_relax_bench", "_run_relax_bench", "parse_N", "parse_params", "split_list", "MAX_N", "MAX_DIM"]
+__all__ = ["_add_relax_bench", "_run_relax_bench", "parse_N", "parse_params", "MAX_N", "MAX_DIM"]
 
 #: Largest ``N`` relax-bench generates: the exported SDP has ``N(N+1)/2`` variables, and its export
 #: takes about 300 N^2 bytes of memory (1.2 GB and a 150 MB SDPA file at N = 2000; 2.7 GB and
@@ -46,23 +46,6 @@ def _add_relax_bench(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
-def split_list(spec: str, flag: str) -> list[str]:
-    """The comma-separated items of ``spec``, stripped; an empty item is a one-line ``ValueError`` naming ``flag``."""
-    toks = [t.strip() for t in str(spec).split(",")]
-    if any(not t for t in toks):
-        raise ValueError(f"{flag} has an empty item in {str(spec)!r}: give comma-separated values without "
-                         "empty ones")
-    return toks
-
-
-def _no_duplicates(values, spec: str, flag: str) -> None:
-    seen = set()
-    for v in values:
-        if v in seen:
-            raise ValueError(f"{flag} lists {v} twice in {str(spec)!r}: give each value once")
-        seen.add(v)
-
-
 def parse_N(spec: str) -> list[int]:
     """``"6,10"`` -> ``[6, 10]``; a one-line ``ValueError`` naming ``--N`` otherwise."""
     out = []
@@ -71,7 +54,7 @@ def parse_N(spec: str) -> list[int]:
             out.append(int(tok))
         except ValueError:
             raise ValueError(f"--N must be comma-separated integers, got {spec!r}") from None
-    _no_duplicates(out, spec, "--N")
+    no_duplicates(out, spec, "--N")
     big = next((N for N in out if N > MAX_N), None)
     if big is not None:
         raise ValueError(f"--N must be at most {MAX_N} (the exported SDP has N(N+1)/2 variables; at N = {MAX_N} "
@@ -106,7 +89,7 @@ def _families(spec: str) -> list[str]:
     for f in fams:
         if f not in FAMILIES:
             raise ValueError(f"unknown family {f!r}; choose from {', '.join(FAMILIES)} or all")
-    _no_duplicates(fams, spec, "--family")
+    no_duplicates(fams, spec, "--family")
     return fams
 
 
