@@ -316,12 +316,14 @@ def test_progress_events_of_the_search(monkeypatch):
     # one event each time the gap passes a power of ten (the history's marks), none in between here
     assert [(e.value, e.lower_bound) for e in bb[:-1]] == [(h[2], max(h[1], sol.wide_lower_bound))
                                                            for h in sol.history[:-1]]
-    # and one every _PROGRESS_EVERY seconds: with 0, one per node taken from the queue
+    # and one every _PROGRESS_EVERY seconds: with 0, one per round of the search (a round bounds the children
+    # of the best open nodes, at most _BATCH + 2n - 1 of them)
     monkeypatch.setattr(bnb, "_PROGRESS_EVERY", 0.0)
     ev0 = []
     sol0 = wl.solve(X, lam=0.3, width=2, progress=ev0.append)
     assert sol0.value == sol.value and sol0.n_nodes == sol.n_nodes
-    assert len([e for e in ev0 if e.stage == "branch and bound"]) >= sol.n_nodes // 8 > len(bb)
+    rounds = len([e for e in ev0 if e.stage == "branch and bound"])
+    assert rounds >= sol.n_nodes // (bnb._BATCH + 2 * X.shape[1]) and rounds > len(bb)
 
 
 def test_progress_closed_form_and_problem_reuses_its_median():

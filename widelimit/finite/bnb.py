@@ -156,6 +156,8 @@ def box_cap(face: int, lo: np.ndarray, hi: np.ndarray, n: int) -> tuple[np.ndarr
     return c, float(th)
 
 
+_BATCH = 64  # children bounded together (on the threads) per round of the search; fixed, so the search
+# is the same on any number of threads
 _PROGRESS_EVERY = 0.5  # seconds between progress events of the search
 _TAYLOR_MAX_ANGLE = 0.15  # caps narrower than this get the second-order bound (docs/theory.md §7.6)
 
@@ -282,8 +284,10 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     ``rows_total`` = ``max_nodes`` or 0, ``value`` = best value so far, ``lower_bound`` = certified
     bound so far) every half second of the search, whenever the relative gap passes a power of ten,
     and once at the end (``done``, the returned value and bound). ``threads`` (default
-    :func:`widelimit._runtime.default_threads`): the children of a node are bounded on this many threads
-    (the compiled kernels release the GIL); the search and its result are the same on any number.
+    :func:`widelimit._runtime.default_threads`): each round of the search branches the best open nodes
+    and bounds their children (about 64) on this many threads (the compiled kernels release the GIL); best
+    first expands every node below the final target anyway, and the search and its result are the same on
+    any number of threads.
     """
     t0 = time.perf_counter()
     if not (0 < float(rel_tol) < 1):
@@ -385,17 +389,22 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
             if max_nodes is not None and n_nodes >= max_nodes:
                 status = "node_limit"
                 break
-            lb, _, node = heapq.heappop(heap)
-            mark(min(lb, leaves_lb, closed_lb))
-            if lb >= target():
-                closed_lb = min(closed_lb, lb)
+            # the _BATCH best open nodes are branched together and their children bounded on the threads;
+            # best-first expands every node below the final target anyway, so batching adds (almost) no nodes
+            first = heap[0][0]
+            mark(min(first, leaves_lb, closed_lb))
+            if first >= target():
+                closed_lb = min(closed_lb, first)
                 heap.clear()
                 break
-            children = _branch(node, n, min_width)
-            if children is None:
-                leaves_lb = min(leaves_lb, lb)
-                continue
-            children = [ch for ch in children if _symmetric_ok(ch)]
+            children = []
+            while heap and len(children) < _BATCH and heap[0][0] < target():
+                lb, _, node = heapq.heappop(heap)
+                kids = _branch(node, n, min_width)
+                if kids is None:
+                    leaves_lb = min(leaves_lb, lb)
+                    continue
+                children += [ch for ch in kids if _symmetric_ok(ch)]
             for ch, cand in zip(children, bound_all(children)):  # all bounded against the same ub
                 n_nodes += 1
                 if cand is not None and cand[0] < ub:  # the fixed-dictionary optimum at the caps' centres
