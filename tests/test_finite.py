@@ -391,3 +391,18 @@ def test_threads_give_the_same_search():
         assert np.array_equal(s.dictionary, ref.dictionary) and np.array_equal(s.codes, ref.codes)
     with pytest.raises(ValueError, match="threads"):
         wl.solve(X, lam=0.3, width=3, threads=0)
+
+
+def test_memory_limit_returns_uncertified_best():
+    """When the open nodes would pass FiniteLimits.max_queue_bytes the search stops like at a time limit:
+    the best triple (re-evaluated) with a certified bound below the optimum."""
+    from widelimit.finite import FiniteLimits
+
+    X = _data(7, 20, 2)
+    full = wl.solve(X, lam=0.3, width=3)
+    sol = wl.solve(X, lam=0.3, width=3, limits=FiniteLimits(max_queue_bytes=200_000))
+    assert full.certified and sol.status == "memory_limit" and not sol.certified
+    assert sol.n_nodes < full.n_nodes and sol.rel_gap > 1e-6
+    assert full.lower_bound >= sol.lower_bound >= full.wide_lower_bound  # a valid, weaker bound
+    assert sol.value >= full.lower_bound
+    _check_triple(X, 0.3, sol)

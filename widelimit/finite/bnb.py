@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,11 +44,16 @@ __all__ = ["FiniteSolution", "FiniteLimits", "solve_finite", "node_lower_bound"]
 
 @dataclass(frozen=True)
 class FiniteLimits:
-    """Sizes beyond which the exact search refuses (use the gradient solver, ``widelimit fit``)."""
+    """Sizes beyond which the exact search refuses (use the gradient solver, ``widelimit fit``), and the
+    memory at which it stops."""
 
     max_dim: int = 3
     max_width: int = 4
     max_points: int = 5000
+    #: memory of the open nodes (estimated from their arrays) at which the search stops with
+    #: status ``"memory_limit"``, returning its best solution and certified gap as at a time limit;
+    #: ``None``: half of the machine's physical memory
+    max_queue_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,8 @@ class FiniteSolution:
     lam : float
     rel_tol : float
     status : str
-        ``"optimal"``, ``"time_limit"``, ``"node_limit"`` or ``"closed_form"`` (width >= number of rays).
+        ``"optimal"``, ``"time_limit"``, ``"node_limit"``, ``"memory_limit"`` (the open nodes reached
+        ``FiniteLimits.max_queue_bytes``) or ``"closed_form"`` (width >= number of rays).
     n_nodes : int
         Nodes whose bound was computed.
     n_rays : int
@@ -323,8 +330,14 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     faces = -np.ones(k, dtype=np.int64)
     lo = -np.ones((k, n - 1))
     hi = np.ones((k, n - 1))
-    # Z0, b0: the fixed-dictionary optimum's warm start, used once the caps are narrow (docs/theory.md §7.6)
-    root = _Node(faces, lo, hi, np.zeros((N, k, n)), -np.inf, _free_caps(k, n), (np.zeros((N, k)), X.mean(axis=0)))
+    root = _Node(faces, lo, hi, np.zeros((N, k, n)), -np.inf, _free_caps(k, n))
+    # the fixed-dictionary optimum's warm start (Z0, b0) exists only below the second-order bound's angle
+    # (docs/theory.md §7.6): coarse nodes, most of the queue, do not carry it
+    no_ref = (np.zeros((0, k)), np.zeros(0))
+    # an open node's memory: its relaxation iterate Y, the warm start (Z0, b0) of the narrow ones, the
+    # boxes and caps, and about 2 KB of Python objects and array headers
+    node_bytes = 8 * (N * k * n + N * k + n + 6 * k * n + 4 * k) + 2048
+    queue_bytes = _half_the_memory() if limits.max_queue_bytes is None else limits.max_queue_bytes
     scale = max(abs(ub), 1e-300)
     tol_abs = 1e-3 * rel_tol * scale  # the relaxation's own gap, far below the search's
 
@@ -334,8 +347,11 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     def bound(node: _Node):
         """Certify ``node.lb``; return an explicit candidate ``(value, W, Z, b)`` or None (thread-safe: it
         writes only into ``node``, and ``ub`` does not change while children are bounded)."""
+        if node.Z0 is None and node.th.max() < _TAYLOR_MAX_ANGLE:  # from here on the node's descendants carry it
+            node.Z0, node.b0 = np.zeros((N, k)), X.mean(axis=0)
+        Z0, b0 = no_ref if node.Z0 is None else (node.Z0, node.b0)
         lb, cval, node.mass = T.bound_node(X, float(lam), node.C, node.cth, node.sth, node.free, node.th, node.Y,
-                                           node.Z0, node.b0, node.lb, wlb, target(), tol_abs, _TAYLOR_MAX_ANGLE)
+                                           Z0, b0, node.lb, wlb, target(), tol_abs, _TAYLOR_MAX_ANGLE)
         node.lb = float(lb)
         return None if cval == np.inf else (float(cval), node.C, node.Z0, node.b0)
 
@@ -389,6 +405,9 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
             if max_nodes is not None and n_nodes >= max_nodes:
                 status = "node_limit"
                 break
+            if len(heap) * node_bytes > queue_bytes:
+                status = "memory_limit"
+                break
             # the _BATCH best open nodes are branched together and their children bounded on the threads;
             # best-first expands every node below the final target anyway, so batching adds (almost) no nodes
             first = heap[0][0]
@@ -427,6 +446,14 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
                    history=tuple(history))
     report(sol.lower_bound, sol.value, done=True)
     return sol
+
+
+def _half_the_memory() -> int:
+    """Half of the machine's physical memory (8 GiB where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (AttributeError, ValueError, OSError):
+        return 8 * 2**30
 
 
 def _event(progress, n_nodes, max_nodes, value, lower_bound, done):
