@@ -135,12 +135,10 @@ def check_magnitude_sample(X, name: str = "X") -> None:
     hit = bad_row(S)
     if hit is not None:
         row = int(idx[hit[0]])
-        where = ""
-        loc = getattr(X, "locate", None)
-        if loc is not None:
-            shard, r = loc(row)
-            where = f" (shard {shard}, row {r})"
-        raise ValueError(f"{name} has values too large to square in float64 in row {row} (0-based){where}: "
+        msg = getattr(X, "bad_row_message", None)  # a source names its file and row (or line) itself
+        if msg is not None:
+            raise ValueError(msg(row, "large", hit[2]))
+        raise ValueError(f"{name} has values too large to square in float64 in row {row} (0-based): "
                          f"{too_large(hit[2])}")
 
 

@@ -147,8 +147,8 @@ def _run_bound(args) -> int:
     if args.checkpoint is not None:
         _check_checkpoint(args.checkpoint)
     # with --dask the passes read the data on the cluster, whose first pass checks every row
-    X, lam0, label = load_data(args.data, args.key, column=args.column, header=args.header or None,
-                               scan=not args.dask)
+    # no separate scan: the median's first pass refuses NaN / Inf and too large rows, naming the shard and row
+    X, lam0, label = load_data(args.data, args.key, column=args.column, header=args.header or None, scan=False)
     if isinstance(X, ActivationSource):
         label = repr(X)
     if args.geometric and args.lam is not None:

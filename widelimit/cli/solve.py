@@ -58,7 +58,8 @@ def _run_solve(args) -> int:
 
     _check_width_options(args)
     check_out_dir(args.out)
-    X, lam0, label = load_data(args.data, args.key, header=args.header or None)
+    # no separate scan: the wide solve's first pass refuses NaN / Inf and too large rows, naming the shard and row
+    X, lam0, label = load_data(args.data, args.key, header=args.header or None, scan=False)
     lam = args.lam if args.lam is not None else lam0
     if lam is None:
         raise ValueError("--lam is required for data files")

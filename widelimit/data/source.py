@@ -102,10 +102,24 @@ class ActivationSource:
         return (f"ActivationSource({self.label!r}, shape={self.shape}, storage={'/'.join(self.storage_dtypes)}, "
                 f"shards={len(self.shards)})")
 
-    def locate(self, row: int) -> tuple[str, int]:
-        """``(shard name, row inside the shard)`` of global row ``row``."""
+    def bad_row_message(self, row: int, what: str, norm: float | None = None, label: str | None = None) -> str:
+        """The one message for a refused row (global index ``row``): a non-finite value (``what`` is
+        ``"NaN"`` / ``"Inf"``) or a row too large to square (``what="large"``, its ``norm``).
+
+        A text table is named by its line and column (1-based, as the parser's messages); other files by
+        the row inside the file (0-based) and, for one shard of several, the row among all the rows.
+        """
         j = int(np.searchsorted(self.starts, row, side="right") - 1)
-        return self.shards[j].name, int(row - self.starts[j])
+        sh, r = self.shards[j], int(row - self.starts[j])
+        if isinstance(sh, TableShard):
+            if what == "large":
+                return sh.describe(r, None, f"values too large to square in float64: {too_large(norm)}")
+            bad = np.flatnonzero(~np.isfinite(np.asarray(sh.read(r, r + 1), dtype=np.float64)[0]))
+            return sh.describe(r, int(bad[0]) if bad.size else None, "not a finite number")
+        at = f"row {r} (0-based" + (f"; row {row} of {show(label or self.label)})" if len(self.shards) > 1 else ")")
+        if what == "large":
+            return f"{show(sh.name)}: values too large to square in float64 in {at}: {too_large(norm)}"
+        return f"{show(sh.name)}: non-finite value ({what}) in {at}"
 
     def _read(self, s: int, e: int) -> np.ndarray:
         if e <= s:
@@ -301,23 +315,10 @@ def check_values(src: ActivationSource, label: str | None = None) -> None:
     the row inside the file (0-based), and its row among all of ``src``'s rows when it is one shard of
     several. Memory: one chunk.
     """
-    many = len(src.shards) > 1
     for j, sh in enumerate(src.shards):
         rows = max(1, chunk_rows(sh.n))
         for s in range(0, sh.rows, rows):
-            c = sh.read(s, min(sh.rows, s + rows))
-            hit = bad_row(c)
-            if hit is None:
-                continue
-            i, what, nrm = hit
-            r = s + i
-            if isinstance(sh, TableShard):
-                if what == "large":
-                    raise DataError(sh.describe(r, None, f"values too large to square in float64: {too_large(nrm)}"))
-                col = int(np.flatnonzero(~np.isfinite(c[i]))[0])
-                raise DataError(sh.describe(r, col, "not a finite number"))
-            at = f"row {r} (0-based" + (f"; row {int(src.starts[j]) + r} of {show(label or src.label)})" if many
-                                        else ")")
-            if what == "large":
-                raise DataError(f"{show(sh.name)}: values too large to square in float64 in {at}: {too_large(nrm)}")
-            raise DataError(f"{show(sh.name)}: non-finite value ({what}) in {at}")
+            hit = bad_row(sh.read(s, min(sh.rows, s + rows)))
+            if hit is not None:
+                i, what, nrm = hit
+                raise DataError(src.bad_row_message(int(src.starts[j]) + s + i, what, nrm, label))

@@ -153,17 +153,12 @@ def is_dask_array(X) -> bool:
     return type(X).__module__.split(".")[0] == "dask" and hasattr(X, "chunks") and hasattr(X, "dask")
 
 
-def _where(X, row: int) -> str:
-    loc = getattr(X, "locate", None)
-    if loc is None:
-        return ""
-    shard, r = loc(row)
-    return f" (shard {shard}, row {r})"
-
-
 def nonfinite_error(X, err: NonFiniteRow, name: str = "X") -> ValueError:
-    """The user-facing error for a non-finite row, naming the shard for sources."""
-    return ValueError(f"{name} has a non-finite value ({err.what}) in row {err.row}{_where(X, err.row)}")
+    """The user-facing error for a non-finite row; a source names its file and row (or line) itself."""
+    msg = getattr(X, "bad_row_message", None)
+    if msg is not None:
+        return ValueError(msg(err.row, err.what))
+    return ValueError(f"{name} has a non-finite value ({err.what}) in row {err.row} (0-based)")
 
 
 def _batches(X, N: int, rows: int, name: str, prefetch: bool):
