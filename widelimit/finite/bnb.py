@@ -373,6 +373,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
         for t, res in enumerate(got):
             out[t::n_threads] = res
         return out
+
     heapq.heappush(heap, (root.lb, next(counter), root))
     history = []
     next_mark = [1.0]  # record the bounds each time the relative gap passes the next power of ten
