@@ -38,20 +38,20 @@ def _json(capsys, argv):
 
 
 def test_1_relax_device_refused_without_torch(good, capsys):
-    one_line_error(capsys, ["relax", good, "--lam", "0.5", "--device", "bogus"],
-                    "--device applies only with --solver TORCH", "bogus")
-    one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "clarabel", "--device", "cpu"],
-                    "--device applies only with --solver TORCH", "--device cpu")
+    err = one_line_error(capsys, ["relax", good, "--lam", "0.5", "--device", "bogus"])
+    assert "--device applies only with --solver TORCH" in err and "bogus" in err, err
+    err = one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "clarabel", "--device", "cpu"])
+    assert "--device applies only with --solver TORCH" in err and "--device cpu" in err, err
 
 
 def test_1_relax_device_checked_with_torch(good, capsys):
-    one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "torch", "--device", "bogus"],
-                    "--device must be", "'bogus'")
+    err = one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "torch", "--device", "bogus"])
+    assert "--device must be" in err and "'bogus'" in err, err
 
 
 def test_1_fit_device_checked_before_the_data(good, capsys):
-    one_line_error(capsys, ["fit", good, "--lam", "0.5", "--width", "2", "--device", "bogus"],
-                    "--device must be", "'bogus'")
+    err = one_line_error(capsys, ["fit", good, "--lam", "0.5", "--width", "2", "--device", "bogus"])
+    assert "--device must be" in err and "'bogus'" in err, err
 
 
 # --------------------------------------------------------------------------------------
@@ -62,7 +62,8 @@ def test_1_fit_device_checked_before_the_data(good, capsys):
 @pytest.mark.parametrize("cmd", [["fit", "--width", "2"], ["frontier", "--widths", "1,2"]])
 def test_2_topk_encoder_requires_topk(good, capsys, cmd):
     argv = [cmd[0], good, "--lam", "0.5", *cmd[1:], "--encoder", "topk"]
-    one_line_error(capsys, argv, "--encoder topk needs --topk")
+    err = one_line_error(capsys, argv)
+    assert "--encoder topk needs --topk" in err, err
 
 
 @pytest.mark.parametrize("cmd,needles", [
@@ -70,7 +71,8 @@ def test_2_topk_encoder_requires_topk(good, capsys, cmd):
     (["frontier", "--widths", "2,1"], ["--topk must be at most the smallest of --widths, 1", "--topk 3"]),
 ])
 def test_2_topk_beyond_the_width(good, capsys, cmd, needles):
-    one_line_error(capsys, [cmd[0], good, "--lam", "0.5", *cmd[1:], "--encoder", "topk", "--topk", "3"], *needles)
+    err = one_line_error(capsys, [cmd[0], good, "--lam", "0.5", *cmd[1:], "--encoder", "topk", "--topk", "3"])
+    assert all(s in err for s in needles), err
 
 
 def test_2_topk_shown_in_table_and_json(good, capsys):
@@ -104,7 +106,8 @@ def test_2_topk_shown_in_table_and_json(good, capsys):
     (["--seed", "-1"], ["--seed", "'-1'"]),
 ])
 def test_3_relax_bench_parameters(capsys, argv, needles):
-    one_line_error(capsys, ["relax-bench", *argv], *needles, absent=["got 1\n", "got 2\n", "got inf"])
+    err = one_line_error(capsys, ["relax-bench", *argv])
+    assert all(s in err for s in needles) and not any(s in err for s in ["got 1\n", "got 2\n", "got inf"]), err
 
 
 def test_3_family_parameters_through_the_api():
@@ -131,7 +134,8 @@ def test_3_family_parameters_through_the_api():
      ["--exact-time-limit applies only with --exact", "--exact-time-limit 5"]),
 ])
 def test_4_unused_fit_flags(good, capsys, cmd, argv, needles):
-    one_line_error(capsys, [cmd, good, "--lam", "0.5", *argv], *needles)
+    err = one_line_error(capsys, [cmd, good, "--lam", "0.5", *argv])
+    assert all(s in err for s in needles), err
 
 
 @pytest.mark.parametrize("argv,needles", [
@@ -139,7 +143,8 @@ def test_4_unused_fit_flags(good, capsys, cmd, argv, needles):
     (["--cone", "nonneg"], ["--cone applies only with --export", "--cone nonneg"]),
 ])
 def test_4_unused_relax_bench_flags(capsys, argv, needles):
-    one_line_error(capsys, ["relax-bench", *argv], *needles)
+    err = one_line_error(capsys, ["relax-bench", *argv])
+    assert all(s in err for s in needles), err
 
 
 # --------------------------------------------------------------------------------------
@@ -153,7 +158,8 @@ def test_4_unused_relax_bench_flags(capsys, argv, needles):
     ("1,1", ["--widths lists 1 twice", "'1,1'"]),
 ])
 def test_5_frontier_widths(good, capsys, widths, needles):
-    one_line_error(capsys, ["frontier", good, "--lam", "0.5", "--widths", widths], *needles)
+    err = one_line_error(capsys, ["frontier", good, "--lam", "0.5", "--widths", widths])
+    assert all(s in err for s in needles), err
 
 
 @pytest.mark.parametrize("argv,needles", [
@@ -163,7 +169,8 @@ def test_5_frontier_widths(good, capsys, widths, needles):
     (["--family", "rays,rays"], ["--family lists rays twice", "'rays,rays'"]),
 ])
 def test_5_relax_bench_lists(capsys, argv, needles):
-    one_line_error(capsys, ["relax-bench", *argv], *needles)
+    err = one_line_error(capsys, ["relax-bench", *argv])
+    assert all(s in err for s in needles), err
 
 
 # --------------------------------------------------------------------------------------
@@ -172,8 +179,9 @@ def test_5_relax_bench_lists(capsys, argv, needles):
 
 
 def test_6_exact_time_limit_negative(good, capsys):
-    one_line_error(capsys, ["frontier", good, "--lam", "0.5", "--widths", "1,2", "--exact", "--exact-time-limit", "-1"],
-                    "argument --exact-time-limit", "'-1'", absent=["time_limit"])
+    argv = ["frontier", good, "--lam", "0.5", "--widths", "1,2", "--exact", "--exact-time-limit", "-1"]
+    err = one_line_error(capsys, argv)
+    assert "argument --exact-time-limit" in err and "'-1'" in err and not any(s in err for s in ["time_limit"]), err
 
 
 # --------------------------------------------------------------------------------------
@@ -182,15 +190,18 @@ def test_6_exact_time_limit_negative(good, capsys):
 
 
 def test_7_relax_solver_echoed_as_typed(good, capsys):
-    one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "bogus"], "--solver", "'bogus'",
-                    absent=["BOGUS"])
+    err = one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "bogus"])
+    assert "--solver" in err and "'bogus'" in err and not any(s in err for s in ["BOGUS"]), err
 
 
 def test_7_relax_bench_export_is_a_file(tmp_path, capsys):
     f = tmp_path / "good.csv"
     f.write_text("1,2\n3,4\n")
-    one_line_error(capsys, ["relax-bench", "--export", str(f)], "--export", "good.csv", "is a file",
-                    absent=["folder 'good.csv'", "not empty"])
+    err = one_line_error(capsys, ["relax-bench", "--export", str(f)])
+    assert "--export" in err, err
+    assert "good.csv" in err, err
+    assert "is a file" in err, err
+    assert not any(s in err for s in ["folder 'good.csv'", "not empty"]), err
     assert f.read_text() == "1,2\n3,4\n"
 
 
