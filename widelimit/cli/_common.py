@@ -330,6 +330,17 @@ def progress_display(console=None, enabled: bool = True):
     return ctx()
 
 
+def only_with(given: dict, ok: bool, what: str, *, why: str = "", context: str = "") -> None:
+    """Refuse a flag given where it does nothing: each ``flag: value`` of ``given`` that is not ``None`` is one
+    ``ValueError`` "FLAG applies only with WHAT[WHY], got FLAG VALUE[CONTEXT]" unless ``ok``."""
+    if ok:
+        return
+    for flag, v in given.items():
+        if v is not None:
+            shown = f"{v:g}" if isinstance(v, float) else v
+            raise ValueError(f"{flag} applies only with {what}{why}, got {flag} {shown}{context}")
+
+
 def split_list(spec: str, flag: str) -> list[str]:
     """The comma-separated items of ``spec``, stripped; an empty item is a one-line ``ValueError`` naming ``flag``."""
     toks = [t.strip() for t in str(spec).split(",")]

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..data.source import ActivationSource
 
-from ._common import (_console, certificate_table, check_out_file, lam_float, load_data,
+from ._common import (_console, certificate_table, check_out_file, lam_float, load_data, only_with,
                       positive_float, positive_int, print_json, progress_display)
 from ..data.shards import first_line, show
 from ..exact.median import geometric_median, huber_median
@@ -138,15 +138,11 @@ def _check_checkpoint(path: Path) -> None:
 
 def _run_bound(args) -> int:
 
-    if not args.dask:
-        for flag, v in (("--dask-timeout", args.dask_timeout), ("--rows", args.rows)):
-            if v is not None:
-                raise ValueError(f"{flag} applies only with --dask")
+    only_with({"--dask-timeout": args.dask_timeout, "--rows": args.rows}, bool(args.dask), "--dask")
     if args.dask_timeout is None:
         args.dask_timeout = 30.0
     if args.checkpoint is not None:
         _check_checkpoint(args.checkpoint)
-    # with --dask the passes read the data on the cluster, whose first pass checks every row
     # no separate scan: the median's first pass refuses NaN / Inf and too large rows, naming the shard and row
     X, lam0, label = load_data(args.data, args.key, column=args.column, header=args.header or None, scan=False)
     if isinstance(X, ActivationSource):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from .._json import dumps as _dumps
 from ._common import (_console, _fmt, atomic_outputs, certificate_table, check_device, check_out_dir, in_memory,
-                      load_data, moved, no_duplicates, nonneg_float, nonneg_int, positive_float, positive_int, print_json,
-                      split_list)
+                      load_data, moved, no_duplicates, nonneg_float, nonneg_int, only_with, positive_float, positive_int,
+                      print_json, split_list)
 from ..exact.certificate import verify
 from ..learn.crossval import best_fit
 from ..sae.formats import save_saelens
@@ -64,11 +64,11 @@ def _check_fit_flags(args, widths) -> None:
     if args.topk is not None and args.encoder == "topk" and args.topk > min(widths):
         where = f"--width {widths[0]}" if len(widths) == 1 else f"the smallest of --widths, {min(widths)}"
         raise ValueError(f"--topk must be at most {where} (k active features among the atoms), got --topk {args.topk}")
-    if args.topk is not None and args.encoder != "topk":
-        raise ValueError(f"--topk applies only with --encoder topk, got --encoder {args.encoder}")
-    if args.lr is not None and args.encoder not in _AMORTISED:
-        raise ValueError(f"--lr applies only with --encoder {', '.join(_AMORTISED[:-1])} or {_AMORTISED[-1]} "
-                         f"(free codes have no learning rate), got --encoder {args.encoder}")
+    with_encoder = f" with --encoder {args.encoder}"
+    only_with({"--topk": args.topk}, args.encoder == "topk", "--encoder topk", context=with_encoder)
+    only_with({"--lr": args.lr}, args.encoder in _AMORTISED,
+              f"--encoder {', '.join(_AMORTISED[:-1])} or {_AMORTISED[-1]}", why=" (free codes have no learning rate)",
+              context=with_encoder)
     check_device(args.device)
 
 
@@ -228,9 +228,7 @@ def _parse_widths(spec: str) -> list[int]:
 def _run_frontier(args) -> int:
 
     widths = _parse_widths(args.widths)
-    if args.exact_time_limit is not None and not args.exact:
-        raise ValueError(f"--exact-time-limit applies only with --exact, got --exact-time-limit "
-                         f"{args.exact_time_limit:g} without --exact")
+    only_with({"--exact-time-limit": args.exact_time_limit}, args.exact, "--exact", context=" without --exact")
     _check_fit_flags(args, widths)
     check_out_dir(args.out)
     X, lam0, label = load_data(args.data, args.key, header=args.header or None)

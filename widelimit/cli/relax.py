@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import (_console, certificate_table, check_device, in_memory, load_data, positive_float, positive_int,
-                      print_json)
+from ._common import (_console, certificate_table, check_device, in_memory, load_data, only_with, positive_float,
+                      positive_int, print_json)
 from ..relax.cones import CONES
 from ..exact.solve import solve
 from ..relax.dnn import solve_dnn
@@ -50,9 +50,8 @@ def _add_relax(sub):
 
 def _run_relax(args) -> int:
 
-    if args.device is not None and args.solver != "TORCH":
-        raise ValueError(f"--device applies only with --solver TORCH ({args.solver} runs on the CPU through cvxpy), "
-                         f"got --device {args.device}")
+    only_with({"--device": args.device}, args.solver == "TORCH", "--solver TORCH",
+              why=f" ({args.solver} runs on the CPU through cvxpy)")
     if args.solver == "TORCH" and args.cone != "dnn":
         raise ValueError(f"--solver TORCH solves the dnn cone only, got --cone {args.cone}")
     check_device(args.device)

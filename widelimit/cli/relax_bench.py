@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..relax.export import EXPORT_CONES, FORMATS, export_instances
 from ..relax.families import FAMILIES, FAMILY_PARAMS, MIN_N, check_params, make_bench_instance
-from ._common import _console, check_out_dir, no_duplicates, nonneg_int, print_json, split_list
+from ._common import _console, check_out_dir, no_duplicates, nonneg_int, only_with, print_json, split_list
 
 __all__ = ["_add_relax_bench", "_run_relax_bench", "parse_N", "parse_params", "MAX_N", "MAX_DIM"]
 
@@ -103,10 +103,8 @@ def _run_relax_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown format {args.format!r}; choose from {', '.join(FORMATS)}")
     if cone not in EXPORT_CONES:
         raise ValueError(f"unknown cone {args.cone!r}; choose from {', '.join(EXPORT_CONES)}")
-    for flag, given in (("--format", args.format), ("--cone", args.cone)):
-        if given is not None and args.export is None:
-            raise ValueError(f"{flag} applies only with --export DIR (it chooses what the exported files hold), "
-                             f"got {flag} {given} without --export")
+    only_with({"--format": args.format, "--cone": args.cone}, args.export is not None, "--export DIR",
+              why=" (it chooses what the exported files hold)", context=" without --export")
     for f in fams:
         for N in Ns:
             if N < MIN_N[f]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ._common import (_console, _solution_rows, _write_solution, atomic_outputs, certificate_table,
-                      check_out_dir, lam_float, load_data, moved, nonneg_float, print_json,
+                      check_out_dir, lam_float, load_data, moved, nonneg_float, only_with, print_json,
                       progress_display, unit_interval_float)
 from ..exact.solve import solve
 from .solve_width import run_solve_width
@@ -41,10 +41,8 @@ WIDTH_DEFAULTS = {"time_limit": 600.0, "rel_tol": 1e-6}
 
 def _check_width_options(args) -> None:
     """Options of the --width search given without --width, or combined with what it cannot do, are refused."""
+    only_with({"--time-limit": args.time_limit, "--rel-tol": args.rel_tol}, args.width is not None, "--width")
     if args.width is None:
-        for dest, flag in (("time_limit", "--time-limit"), ("rel_tol", "--rel-tol")):
-            if getattr(args, dest) is not None:
-                raise ValueError(f"{flag} applies only with --width")
         return
     if args.signed:
         raise ValueError("--width and --signed cannot be combined: the finite-width search supports nonnegative "
