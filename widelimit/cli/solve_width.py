@@ -25,8 +25,6 @@ def run_solve_width(args, X, lam, label) -> int:
     from rich.console import Console
 
     k = _parse_width(args.width)
-    if k > X.shape[0]:  # checked again by solve(width=); here before the wide solve's passes
-        raise ValueError(f"--width {k} exceeds the number of points N = {X.shape[0]}")
     err = Console(stderr=True)
     with progress_display(err, enabled=not args.no_progress and err.is_terminal) as cb:  # terminals only
         sol = solve(X, lam=lam, width=k, ray_tol=args.ray_tol, signed=args.signed, time_limit=args.time_limit,
