@@ -283,6 +283,37 @@ def test_deterministic_on_cpu(rays):
     assert init.init == "array" and init.value <= a.value * (1 + 1e-6)
 
 
+@pytest.mark.parametrize("encoder", ["none", "standard", "jumprelu"])
+@pytest.mark.parametrize("e", [100, -100])
+def test_data_far_from_unit_magnitude_fit_as_their_exact_rescaling(encoder, e, one_torch_thread):
+    """float32 squares of data at 2^100 overflow and at 2^-100 underflow: the fit runs on 2^-e X (exact) and maps back.
+
+    The data X0 have their largest |x - b| in [0.5, 1), so they are fitted as they are, and 2^e X0 is
+    fitted as X0 itself: every number of the result must be that of X0 times the right power of 2^e.
+    Before the rescaling, 2^100 X0 stopped with "the objective became inf" and 2^-100 X0 lost its squares.
+    """
+    X0 = np.random.default_rng(3).standard_normal((40, 3))
+    lam = 0.1
+    X0 = X0 / (np.abs(X0 - wl.huber_median(X0, lam=lam).point).max() * 1.01)
+    assert 0.5 <= np.abs(X0 - wl.huber_median(X0, lam=lam).point).max() < 1.0
+    s = 2.0 ** e
+    kw = dict(width=3, max_steps=100, encoder=encoder, seed=1, device="cpu")
+    ref = wl.fit_dictionary(X0, lam=lam, **kw)
+    seen = []
+    fit = wl.fit_dictionary(X0 * s, lam=lam * s, progress=seen.append, **kw)
+    np.testing.assert_array_equal(fit.dictionary, ref.dictionary)
+    np.testing.assert_array_equal(fit.bias, ref.bias * s)
+    assert fit.value == ref.value * s * s
+    assert (fit.codes != ref.codes * s).nnz == 0
+    assert [h["value"] for h in fit.history] == [h["value"] * s * s for h in ref.history]
+    assert [ev.value for ev in seen] == [h["value"] for h in fit.history]
+    assert set(fit.encoder_params) == set(ref.encoder_params)
+    for name, v in fit.encoder_params.items():  # codes scale with the data, W_enc and k do not
+        np.testing.assert_array_equal(v, ref.encoder_params[name] * (1 if name in ("W_enc", "k") else s))
+    if encoder != "none":
+        assert fit.encoder_value == ref.encoder_value * s * s
+
+
 def test_history_is_monotone_full_batch(rays):
     X, _, lam = rays
     seen = []

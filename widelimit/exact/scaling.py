@@ -29,20 +29,28 @@ __all__ = ["normaliser", "unscale_median", "unscale_certificate", "scaled_lam", 
 LIMIT = 64
 
 
-def normaliser(X) -> float:
-    """A power of two ``f`` with ``max |f x_ij|`` about 1 (from up to 257 evenly spaced rows), or 1.0 when not needed."""
+def normaliser(X, *, limit: int = LIMIT, centre=None) -> float:
+    """A power of two ``f`` with ``max |f (x_ij - centre_j)|`` about 1 (from up to 257 evenly spaced rows), or 1.0 when
+    that maximum already lies in ``[2^-limit, 2^limit]``.
+
+    The float64 solvers use ``limit = LIMIT`` and no centre; the float32 gradient fit uses a
+    narrower range around its starting bias (float32 squares overflow near ``1.8e19``).
+    """
     if isinstance(X, ScaledRows):
         return 1.0
     N = int(X.shape[0])
     idx = np.unique(np.linspace(0, N - 1, min(N, 257)).astype(np.int64))
     S = X[idx].compute() if is_dask_array(X) else X[idx]
-    S = np.abs(np.asarray(S, dtype=np.float64))
+    S = np.asarray(S, dtype=np.float64)
+    if centre is not None:
+        S = S - np.asarray(centre, dtype=np.float64)
+    S = np.abs(S)
     S = S[np.isfinite(S)]  # non-finite rows are reported by the first pass
     sigma = float(S.max()) if S.size else 0.0
     if sigma == 0.0:
         return 1.0
     e = math.frexp(sigma)[1]
-    if -LIMIT <= e <= LIMIT:
+    if -limit <= e <= limit:
         return 1.0
     return math.ldexp(1.0, max(-1022, min(1022, -e)))
 

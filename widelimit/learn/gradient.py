@@ -52,7 +52,12 @@ encoder's own codes and of the optimal codes for its decoder
 
 Compute is float32 on the device; the returned value is a float64 evaluation of
 the returned ``(dictionary, codes, bias)``, the codes being the certified optimal
-codes of the final dictionary and bias.
+codes of the final dictionary and bias. float32 squares overflow near ``1.8e19``
+and underflow near ``1e-19``: data whose largest ``|x - b|`` (from up to 257 rows)
+lies outside ``[2^-16, 2^16]`` are fitted as ``f X`` with ``lam f``, ``f`` an exact
+power of two, and everything is mapped back (docs/theory.md §8.4); the fit of
+``2^e X`` is then that of ``X`` times the powers of ``2^e``, number for number
+(``lr`` applies to the rescaled problem).
 
 **Initialisation**: ``"rays"`` (ray clustering: 1-sparse codes
 ``z = (<w, x - b> - lam)_+`` on the best atom, each atom re-fit to its cluster as
@@ -78,7 +83,8 @@ from ..coding import GRAM_LIMIT
 from ..coding import optimal_codes as _entry_codes
 from ..coding.pdas import optimal_codes
 from ..exact.median import huber_median
-from ..engine.local import Progress
+from ..exact.scaling import normaliser
+from ..engine.local import Progress, ScaledRows
 from ..exact.objective import sae_objective
 from ._steps import _fit_free, _fit_free_minibatch, _init_dictionary, _rownorm
 from ..sae.model import SAE
@@ -205,6 +211,7 @@ class FitResult:
 
 #: Share of ``max_time`` kept for the final certified re-coding after the steps.
 _FINAL_SHARE = 0.15
+_FLOAT32_LIMIT = 16  # data whose largest |x - b| lies outside [2^-16, 2^16] are fitted rescaled (float32 squares)
 
 
 class _Reporter:
@@ -215,8 +222,9 @@ class _Reporter:
     last two blocks of ``window`` steps, so batch noise does not stop or prolong the run.
     """
 
-    def __init__(self, rtol, window, max_time, progress, t0, stochastic=False, budget=0):
+    def __init__(self, rtol, window, max_time, progress, t0, stochastic=False, budget=0, unit=1.0):
         self.rtol, self.window, self.max_time, self.progress, self.t0 = rtol, window, max_time, progress, t0
+        self.unit = unit  # the values of the scaled data times unit = 1 / f^2 are those of X
         self.budget = int(budget or 0)
         self.stochastic = stochastic
         self.history: list[dict] = []
@@ -229,7 +237,7 @@ class _Reporter:
             raise FloatingPointError(f"the objective became {value} at step {step}; lower the learning rate")
         self.raw.append(float(value))
         w = self.window
-        shown = float(np.mean(self.raw[-w:])) if self.stochastic else float(value)
+        shown = (float(np.mean(self.raw[-w:])) if self.stochastic else float(value)) * self.unit
         self.history.append({"step": int(step), "time_s": t, "value": shown})
         if self.progress is not None:
             self.progress(Progress(stage="fit", pass_index=int(step), rows_done=int(step), rows_total=self.budget,
@@ -384,6 +392,12 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
         b0 = huber_median(X, lam=lam).point
     else:
         b0 = check_vector(bias, n, "bias")
+    # float32 holds squares up to 3.4e38 and loses them below 1e-38: data far from unit magnitude around the
+    # starting bias are fitted as f X with lam f, f an exact power of two (docs/theory.md §8.4), and the results
+    # mapped back; the final certified coding is on X itself
+    f = normaliser(X, limit=_FLOAT32_LIMIT, centre=b0)
+    Xs = X if f == 1.0 else ScaledRows(X, f)
+    lam_s = lam * f
     # the data on the device (float32), unless a minibatch / encoder run on data too large for
     # that reads its batches from X (then the initialisation sees a subsample)
     fits = N * n * 4 <= (1 << 34 if dev.type == "cuda" else 1 << 32)
@@ -391,15 +405,15 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     with torch.no_grad():
         if stream:
             sub = np.sort(np.random.default_rng(seed).choice(N, size=min(N, 200_000), replace=False))
-            Xd, src = None, torch.as_tensor(writable(np.asarray(X[sub], dtype=np.float32)), device=dev)
+            Xd, src = None, torch.as_tensor(writable(np.asarray(Xs[sub], dtype=np.float32)), device=dev)
         else:
-            Xd = torch.as_tensor(writable(np.asarray(X, dtype=np.float32)), device=dev)
+            Xd = torch.as_tensor(writable(np.asarray(X if f == 1.0 else Xs[:], dtype=np.float32)), device=dev)
             src = Xd
-        b = torch.as_tensor(b0, dtype=cdt, device=dev)
+        b = torch.as_tensor(b0 * f, dtype=cdt, device=dev)
         if init_arr is not None:
             W = _rownorm(torch.as_tensor(init_arr, dtype=cdt, device=dev))
         else:
-            W, b = _init_dictionary(src, b, lam, width, init, gen, learn_bias=bool(learn_bias))
+            W, b = _init_dictionary(src, b, lam_s, width, init, gen, learn_bias=bool(learn_bias))
         del src
     # stochastic objectives (minibatches, Adam) are judged over a longer window
     stochastic = amortised or minibatch
@@ -407,7 +421,7 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     # re-coding (and the encoder's evaluation) _FINAL_SHARE of it
     loop_time = None if max_time is None else (1.0 - _FINAL_SHARE) * float(max_time)
     report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), loop_time, progress, t0,
-                       stochastic=stochastic, budget=max_steps)
+                       stochastic=stochastic, budget=max_steps, unit=1.0 / f / f)
     opts = {"max_steps": int(max_steps), "cd_sweeps": 30 if code_steps is None else int(code_steps),
             "dict_steps": int(dict_steps),
             "ws_size": int(ws_size), "resample_every": int(resample_every), "batch_size": batch_size,
@@ -417,22 +431,25 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     enc_params: dict = {}
     enc_value = None
     if amortised:
-        Wt, bt, steps, reason, enc_params = _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, dev, cdt)
+        Wt, bt, steps, reason, enc_params = _fit_amortised(Xs, Xd, W, b, lam_s, encoder, opts, report, dev, cdt)
+        for name in ("b_enc", "threshold"):  # codes scale with the data; W_enc does not
+            if name in enc_params:
+                enc_params[name] = enc_params[name] / f
         Z_warm = None
     elif minibatch:
         with torch.no_grad():
-            Wt, bt, _, steps, reason = _fit_free_minibatch(X, W, b, lam, opts, report, dev, cdt)
+            Wt, bt, _, steps, reason = _fit_free_minibatch(Xs, W, b, lam_s, opts, report, dev, cdt)
         Z_warm = None
     else:
         with torch.no_grad():
-            Wt, bt, Zt, steps, reason = _fit_free(Xd, W, b, lam, opts, report)
+            Wt, bt, Zt, steps, reason = _fit_free(Xd, W, b, lam_s, opts, report)
         rows = max(1, (1 << 26) // max(1, width))
-        Z_warm = sp.csr_array(sp.vstack([sp.csr_array(Zt[s:s + rows].cpu().double().numpy())
+        Z_warm = sp.csr_array(sp.vstack([sp.csr_array(Zt[s:s + rows].cpu().double().numpy() / f)
                                          for s in range(0, N, rows)], format="csr"))
         del Zt
     Wf = Wt.detach().cpu().double().numpy()
     Wf /= np.where(np.linalg.norm(Wf, axis=1) > 0, np.linalg.norm(Wf, axis=1), 1.0)[:, None]
-    bf = bt.detach().cpu().double().numpy()
+    bf = bt.detach().cpu().double().numpy() / f
     if amortised:
         enc_codes = encoder_codes(X, encoder, enc_params, bf)
         enc_value = sae_objective(X, Wf, enc_codes, bf, lam=lam).value
