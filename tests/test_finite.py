@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import cvxpy as cp
 import numpy as np
@@ -14,7 +12,6 @@ import scipy.optimize as so
 
 import widelimit as wl
 from widelimit.finite import node_lower_bound
-from widelimit.finite import _kernels as K
 from widelimit.finite.bnb import _polish, box_cap, face_directions
 
 
@@ -352,10 +349,16 @@ def test_progress_display_counts_open_ended_work():
     from widelimit.cli._common import progress_display
 
     buf = io.StringIO()
-    with progress_display(Console(file=buf, force_terminal=True, width=160)) as cb:
+    with progress_display(Console(file=buf, force_terminal=True, width=200)) as cb:
         cb(wl.Progress("branch and bound", 1234, 1234, 0, value=2.0, lower_bound=1.5))
     out = buf.getvalue()
-    assert "branch and bound: 1234" in out and "gap 5.00e-01" in out and "/0" not in out
+    assert "branch and bound: 1234" in out and "gap 5.00e-01 (relative 2.5e-01)" in out and "/0" not in out
+    # an event with a value and no bound (an upper bound only) shows the value, not a crash on None
+    buf = io.StringIO()
+    with progress_display(Console(file=buf, force_terminal=True, width=200)) as cb:
+        cb(wl.Progress("fit", 3, 3, 10, value=0.75))
+    out = buf.getvalue()
+    assert "value 0.75" in out and "bound" not in out
 
 
 def test_cli_frontier_exact_reports_each_search(tmp_path, capsys, monkeypatch):

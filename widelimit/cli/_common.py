@@ -316,9 +316,12 @@ def progress_display(console=None, enabled: bool = True):
             state = {"status": ""}
 
             def cb(ev):
-                if ev.value is not None:
-                    gap = ev.value - (ev.lower_bound if ev.lower_bound is not None else ev.value)
-                    state["status"] = f"value {ev.value:.10g}  bound {ev.lower_bound:.10g}  gap {gap:.2e}"
+                if ev.value is not None and ev.lower_bound is None:
+                    state["status"] = f"value {ev.value:.10g}"
+                elif ev.value is not None:  # the solvers certify a relative gap: show it next to the absolute one
+                    gap = ev.value - ev.lower_bound
+                    rel = f"{gap / abs(ev.value):.1e}" if ev.value else "-"
+                    state["status"] = f"value {ev.value:.10g}  bound {ev.lower_bound:.10g}  gap {gap:.2e} (relative {rel})"
                 if ev.rows_total > 0:  # a pass over rows, or an iteration budget
                     bar.update(task, description=f"pass {ev.pass_index} ({ev.stage})", completed=ev.rows_done,
                                total=ev.rows_total, status=state["status"])
