@@ -97,6 +97,39 @@ def test_human_table(tmp_path, capsys):
     assert float(f["value"]) - float(f["lower bound"]) == pytest.approx(float(f["gap"]), rel=1e-6)
 
 
+def _notes(out):
+    """``{quantity: note}`` from a rich table: the third column, wrapped continuation rows joined."""
+    notes, key = {}, None
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("\u2502")[1:-1]]
+        if len(cells) >= 3:
+            key = cells[0] or key
+            notes[key] = (notes.get(key, "") + " " + cells[2]).strip()
+    return notes
+
+
+def test_table_says_why_a_certificate_does_not_certify(tmp_path, capsys):
+    """At lam = 1e-18 on unit data the gap alone is within the tolerance but float64 cannot resolve it: the
+    verdict is NO, and the table says it is the rounding error, with the numbers of the JSON certificate."""
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((20, 3)))
+    d = _json(capsys, ["solve", str(tmp_path / "x.npy"), "--lam", "1e-18", "--json"])["certificate"]
+    allowed = d["tol"] * d["value"]
+    assert d["gap"] <= allowed < d["gap"] + d["rounding_error"] and d["certified"] is False
+    assert main(["solve", str(tmp_path / "x.npy"), "--lam", "1e-18"]) == 0
+    out = capsys.readouterr().out
+    t, notes = _table(out), _notes(out)
+    assert t["certified"] == "NO" and float(t["rounding error"]) == pytest.approx(d["rounding_error"], rel=1e-9)
+    assert notes["certified"].startswith(f"its rounding error {d['rounding_error']:.1e} is above the {allowed:.1e} "
+                                         "the tolerance allows")
+    # a gap above the tolerance is named as such
+    from types import SimpleNamespace
+
+    from widelimit.cli._common import _why_not
+
+    c = SimpleNamespace(gap=3e-6, value=2.0, tol=1e-6, atol=1e-7, rounding_error=0.0)
+    assert _why_not(c) == "gap 3.0e-06 is above the 2.1e-06 the tolerance allows"
+
+
 def test_demo(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -117,7 +117,12 @@ def is_certified(gap: float, value: float, *, tol: float, atol: float = 0.0) -> 
     optimum (``value - lower_bound``, plus any rounding bound the caller adds);
     used by :func:`verify` and by :func:`widelimit.certify_sae`.
     """
-    return bool(gap <= tol * max(abs(value), 1e-300) + atol)
+    return bool(gap <= allowed_gap(value, tol=tol, atol=atol))
+
+
+def allowed_gap(value: float, *, tol: float, atol: float = 0.0) -> float:
+    """The largest certified gap :func:`is_certified` accepts at ``value``: ``tol * |value| + atol``."""
+    return tol * max(abs(value), 1e-300) + atol
 
 
 def _cert_chunk(c, s, W, b, lam, norms, count, slot, n_multi, Zc):
