@@ -415,3 +415,66 @@ def test_underflow_allowance_covers_subnormal_products():
         err = abs(Fraction(x * y) - exact) - Fraction(U) * exact
         worst = max(worst, err)
     assert 0 < worst <= Fraction(ETA)
+
+
+# --------------------------------------------------------------------------------------------
+# the review of this round: certificates at the ends of the float64 range
+
+
+def _random_sae(n, k, seed, bias_scale=0.0):
+    from widelimit.sae.model import SAE
+
+    W = np.random.default_rng(seed).standard_normal((k, n))
+    return SAE(W_dec=W, b_dec=np.full(n, bias_scale), W_enc=W.T.copy(), b_enc=np.zeros(k), architecture="standard")
+
+
+def test_a_tiny_objective_is_judged_relatively_not_by_an_absolute_floor():
+    """Data near 3e-155 (objective 6e-308, all normal numbers): a random SAE 60x above the optimum was
+    certified optimal because "certified" tested gap <= tol * max(value, 1e-300). Its relative gap must be
+    that of the same problem times 2^512 (an exact rescaling), and it is not certified."""
+    from widelimit.sae.model import SAE
+
+    s = 3e-155
+    X = np.random.default_rng(0).standard_normal((200, 4)) * s
+    sae = _random_sae(4, 3, 0, bias_scale=5.0 * s)
+    c = wl.certify_sae(X, sae, lam=0.3 * s)
+    f = 2.0 ** 512
+    big = SAE(W_dec=sae.W_dec, b_dec=sae.b_dec * f, W_enc=sae.W_enc, b_enc=sae.b_enc, architecture="standard")
+    c2 = wl.certify_sae(X * f, big, lam=0.3 * s * f)
+    assert not c2.certified_optimal and c2.global_gap > 0.5 * c2.sae_objective
+    assert c.certified_optimal is False
+    assert c.as_dict()["rel_global_gap"] == pytest.approx(c2.global_gap / c2.sae_objective, rel=1e-6)
+    v = wl.verify(X, sae.W_dec, sae.encode(X), sae.b_dec, lam=0.3 * s, tol=1e-6)
+    assert v.certified is False and v.rel_gap == pytest.approx(c2.global_gap / c2.sae_objective, rel=1e-6)
+
+
+def test_an_objective_that_overflows_certifies_nothing(tmp_path, capsys):
+    """At lam = 1e305 the SAE's penalty overflows: value inf, gap inf, and "inf <= tol * inf" held."""
+    X = np.random.default_rng(0).standard_normal((300, 4))
+    sae = _random_sae(4, 6, 0)
+    for lam, finite in ((1e300, True), (1e305, False)):
+        c = wl.certify_sae(X, sae, lam=lam)
+        assert np.isfinite(c.sae_objective) == finite and c.certified_optimal is False
+        assert c.as_dict()["rel_global_gap"] == (c.global_gap / c.sae_objective if finite else np.inf)
+    W, Z = np.eye(4)[:1], np.full((300, 1), 10.0)
+    v = wl.verify(X, W, Z, np.zeros(4), lam=1e307)
+    assert v.value == np.inf and v.certified is False and v.rel_gap == np.inf
+
+
+def test_relative_gap_is_gap_over_value_at_every_scale():
+    """Below 1e-300 the relative gap was gap / 1e-300: a true 12.5% was reported as 7.2e-9."""
+    from widelimit.exact.certificate import is_certified, relative_gap
+
+    s = 2.0 ** -63
+    x = np.array([0.0, 0.0, 0.0, 1.0, 3.0, 10.0]) * s
+    lam, b = 1e-289, 2.0 * s
+    Z = np.c_[np.maximum(x - b - lam, 0), np.maximum(b - x - lam, 0)]
+    c = wl.verify(x[:, None], np.array([[1.0], [-1.0]]), Z, np.array([b]), lam=lam)
+    assert c.value < 1e-300 and c.rel_gap == c.gap / c.value and c.as_dict()["rel_gap"] == c.gap / c.value
+    assert 0.1 < c.rel_gap < 0.2 and not c.certified
+    assert relative_gap(0.0, 0.0) == 0.0 and relative_gap(1e-320, 0.0) == np.inf
+    assert relative_gap(np.inf, np.inf) == np.inf and relative_gap(1.0, np.nan) == np.inf
+    assert is_certified(0.0, 0.0, tol=1e-9) and not is_certified(1e-316, 0.0, tol=1e-9)
+    assert is_certified(2e-317, 0.0, tol=1e-9)  # below the smallest normal a value counts as 2^-1022
+    assert not is_certified(np.inf, np.inf, tol=1e-9) and not is_certified(np.nan, 1.0, tol=1e-9)
+    assert is_certified(1e-316, 1e-308, tol=1e-9) is False and is_certified(1e-316, 1e-308, tol=1e-9, atol=1e-316)

@@ -19,6 +19,7 @@ from .._validation import LAM_MIN
 from ..data import datasets
 from ..data.shards import first_line, show
 from ..data.source import check_values, open_activations
+from ..exact.gap import allowed_gap
 from ..plot import plot_solution
 
 
@@ -257,8 +258,6 @@ def _dual_round(c) -> float:
 
 def _why_not(c) -> str:
     """Why a certificate of theory.md §8 does not certify: the gap, or the rounding error beside a gap that would."""
-    from ..exact.certificate import allowed_gap
-
     allowed = allowed_gap(c.value, tol=c.tol, atol=c.atol)
     if c.gap <= allowed:
         return (f"its rounding error {c.rounding_error:.1e} is above the {allowed:.1e} the tolerance allows "

@@ -28,10 +28,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+
 import numpy as np
 import scipy.sparse as sp
 
 from .._validation import check_lam, check_tol, row_norms
+from .gap import allowed_gap, is_certified, relative_gap  # noqa: F401 (is_certified is documented here)
 from .median import MedianResult, centered, huber_median
 from .objective import _check_triple, _matmul_rows, huber_h
 from ..engine import engine_for
@@ -40,7 +42,7 @@ from ..engine.local import ScaledRows, raise_nonfinite, scratch
 from .scaling import normaliser, scale_median, scaled_lam, unscale_certificate
 from .median_bound import ETA, U, check_consistent, gamma, sum_depth
 
-__all__ = ["Certificate", "verify", "is_certified"]
+__all__ = ["Certificate", "verify", "is_certified", "relative_gap"]
 
 
 @dataclass(frozen=True)
@@ -108,21 +110,6 @@ class Certificate:
     def as_dict(self) -> dict:
         """Plain-Python dict (JSON-serialisable)."""
         return {k: (bool(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in asdict(self).items()}
-
-
-def is_certified(gap: float, value: float, *, tol: float, atol: float = 0.0) -> bool:
-    """The one definition of "certified": ``gap <= tol * |value| + atol``.
-
-    ``gap`` is a certified upper bound on the distance of ``value`` to the global
-    optimum (``value - lower_bound``, plus any rounding bound the caller adds);
-    used by :func:`verify` and by :func:`widelimit.certify_sae`.
-    """
-    return bool(gap <= allowed_gap(value, tol=tol, atol=atol))
-
-
-def allowed_gap(value: float, *, tol: float, atol: float = 0.0) -> float:
-    """The largest certified gap :func:`is_certified` accepts at ``value``: ``tol * |value| + atol``."""
-    return tol * max(abs(value), 1e-300) + atol
 
 
 def _cert_chunk(c, s, W, b, lam, norms, count, slot, n_multi, Zc):
@@ -259,7 +246,7 @@ def make_certificate(N, n, rec, pen, esum, emax, hub, comp, width, lam, median: 
         lower_bound_error=median.gap,
         lower_bound_at_bias=hub / N,
         gap=gap,
-        rel_gap=gap / max(abs(value), 1e-300),
+        rel_gap=relative_gap(gap, value),
         bias_stationarity=float(np.linalg.norm(esum / N)),
         dual_min=(lam / N) * (1.0 - q * q),
         complementarity=comp,

@@ -48,6 +48,7 @@ import json
 from .._validation import _finite_chunk, check_data, check_int, check_lam, check_seed, check_tol, check_vector, check_weights
 from .collinear import collinear_fit, project_chunk, solve_1d
 from .newton import line_min, newton_direction
+from .gap import relative_gap
 from .median_bound import ETA, check_consistent, gamma, lower_bound, norm, sum_depth
 from .scaling import full_normaliser, normaliser, scaled_lam, unscale_median
 from ..engine.fingerprint import mismatch_error
@@ -128,8 +129,8 @@ class MedianResult:
 
     @property
     def rel_gap(self) -> float:
-        """``gap / max(value, tiny)``."""
-        return self.gap / max(abs(self.value), 1e-300)
+        """``gap / |value|`` (:func:`widelimit.exact.gap.relative_gap`)."""
+        return relative_gap(self.gap, self.value)
 
     @property
     def unique(self) -> bool:

@@ -35,6 +35,7 @@ import scipy.sparse as sp
 from .._runtime import default_threads
 from .._validation import check_int
 from ..engine.local import Progress
+from ..exact.gap import is_certified, relative_gap
 from ..exact.objective import sae_objective
 from . import _kernels as K
 from . import _taylor as T
@@ -503,8 +504,8 @@ def _branch(node: _Node, n: int, min_width: float):
 def _result(val, lb, W, Z, b, lam, rel_tol, status, n_nodes, n_rays, wlb, t0, certified_hint=None, history=()):
     lb = min(float(lb), val)  # a bound above the value would only be rounding
     gap = val - lb
-    rel = gap / max(abs(val), 1e-300)
-    cert = rel <= rel_tol and status in ("optimal", "closed_form")
+    rel = relative_gap(gap, val)
+    cert = is_certified(gap, val, tol=rel_tol) and status in ("optimal", "closed_form")
     if certified_hint is not None:
         cert = cert and bool(certified_hint)
     return FiniteSolution(value=val, lower_bound=lb, gap=gap, rel_gap=rel, certified=bool(cert),

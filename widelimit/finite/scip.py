@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from ..exact.gap import relative_gap
 from ..exact.objective import sae_objective
 
 __all__ = ["ScipResult", "solve_scip"]
@@ -87,4 +88,4 @@ def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e
     bb = np.array([s[b[d]] for d in range(n)])
     val = float(sae_objective(X, W, Z, bb, lam=lam).value)
     lb = float(m.getDualbound())
-    return ScipResult(val, lb, (val - lb) / max(abs(val), 1e-300), status, W, Z, bb, elapsed)
+    return ScipResult(val, lb, relative_gap(val - lb, val), status, W, Z, bb, elapsed)

@@ -84,7 +84,7 @@ from ..coding import choose_algorithm, optimal_codes
 from ..coding.cd import GramCoder
 from ..engine import engine_for
 from ..engine.local import Progress
-from ..exact.certificate import is_certified
+from ..exact.gap import is_certified, relative_gap
 from ..exact.median import huber_median, huber_value
 from ..learn.same_width import same_width_witness
 from .formats import as_sae
@@ -172,7 +172,7 @@ class SAECertificate:
             "huber_median_gap": self.huber_median_gap,
             "encoder_gap": self.encoder_gap, "encoder_gap_upper": enc_hi,
             "decoder_gap_at_bias": self.decoder_gap_at_bias, "bias_gap": self.bias_gap,
-            "global_gap": self.global_gap, "rel_global_gap": self.global_gap / max(abs(self.sae_objective), 1e-300),
+            "global_gap": self.global_gap, "rel_global_gap": relative_gap(self.global_gap, self.sae_objective),
             "certified_optimal": bool(self.certified_optimal), "tol": self.tol,
             "lam": self.lam, "l1_coefficient": self.l1_coefficient,
             "n_tokens": self.n_tokens, "d_in": self.d_in, "d_sae": self.d_sae,

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .._json import to_jsonable
+from ..exact.gap import relative_gap
 
 __all__ = ["certificate_rows", "flat_dict", "figures", "plot_sae_certificate", "write_sae_certificate",
            "SHOULD_HAVE_FIRED"]
@@ -64,7 +65,7 @@ def flat_dict(cert, prefix: str = "") -> dict:
         "objective/sae": cert.sae_objective, "objective/optimal_codes": cert.optimal_code_objective,
         "gap/encoder": cert.encoder_gap, "gap/encoder_upper": enc_hi,
         "gap/dictionary_at_bias": cert.decoder_gap_at_bias, "gap/bias": cert.bias_gap,
-        "gap/global": cert.global_gap, "gap/relative": cert.global_gap / max(abs(cert.sae_objective), 1e-300),
+        "gap/global": cert.global_gap, "gap/relative": relative_gap(cert.global_gap, cert.sae_objective),
         "gap/coding": cert.coding_gap,
         "bound/wide_limit": cert.lower_bound, "bound/at_bias": cert.lower_bound_at_bias,
         "bound/wide_optimum_width": getattr(cert, "wide_optimum_width", None),
@@ -96,7 +97,7 @@ def certificate_rows(c) -> list[tuple]:
     m = c.metrics
     obj = c.objective or {}
     enc_hi = None if c.encoder_gap is None else c.encoder_gap + (c.coding_gap or 0.0)
-    rel = c.global_gap / max(abs(c.sae_objective), 1e-300)
+    rel = relative_gap(c.global_gap, c.sae_objective)
     width = getattr(c, "wide_optimum_width", None)
     stand = " (a stand-in: see objective)" if obj.get("stand_in") else ""
     rows = [
