@@ -478,3 +478,19 @@ def test_relative_gap_is_gap_over_value_at_every_scale():
     assert is_certified(2e-317, 0.0, tol=1e-9)  # below the smallest normal a value counts as 2^-1022
     assert not is_certified(np.inf, np.inf, tol=1e-9) and not is_certified(np.nan, 1.0, tol=1e-9)
     assert is_certified(1e-316, 1e-308, tol=1e-9) is False and is_certified(1e-316, 1e-308, tol=1e-9, atol=1e-316)
+
+
+@pytest.mark.parametrize("case", ["huge_with_small_entries", "below_float32_normals"])
+def test_float32_data_are_rescaled_in_float64(case):
+    """The power-of-two rescaling of float32 chunks ran in float32: at 2^-100 entries near 1e-20 flushed to zero
+    (three distinct points became one, "certified" at value 0), and data near 1e-40 overflowed at 2^130
+    ("non-finite value" for finite data). A float32 array must now be solved exactly like its float64 copy."""
+    if case == "huge_with_small_entries":
+        X, lam = np.array([[1e30, 1e-20], [1e30, -1e-20], [1e30, 0.0]], dtype=np.float32), 1e-25
+    else:
+        X, lam = (np.random.default_rng(0).standard_normal((50, 3)) * 1e-40).astype(np.float32), 1e-41
+    a, b = wl.solve(X, lam=lam), wl.solve(X.astype(np.float64), lam=lam)
+    assert (a.width, a.certified) == (b.width, b.certified) and a.value > 0 and a.width >= 1
+    # the same numbers, up to the order of float64 sums (the float32 chunks take other code paths)
+    assert a.value == pytest.approx(b.value, rel=1e-12) and a.lower_bound == pytest.approx(b.lower_bound, rel=1e-12)
+    np.testing.assert_allclose(a.bias, b.bias, rtol=1e-12)

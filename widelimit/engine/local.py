@@ -315,9 +315,9 @@ class LocalEngine:
             if f != 1.0:  # the chunk as stored goes to the hash (if any) first, then is scaled
                 if isinstance(fn, partial) and fn.func is _hashed_chunk:
 
-                    return _lanes(c, off + s), fn.args[0](c * f, off + s, *args,
+                    return _lanes(c, off + s), fn.args[0](_times(c, f), off + s, *args,
                                                           *[None if x is None else x[s:e] for x in extras])
-                c = c * f
+                c = _times(c, f)
             return fn(c, off + s, *args, *[None if x is None else x[s:e] for x in extras])
 
         acc = None
@@ -363,12 +363,12 @@ class LocalEngine:
         def work(s0, e0):
             for s in range(s0, e0, self.rows):
                 c = self._load(s)
-                out[s : s + c.shape[0]] = fn(c if f == 1.0 else c * f, off + s, *args)
+                out[s : s + c.shape[0]] = fn(_times(c, f), off + s, *args)
 
         try:
             if not self.parallel:
                 for s, c in self._chunks():
-                    out[s : s + c.shape[0]] = fn(c if f == 1.0 else c * f, off + s, *args)
+                    out[s : s + c.shape[0]] = fn(_times(c, f), off + s, *args)
             else:
                 for _e, _ in self._tasks(work):
                     pass
@@ -382,6 +382,12 @@ class LocalEngine:
         """Rows ``idx`` (sorted or not) as float64 (random access; not counted as a pass)."""
         rows = np.asarray(self.base[np.asarray(idx)], dtype=np.float64)
         return rows if self.scale == 1.0 else rows * self.scale
+
+
+def _times(c: np.ndarray, f: float) -> np.ndarray:
+    """``f c`` in float64 (``c`` as stored when ``f = 1``): a power of two times float32 rows, done in float32,
+    flushed entries near ``1e-20`` to zero at ``f = 2^-100`` and overflowed at ``f > 2^128``."""
+    return c if f == 1.0 else np.asarray(c, dtype=np.float64) * f
 
 
 class ScaledRows:
