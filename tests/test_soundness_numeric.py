@@ -494,3 +494,29 @@ def test_float32_data_are_rescaled_in_float64(case):
     # the same numbers, up to the order of float64 sums (the float32 chunks take other code paths)
     assert a.value == pytest.approx(b.value, rel=1e-12) and a.lower_bound == pytest.approx(b.lower_bound, rel=1e-12)
     np.testing.assert_allclose(a.bias, b.bias, rtol=1e-12)
+
+
+def test_data_float64_cannot_hold_exactly_are_refused_not_rounded(tmp_path, capsys):
+    """int64 2^53 and 2^53 + 1 became one float64 point ("certified" value 0 for two points 1 apart, whose
+    optimum is 2 lam - lam^2 over 2); long doubles 1 and 1 + 2^-60 likewise. Every entry point refuses them,
+    naming the entry; integers and long doubles that float64 holds exactly are solved like their float64 copy."""
+    from widelimit.data.source import ActivationSource
+
+    X = np.array([[2**53], [2**53 + 1]], dtype=np.int64)
+    with pytest.raises(ValueError, match=r"^X: the int64 value 9007199254740993 at row 1, column 0 is not exactly"):
+        wl.solve(X, lam=1e-3)
+    with pytest.raises(ValueError, match=r"the uint64 value 18446744073709551615 at row 0"):
+        ActivationSource.from_array(np.array([[2**64 - 1], [0]], dtype=np.uint64))
+    np.save(tmp_path / "i.npy", X)
+    err = one_line_error(capsys, ["solve", str(tmp_path / "i.npy"), "--lam", "1e-3"])
+    assert "i.npy: the int64 value 9007199254740993 at row 1, column 0 is not exactly a float64 number" in err
+    ok = np.array([[2**53], [2**53 + 2], [-(2**60)]], dtype=np.int64)  # all exact in float64
+    a, b = wl.solve(ok, lam=1e-3), wl.solve(ok.astype(np.float64), lam=1e-3)
+    assert (a.value, a.lower_bound, a.width) == (b.value, b.lower_bound, b.width)
+    if np.finfo(np.longdouble).nmant > 52:  # x86 80-bit long double (not on platforms where it is float64)
+        L = np.array([[1.0], [1.0]], dtype=np.longdouble)
+        L[1, 0] += np.longdouble(2) ** -60
+        with pytest.raises(ValueError, match=r"float128 value 1.0000000000000000009 at row 1, column 0|at row 1"):
+            wl.solve(L, lam=1e-3)
+        half = np.array([[0.5], [3.0]], dtype=np.longdouble)
+        assert wl.solve(half, lam=0.1).value == wl.solve(half.astype(np.float64), lam=0.1).value

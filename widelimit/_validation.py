@@ -55,8 +55,10 @@ def to_numpy(a, name: str = "array") -> np.ndarray:
 
 
 def _float_dtype(arr: np.ndarray, name: str) -> np.ndarray:
-    if arr.dtype.kind == "b" or arr.dtype.kind in "iu":
+    if arr.dtype.kind == "b":
         return arr.astype(np.float64)
+    if arr.dtype.kind in "iu":
+        return exact_float64(arr, name)
     if arr.dtype.kind == "c":
         raise ValueError(f"{name} is complex; widelimit works with real data")
     if arr.dtype.kind != "f":
@@ -64,8 +66,38 @@ def _float_dtype(arr: np.ndarray, name: str) -> np.ndarray:
     if arr.dtype == np.float16:
         return arr.astype(np.float32)
     if arr.dtype not in (np.float32, np.float64):
-        return arr.astype(np.float64)
+        return exact_float64(arr, name)
     return arr
+
+
+_EXACT_INT = 2**53  # every integer of magnitude up to 2^53 is a float64
+
+
+def exact_float64(arr: np.ndarray, name: str) -> np.ndarray:
+    """``arr`` (integers, or floats wider than float64 such as ``np.longdouble``) as float64, refused with a
+    one-line ``ValueError`` naming the first entry that float64 does not hold exactly.
+
+    A certificate speaks about the numbers it computed with: integers beyond ``2^53`` or long doubles
+    rounded to float64 would make it speak about other data (``2^53`` and ``2^53 + 1`` become one point).
+    """
+    out = arr.astype(np.float64)
+    if arr.size == 0:
+        return out
+    if arr.dtype.kind in "iu":
+        big = np.flatnonzero((arr > _EXACT_INT).ravel() | ((arr < -_EXACT_INT).ravel() if arr.dtype.kind == "i"
+                                                           else np.zeros(arr.size, dtype=bool)))
+        flat, conv = arr.ravel(), out.ravel()
+        bad = next((int(i) for i in big if int(conv[i]) != int(flat[i])), None) if big.size else None
+    else:
+        same = (out.astype(arr.dtype) == arr) | (np.isnan(arr) & np.isnan(out))
+        bad = None if same.all() else int(np.flatnonzero(~same.ravel())[0])
+    if bad is None:
+        return out
+    where = np.unravel_index(bad, arr.shape)
+    at = f"row {where[0]}" + (f", column {where[1]}" if arr.ndim == 2 else "")
+    raise ValueError(f"{name}: the {arr.dtype} value {arr.ravel()[bad]} at {at} is not exactly a float64 number "
+                     "(widelimit computes and certifies in float64; integers are exact only up to 2^53): "
+                     "round the data to float64 yourself, so that the certificate speaks about the data it used")
 
 
 def refuse_bool(dtype, name: str) -> None:

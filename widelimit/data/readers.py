@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._validation import exact_float64
 from .shards import KIND_OF_ITEMSIZE, ArrayShard, DataError, FileShard, first_line, show
 
 __all__ = ["read_npy", "read_npz", "read_safetensors", "read_torch", "unpickle_reason", "array_shard"]
@@ -56,10 +57,11 @@ def array_shard(arr: np.ndarray, path, what: str = "array", kind: str | None = N
         dt = np.dtype(arr.dtype)
         if dt.kind == "b":
             raise DataError(f"{show(path)}: {what} has dtype bool; expected floating point or integer numbers")
-        if dt.kind in "iu":
-            arr = arr.astype(np.float64)
-        elif dt.kind == "f" and dt not in _NP_FLOATS:
-            arr = arr.astype(np.float64)
+        if dt.kind in "iu" or (dt.kind == "f" and dt not in _NP_FLOATS):
+            try:
+                arr = exact_float64(arr, show(path))
+            except ValueError as e:
+                raise DataError(str(e)) from None
         elif dt.kind != "f":
             raise DataError(f"{show(path)}: {what} has dtype {dt}; expected floating point (or integer) numbers")
     return ArrayShard(arr, str(path), kind)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._validation import bad_row, chunk_rows, to_numpy, too_large
+from .._validation import bad_row, chunk_rows, exact_float64, to_numpy, too_large
 from . import readers
 from .arrow import ArrowShard, arrow_files, is_datasets_folder
 from .csv import TableShard, read_table_shard
@@ -78,7 +78,10 @@ class ActivationSource:
         if a.dtype.kind == "b":
             raise DataError(f"{name}: has dtype bool; expected floating point or integer numbers")
         if a.dtype.kind in "iu" or (a.dtype.kind == "f" and a.dtype not in _NP_FLOATS):
-            a = a.astype(np.float64)
+            try:
+                a = exact_float64(a, name)
+            except ValueError as e:
+                raise DataError(str(e)) from None
         elif a.dtype.kind != "f":
             raise DataError(f"{name}: has dtype {a.dtype}; expected real numbers")
         return cls([ArrayShard(a, name)], name)
