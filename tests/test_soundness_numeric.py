@@ -520,3 +520,20 @@ def test_data_float64_cannot_hold_exactly_are_refused_not_rounded(tmp_path, caps
             wl.solve(L, lam=1e-3)
         half = np.array([[0.5], [3.0]], dtype=np.longdouble)
         assert wl.solve(half, lam=0.1).value == wl.solve(half.astype(np.float64), lam=0.1).value
+
+
+def test_a_weighted_median_is_refused_as_the_bound_of_the_unweighted_problem():
+    """X = {0, 0, 0, 10}, lam = 1 (optimum 14/3, docs/theory.md §3.1): the median with weights (1, 0, 0, 1) has the
+    same data fingerprint, kind and lam, and lower bound 9, so verify certified a candidate of value 9 and solve
+    a value of 5.0. Both refuse it now; all-one weights are the same problem and are accepted."""
+    X = np.array([[0.0], [0.0], [0.0], [10.0]])
+    weighted = wl.huber_median(X, lam=1.0, weights=[1.0, 0.0, 0.0, 1.0])
+    b = 5.0
+    W, Z = np.array([[1.0], [-1.0]]), np.c_[np.maximum(X[:, 0] - b - 1, 0), np.maximum(b - X[:, 0] - 1, 0)]
+    for call in (lambda m: wl.verify(X, W, Z, np.array([b]), lam=1.0, median=m),
+                 lambda m: wl.solve(X, lam=1.0, median=m)):
+        with pytest.raises(ValueError, match="^median: computed with point weights"):
+            call(weighted)
+    assert wl.verify(X, W, Z, np.array([b]), lam=1.0).certified is False
+    ones = wl.huber_median(X, lam=1.0, weights=np.ones(4))
+    assert wl.solve(X, lam=1.0, median=ones).value == pytest.approx(14 / 3, rel=1e-12)

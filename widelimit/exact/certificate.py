@@ -34,7 +34,7 @@ import scipy.sparse as sp
 
 from .._validation import check_lam, check_tol, row_norms
 from .gap import allowed_gap, is_certified, relative_gap  # noqa: F401 (is_certified is documented here)
-from .median import MedianResult, centered, huber_median
+from .median import MedianResult, centered, check_given_median, huber_median
 from .objective import _check_triple, _matmul_rows, huber_h
 from ..engine import engine_for
 from ..engine.fingerprint import mismatch_error
@@ -306,12 +306,8 @@ def verify(X, W, Z, b, *, lam, tol: float = 1e-9, atol: float = 0.0, median: Med
     """
     X, W, Z, b, lam = _check_triple(X, W, Z, b, lam)
     tol, atol = check_tol(tol, "tol"), check_tol(atol, "atol")
-    if median is None:
-        pass
-    elif not isinstance(median, MedianResult) or median.kind != "huber" or median.lam != check_lam(lam):
-        raise ValueError("median must be a Huber median computed with the same lam")
-    elif median.fingerprint is None:
-        raise ValueError("median carries no data fingerprint; recompute it with huber_median(X, lam=lam)")
+    if median is not None:
+        check_given_median(median, lam=check_lam(lam), n=X.shape[1])
     f = normaliser(X)  # data far from unit magnitude: certified as f X (f an exact power of two)
     if f == 1.0:
         if median is None:

@@ -38,6 +38,7 @@ set can then be a segment (e.g. ``{-5, 5}`` with ``lam = 1``: every
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,6 +110,9 @@ class MedianResult:
         median whose fingerprint is not that of its data.
     rounding : float
         What the last pass's bound was lowered by for floating-point rounding.
+    weighted : bool
+        Computed with point weights other than all ones: the median of another problem, which
+        :func:`widelimit.solve` and :func:`widelimit.verify` refuse (:func:`check_given_median`).
     """
 
     point: np.ndarray
@@ -126,6 +130,7 @@ class MedianResult:
     fingerprint: str | None = None
     rounding: float = 0.0
     radius: float = 0.0  #: max_i ||x_i - point|| (as computed)
+    weighted: bool = False
 
     @property
     def rel_gap(self) -> float:
@@ -259,12 +264,29 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
 
     f = normaliser(X)
     try:
-        return run(f)
+        res = run(f)
     except FloatOverflow:  # the sampled rows missed the largest: scale from all of them, once
         f_all = full_normaliser(X)
         if f_all == f:
             raise
-        return run(f_all)
+        res = run(f_all)
+    return res if w is None or bool(np.all(w == 1.0)) else dataclasses.replace(res, weighted=True)
+
+
+def check_given_median(median, *, lam: float, n: int) -> None:
+    """Refuse a median handed to :func:`widelimit.solve` / :func:`widelimit.verify` that is not the Huber median of
+    this problem: another kind, another ``lam``, another dimension, point weights, or no data fingerprint (the
+    fingerprint itself is compared with the data's in the first pass)."""
+    if not isinstance(median, MedianResult) or median.kind != "huber" or median.lam != lam \
+            or median.point.shape != (n,):
+        got = (f"a {median.kind} median at lam={median.lam!r} of {median.point.size}-dimensional data"
+               if isinstance(median, MedianResult) else type(median).__name__)
+        raise ValueError(f"median: a Huber median at lam={lam!r} of {n}-dimensional data is needed, got {got}")
+    if median.weighted:
+        raise ValueError("median: computed with point weights, so it is the median of another problem; "
+                         "recompute it with huber_median(X, lam=lam) and no weights")
+    if median.fingerprint is None:
+        raise ValueError("median carries no data fingerprint; recompute it with huber_median(X, lam=lam)")
 
 
 def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None, checkpoint=None, tap=None):

@@ -26,7 +26,7 @@ from ..engine.kernels import solution_rows
 from .._validation import check_data, check_lam, check_tol, chunk_rows
 from .certificate import Certificate, _certificate, _sq_over_lam, make_certificate
 from .median_bound import sum_depth
-from .median import MedianResult
+from .median import MedianResult, check_given_median
 from .median import _solve as _median
 from .rays import KeysTap, RayGroups, _group_rays, default_ray_tol
 from ..engine import engine_for
@@ -313,11 +313,7 @@ def _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median=None
     """:func:`solve` on validated input."""
     # the rays' sort keys are taken inside the median's last pass when it can tell which one that is
     if median is not None:
-        if median.kind != "huber" or median.lam != lam or median.point.shape != (X.shape[1],):
-            raise ValueError(f"median: a Huber median at lam={lam!r} of {X.shape[1]}-dimensional data is needed, "
-                             f"got a {median.kind} median at lam={median.lam!r}")
-        if median.fingerprint is None:
-            raise ValueError("median carries no data fingerprint; recompute it with huber_median(X, lam=lam)")
+        check_given_median(median, lam=lam, n=X.shape[1])
         tap, med = None, median
     else:
         tap = KeysTap(X.shape[0], X.shape[1], signed) if isinstance(engine_for(X), LocalEngine) else None
