@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import widelimit as wl
 from widelimit.data.source import ActivationSource, DataError, open_activations
 from fixtures.saes import orthogonal_rays_sae, save_dictionary_learning, save_plain, save_sparsify
 from widelimit.sae.formats import load_sae, save_saelens
@@ -200,6 +201,28 @@ def test_normalisation_settings(tmp_path):
     # the folded SAE on raw x equals the original on s * x, mapped back by 1/s
     np.testing.assert_allclose(folded.encode(X), sae.encode(s * X), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(folded.decode(folded.encode(X)), sae.decode(sae.encode(s * X)) / s, rtol=1e-10, atol=1e-10)
+
+
+def test_folded_norm_scaling_certifies_the_sae_s_own_objective(tmp_path):
+    """An SAE exactly optimal for its training objective on s x (lam 0.7, built from the closed form) must be
+    certified optimal on raw x once the factor is folded: the raw objective has l1 / s (lam 0.7 / s). Keeping
+    l1 made it 28% "above the optimum" of an objective it never had."""
+    X = np.random.default_rng(0).standard_normal((200, 1)) * 3  # the training activations s x
+    lam, s = 0.7, 4.0
+    b = wl.solve(X, lam=lam).bias
+    opt = SAE(W_dec=np.array([[1.0], [-1.0]]), b_dec=b, W_enc=np.array([[1.0, -1.0]]), b_enc=np.array([-lam, -lam]),
+              architecture="standard", l1_coefficient=2 * lam, dtype="float64")
+    assert wl.certify_sae(X, opt).certified_optimal
+    save_saelens(opt, tmp_path / "e")
+    cfg = json.loads((tmp_path / "e" / "cfg.json").read_text())
+    cfg["normalize_activations"] = "expected_average_only_in"
+    (tmp_path / "e" / "cfg.json").write_text(json.dumps(cfg))
+    folded = load_sae(tmp_path / "e", norm_scaling_factor=s)
+    assert folded.l1_coefficient == 2 * lam / s
+    c = wl.certify_sae(X / s, folded)
+    assert c.lam == lam / s and c.certified_optimal
+    # the raw objective is the training objective over s^2, point for point
+    assert c.sae_objective == pytest.approx(wl.certify_sae(X, opt).sae_objective / s**2, rel=1e-12)
 
 
 def test_orthogonal_rays_sae_every_architecture_same_codes():

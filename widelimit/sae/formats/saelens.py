@@ -28,7 +28,8 @@ _TRAINING_ONLY = {"batchtopk": "batchtopk", "matryoshka_batchtopk": "matryoshka"
 
 
 def _fold_norm_scaling(kw: dict, s: float) -> None:
-    """SAELens ``fold_activation_norm_scaling_factor``: W_enc *= s, W_dec /= s, b_dec /= s."""
+    """SAELens ``fold_activation_norm_scaling_factor``: W_enc *= s, W_dec /= s, b_dec /= s (the caller divides
+    ``l1_coefficient`` by ``s``, which SAELens leaves to the training objective)."""
     kw["W_enc"] = np.asarray(_arr(kw["W_enc"], "W_enc", ""), dtype=np.float64) * s
     kw["W_dec"] = np.asarray(_arr(kw["W_dec"], "W_dec", ""), dtype=np.float64) / s
     kw["b_dec"] = np.asarray(_arr(kw["b_dec"], "b_dec", ""), dtype=np.float64) / s
@@ -147,13 +148,15 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
         else:
             raise SAEFormatError(f"{w_path}: tensor 'scaling_factor' has shape {tuple(sf.shape)}, "
                                  f"expected ({kw['W_dec'].shape[0]},)")
+    folded = None  # the norm scaling factor folded into the weights
     if norm == "expected_average_only_in":
         if norm_scaling_factor is None:
             raise SAEFormatError(
                 f"{cfg_path}: normalize_activations='expected_average_only_in' scales inputs by a dataset norm factor "
                 "that is not stored in the SAE files; pass norm_scaling_factor= (SAELens: sqrt(d_in) / E||x||) to fold it in"
             )
-        _fold_norm_scaling(kw, float(norm_scaling_factor))
+        folded = float(norm_scaling_factor)
+        _fold_norm_scaling(kw, folded)
         norm = "none"
         warnings.append(f"norm scaling factor {float(norm_scaling_factor):g} folded into the weights")
     elif norm_scaling_factor is not None:
@@ -163,6 +166,12 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
     if l1 is None:
         l1 = cfg_get(details, "l1_coefficient", cfg_path, "l1", None,
                      prefix="metadata.training_architecture_details.")
+    if folded is not None and l1 is not None:
+        # SAELens trains on s x: ||s x - xhat_s||^2 + l1 sum f ||W_dec_s||. With W_dec = W_dec_s / s and the same
+        # codes f, that is s^2 (||x - xhat||^2 + (l1 / s) sum f ||W_dec||): on raw x the coefficient is l1 / s
+        l1 = float(l1) / folded
+        warnings.append(f"l1_coefficient divided by the norm scaling factor (the SAE's objective on raw "
+                        f"activations): {l1:g}")
     train_arch = cfg_get(meta, "training_architecture", cfg_path, "str", None, prefix="metadata.")
     train_arch = _TRAINING_ONLY.get(train_arch, train_arch)
     sae = SAE(**kw, architecture=arch, k=k, apply_b_dec_to_input=apply, normalize_activations=norm,
