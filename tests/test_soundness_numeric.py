@@ -537,3 +537,27 @@ def test_a_weighted_median_is_refused_as_the_bound_of_the_unweighted_problem():
     assert wl.verify(X, W, Z, np.array([b]), lam=1.0).certified is False
     ones = wl.huber_median(X, lam=1.0, weights=np.ones(4))
     assert wl.solve(X, lam=1.0, median=ones).value == pytest.approx(14 / 3, rel=1e-12)
+
+
+def test_candidates_at_the_ends_of_the_range_are_evaluated_or_named():
+    """(a) codes of 1e160 on unit data: the message blamed the data's rows; it names the candidate now.
+    (b) codes of 1e308 on an atom of norm 1e-300 are a finite candidate (penalty 2 lam * 1e8 per point): the
+    atom's norm underflowed to 0 and the column sums overflowed, giving nan. (c) weights whose sum overflows."""
+    X = np.random.default_rng(0).standard_normal((50, 3))
+    with pytest.raises(ValueError, match=r"^Z, W: the candidate's reconstruction of row 0 is about 1.0e\+160"):
+        wl.verify(X, np.eye(3)[:1], np.full((50, 1), 1e160), np.zeros(3), lam=1.0)
+    W, Z = np.array([[1e-300, 0.0, 0.0]]), np.full((50, 1), 1e308)
+    obj, c = wl.sae_objective(X, W, Z, np.zeros(3), lam=1.0), wl.verify(X, W, Z, np.zeros(3), lam=1.0)
+    assert obj.penalty == c.penalty == pytest.approx(2.0 * (1e308 * 1e-300), rel=1e-12)
+    # the reconstruction: z w = (1e8, 0, 0) on every row, computed here in exact rationals
+    from fractions import Fraction as F
+
+    z1 = F(1e308) * F(1e-300)
+    exact = sum((F(float(x[0])) - z1) ** 2 + F(float(x[1])) ** 2 + F(float(x[2])) ** 2 for x in X) / 50
+    assert obj.reconstruction == pytest.approx(float(exact), rel=1e-12) and c.certified is False
+    from widelimit._validation import row_norms
+
+    A = np.array([[3e-300, 4e-300], [3e200, 4e200], [0.0, 0.0], [3.0, 4.0]])
+    np.testing.assert_allclose(row_norms(A), [5e-300, 5e200, 0.0, 5.0], rtol=1e-15)
+    with pytest.raises(ValueError, match="^weights: their sum overflows float64"):
+        wl.huber_median(np.arange(4.0)[:, None], lam=1.0, weights=[1, 1, 1e308, 1e308])

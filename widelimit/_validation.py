@@ -350,6 +350,9 @@ def check_weights(weights, N: int) -> np.ndarray | None:
         raise ValueError(f"weights must be >= 0; weights[{int(np.flatnonzero(w < 0)[0])}] < 0")
     if not (w > 0).any():
         raise ValueError("weights are all zero")
+    if not math.isfinite(float(np.sum(w, dtype=np.float64))):
+        raise ValueError(f"weights: their sum overflows float64 (largest weight {float(w.max()):.3g}); divide them "
+                         "by a common factor (the median does not change)")
     return np.asarray(w, dtype=np.float64)
 
 
@@ -399,12 +402,22 @@ def check_dictionary(W, n: int, name: str = "W") -> np.ndarray:
 
 
 def row_norms(A: np.ndarray) -> np.ndarray:
-    """Euclidean norms of the rows of ``A``, computed in float64 chunk by chunk."""
+    """Euclidean norms of the rows of ``A``, computed in float64 chunk by chunk.
+
+    Rows whose squares under- or overflow (entries below about 1e-154 or above 1e154: a norm of 0 for a
+    nonzero row, or inf for a finite one) are recomputed scaled by their largest entry.
+    """
     out = np.empty(A.shape[0])
     rows = chunk_rows(A.shape[1] if A.ndim > 1 else 1)
     for s in range(0, A.shape[0], rows):
         c = np.asarray(A[s : s + rows], dtype=np.float64)
-        out[s : s + rows] = np.sqrt(np.einsum("ij,ij->i", c, c))
+        r = np.sqrt(np.einsum("ij,ij->i", c, c))
+        m = np.abs(c).max(axis=1) if c.size else np.zeros(c.shape[0])
+        redo = ((r == 0) & (m > 0)) | (np.isinf(r) & np.isfinite(m)) | ((r > 0) & (r < 1e-150))
+        if redo.any():
+            cs = c[redo] / m[redo, None]
+            r[redo] = m[redo] * np.sqrt(np.einsum("ij,ij->i", cs, cs))
+        out[s : s + rows] = r
     return out
 
 

@@ -34,11 +34,11 @@ import scipy.sparse as sp
 
 from .._validation import check_lam, check_tol, row_norms
 from .gap import allowed_gap, is_certified, relative_gap  # noqa: F401 (is_certified is documented here)
-from .median import MedianResult, centered, check_given_median, huber_median
-from .objective import _check_triple, _matmul_rows, huber_h
+from .median import MedianResult, centered, huber_median
+from .objective import _check_triple, _matmul_rows, code_mass, huber_h
 from ..engine import engine_for
 from ..engine.fingerprint import mismatch_error
-from ..engine.local import ScaledRows, raise_nonfinite, scratch
+from ..engine.local import FloatOverflow, ScaledRows, is_dask_array, raise_nonfinite, scratch
 from .scaling import normaliser, scale_median, scaled_lam, unscale_certificate
 from .median_bound import ETA, U, check_consistent, gamma, sum_depth
 
@@ -112,6 +112,22 @@ class Certificate:
         return {k: (bool(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in asdict(self).items()}
 
 
+def check_given_median(median, *, lam: float, n: int) -> None:
+    """Refuse a median handed to :func:`widelimit.solve` / :func:`widelimit.verify` that is not the Huber median of
+    this problem: another kind, another ``lam``, another dimension, point weights, or no data fingerprint (the
+    fingerprint itself is compared with the data's in the first pass)."""
+    if not isinstance(median, MedianResult) or median.kind != "huber" or median.lam != lam \
+            or median.point.shape != (n,):
+        got = (f"a {median.kind} median at lam={median.lam!r} of {median.point.size}-dimensional data"
+               if isinstance(median, MedianResult) else type(median).__name__)
+        raise ValueError(f"median: a Huber median at lam={lam!r} of {n}-dimensional data is needed, got {got}")
+    if median.weighted:
+        raise ValueError("median: computed with point weights, so it is the median of another problem; "
+                         "recompute it with huber_median(X, lam=lam) and no weights")
+    if median.fingerprint is None:
+        raise ValueError("median carries no data fingerprint; recompute it with huber_median(X, lam=lam)")
+
+
 def _cert_chunk(c, s, W, b, lam, norms, count, slot, n_multi, Zc):
     """The certificate's sums over one block of rows (a pure function of the block).
 
@@ -164,7 +180,7 @@ def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float,
     k = W.shape[0]
     norms = row_norms(W)
     sparse = hasattr(Z, "tocoo")
-    colsum = np.asarray(Z.sum(axis=0), dtype=np.float64).ravel() * norms  # ||Z_d||_1 for unit atoms
+    colsum = code_mass(Z, norms)  # ||Z_d||_1 for unit atoms
     if sparse:
         count = np.bincount(Z.indices, minlength=k) if k else np.zeros(0, dtype=np.int64)
         multi = np.flatnonzero(count > 1)
@@ -174,9 +190,20 @@ def _certificate(X, W, Z, b, lam, median: MedianResult, tol: float, atol: float,
         count = slot = multi = None
     engine = engine_for(X, progress)
     engine.stage = "certificate"
-    rec, esum, emax, EtZ, hub, comp_single = engine.reduce(
-        _cert_chunk, _merge_cert, W, b, lam, norms, count, slot, 0 if multi is None else multi.size, extras=(Z,),
-        fingerprint=median.fingerprint is not None)
+    try:
+        rec, esum, emax, EtZ, hub, comp_single = engine.reduce(
+            _cert_chunk, _merge_cert, W, b, lam, norms, count, slot, 0 if multi is None else multi.size,
+            extras=(Z,), fingerprint=median.fingerprint is not None)
+    except FloatOverflow:
+        if is_dask_array(Z):
+            raise
+        size = np.asarray(abs(Z) @ norms, dtype=np.float64).ravel()  # ||z_i W|| <= sum_j z_ij ||w_j||
+        i = int(np.argmax(size))
+        if not size[i] > 1e150:  # the data themselves (their own message)
+            raise
+        raise ValueError(f"Z, W: the candidate's reconstruction of row {i} is about {size[i]:.1e} (codes times atom "
+                         "norms), so its squared residuals leave the float64 range; its objective has no "
+                         "float64 value") from None
     if median.fingerprint is not None and engine.fingerprint != median.fingerprint:
         raise mismatch_error("median", median.fingerprint, engine.fingerprint)
     pen = 2.0 * lam * float(colsum.sum())

@@ -112,7 +112,8 @@ class MedianResult:
         What the last pass's bound was lowered by for floating-point rounding.
     weighted : bool
         Computed with point weights other than all ones: the median of another problem, which
-        :func:`widelimit.solve` and :func:`widelimit.verify` refuse (:func:`check_given_median`).
+        :func:`widelimit.solve` and :func:`widelimit.verify` refuse
+        (:func:`widelimit.exact.certificate.check_given_median`).
     """
 
     point: np.ndarray
@@ -272,21 +273,6 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
         res = run(f_all)
     return res if w is None or bool(np.all(w == 1.0)) else dataclasses.replace(res, weighted=True)
 
-
-def check_given_median(median, *, lam: float, n: int) -> None:
-    """Refuse a median handed to :func:`widelimit.solve` / :func:`widelimit.verify` that is not the Huber median of
-    this problem: another kind, another ``lam``, another dimension, point weights, or no data fingerprint (the
-    fingerprint itself is compared with the data's in the first pass)."""
-    if not isinstance(median, MedianResult) or median.kind != "huber" or median.lam != lam \
-            or median.point.shape != (n,):
-        got = (f"a {median.kind} median at lam={median.lam!r} of {median.point.size}-dimensional data"
-               if isinstance(median, MedianResult) else type(median).__name__)
-        raise ValueError(f"median: a Huber median at lam={lam!r} of {n}-dimensional data is needed, got {got}")
-    if median.weighted:
-        raise ValueError("median: computed with point weights, so it is the median of another problem; "
-                         "recompute it with huber_median(X, lam=lam) and no weights")
-    if median.fingerprint is None:
-        raise ValueError("median carries no data fingerprint; recompute it with huber_median(X, lam=lam)")
 
 
 def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None, checkpoint=None, tap=None):

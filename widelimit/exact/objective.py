@@ -35,7 +35,7 @@ from .._validation import (
     to_numpy,
 )
 from ..engine import engine_for
-from ..engine.local import raise_nonfinite
+from ..engine.local import is_dask_array, raise_nonfinite
 
 __all__ = [
     "ObjectiveValue",
@@ -177,10 +177,19 @@ def sae_objective(X, W, Z, b, *, lam, signed: bool = False) -> ObjectiveValue:
     N = X.shape[0]
     norms = row_norms(W)
     rec = residual_pass(X, W, Z, b, _sq_norm, _add)
-    absZ = abs(Z) if signed else Z
-    col = np.asarray(absZ.sum(axis=0), dtype=np.float64).ravel()
-    pen = 2.0 * lam * float(col @ norms)
+    pen = 2.0 * lam * float(code_mass(abs(Z) if signed else Z, norms).sum())
     return ObjectiveValue(value=(rec + pen) / N, reconstruction=rec / N, penalty=pen / N)
+
+
+def code_mass(Z, norms: np.ndarray) -> np.ndarray:
+    """``||Z_d||_1 ||w_d||`` per atom ``d`` (the penalty's mass for unit atoms), ``Z`` nonnegative, dense, sparse
+    or dask. Huge codes on tiny atoms (codes 1e308 on an atom of norm 1e-300) overflow the plain column sums:
+    those are then taken of the scaled codes."""
+    col = np.asarray(Z.sum(axis=0), dtype=np.float64).ravel() * norms
+    if np.isfinite(col).all() or is_dask_array(Z):
+        return col
+    scaled = Z.multiply(norms[None, :]) if hasattr(Z, "tocoo") else Z * norms
+    return np.asarray(scaled.sum(axis=0), dtype=np.float64).ravel()
 
 
 def unconstrained_objective(X, W, Z, b, *, lam) -> float:

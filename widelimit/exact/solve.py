@@ -24,9 +24,9 @@ import scipy.sparse as sp
 
 from ..engine.kernels import solution_rows
 from .._validation import check_data, check_lam, check_tol, chunk_rows
-from .certificate import Certificate, _certificate, _sq_over_lam, make_certificate
+from .certificate import Certificate, _certificate, _sq_over_lam, check_given_median, make_certificate
 from .median_bound import sum_depth
-from .median import MedianResult, check_given_median
+from .median import MedianResult
 from .median import _solve as _median
 from .rays import KeysTap, RayGroups, _group_rays, default_ray_tol
 from ..engine import engine_for
