@@ -170,44 +170,77 @@ _PROGRESS_EVERY = 0.5  # seconds between progress events of the search
 _TAYLOR_MAX_ANGLE = 0.15  # caps narrower than this get the second-order bound (docs/theory.md §7.6)
 
 
+class _Layout:
+    """Where each array of a node lies in its one float64 buffer (one layout per search)."""
+
+    def __init__(self, N, k, n):
+        self.k, self.n, self.Y_shape = k, n, (N, k, n)
+        sizes = (("Y", N * k * n), ("lo", k * (n - 1)), ("hi", k * (n - 1)), ("C", k * n), ("cth", k),
+                 ("sth", k), ("th", k), ("mass", k))
+        self.slices, at = {}, 0
+        for name, size in sizes:
+            self.slices[name] = slice(at, at + size)
+            at += size
+        self.size = at
+
+
 class _Node:
-    """Boxes of the atoms (face -1: unrestricted), their caps, the relaxation's iterate and bound."""
+    """Boxes of the atoms (face -1: unrestricted), their caps, the relaxation's iterate and bound.
 
-    __slots__ = ("faces", "lo", "hi", "Y", "lb", "C", "cth", "sth", "free", "th", "Z0", "b0", "mass")
+    The arrays are views of one float64 buffer (:class:`_Layout`): an open node is four Python objects
+    (itself, its buffer, its faces, its heap entry) instead of a dozen arrays, which matters with
+    millions of open nodes, for memory and for the time to free them when the search stops. ``mass``
+    (the relaxation's code mass per atom, which guides branching) is NaN until the node is bounded.
+    """
 
-    def __init__(self, faces, lo, hi, Y, lb, caps, ref=None):
-        self.faces, self.lo, self.hi, self.Y, self.lb = faces, lo, hi, Y, lb
-        self.C, self.cth, self.sth, self.free, self.th = caps
+    __slots__ = ("lay", "faces", "buf", "lb", "Z0", "b0")
+
+    def __init__(self, lay, faces, buf, lb, ref=None):
+        self.lay, self.faces, self.buf, self.lb = lay, faces, buf, lb
         self.Z0, self.b0 = ref if ref is not None else (None, None)
-        self.mass = None
+
+    @classmethod
+    def root(cls, N, k, n):
+        """All atoms unrestricted, the relaxation's iterate 0, the boxes the whole face ``[-1, 1]^(n-1)``."""
+        lay = _Layout(N, k, n)
+        node = cls(lay, -np.ones(k, dtype=np.int64), np.zeros(lay.size), -np.inf)
+        node.lo[:] = -1.0
+        node.hi[:] = 1.0
+        node.mass[:] = np.nan
+        for j in range(k):
+            node.recap(j, n)
+        return node
+
+    def _view(self, name):
+        return self.buf[self.lay.slices[name]]
+
+    Y = property(lambda self: self._view("Y").reshape(self.lay.Y_shape))
+    lo = property(lambda self: self._view("lo").reshape(self.lay.k, self.lay.n - 1))
+    hi = property(lambda self: self._view("hi").reshape(self.lay.k, self.lay.n - 1))
+    C = property(lambda self: self._view("C").reshape(self.lay.k, self.lay.n))
+    cth = property(lambda self: self._view("cth"))
+    sth = property(lambda self: self._view("sth"))
+    th = property(lambda self: self._view("th"))
+    mass = property(lambda self: self._view("mass"))
+    # caps of pi/2 or more (and unrestricted atoms, th = pi) are relaxed to R^n
+    free = property(lambda self: self._view("th") >= 0.5 * math.pi)
 
     def child(self, j):
         """A copy with its own arrays, whose atom ``j``'s box the caller changes, then :meth:`recap` ``j``."""
         ref = None if self.Z0 is None else (self.Z0.copy(), self.b0.copy())
-        return _Node(self.faces.copy(), self.lo.copy(), self.hi.copy(), self.Y.copy(), self.lb,
-                     (self.C.copy(), self.cth.copy(), self.sth.copy(), self.free.copy(), self.th.copy()), ref)
+        return _Node(self.lay, self.faces.copy(), self.buf.copy(), self.lb, ref)
 
     def recap(self, j, n):
         """Recompute atom ``j``'s cap from its box."""
+        C, th = self.C, self.th
         if self.faces[j] < 0:
-            self.free[j] = True
-            self.th[j] = math.pi
-            self.C[j] = 0.0
-            self.C[j, 0] = 1.0
+            th[j] = math.pi
+            C[j] = 0.0
+            C[j, 0] = 1.0
             return
-        th = K.box_cap(int(self.faces[j]), self.lo[j], self.hi[j], n, self.C[j])
-        self.th[j] = th
-        if th >= 0.5 * math.pi:  # the cap's convex hull is R^n (or a half-space): relax to R^n
-            self.free[j] = True
-        else:
-            self.free[j] = False
-            self.cth[j], self.sth[j] = math.cos(th), math.sin(th)
-
-
-def _free_caps(k, n):
-    C = np.zeros((k, n))
-    C[:, 0] = 1.0
-    return C, np.zeros(k), np.ones(k), np.ones(k, dtype=np.bool_), np.full(k, math.pi)
+        th[j] = K.box_cap(int(self.faces[j]), self.lo[j], self.hi[j], n, C[j])
+        if th[j] < 0.5 * math.pi:  # else the cap's convex hull is R^n (or a half-space): relaxed to R^n
+            self.cth[j], self.sth[j] = math.cos(th[j]), math.sin(th[j])
 
 
 def _symmetric_ok(node: _Node) -> bool:
@@ -328,17 +361,14 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     rng = np.random.default_rng(seed)
     ub, W_best, Z_best, b_best = _initial(X, lam, k, rng, wide, n_starts)
     # the best value's certificate is computed by the project's objective at the end
-    faces = -np.ones(k, dtype=np.int64)
-    lo = -np.ones((k, n - 1))
-    hi = np.ones((k, n - 1))
-    root = _Node(faces, lo, hi, np.zeros((N, k, n)), -np.inf, _free_caps(k, n))
+    root = _Node.root(N, k, n)
     # the fixed-dictionary optimum's warm start (Z0, b0) exists only below the second-order bound's angle
     # (docs/theory.md §7.6): coarse nodes, most of the queue, do not carry it
     no_ref = (np.zeros((0, k)), np.zeros(0))
-    # an open node's memory: its relaxation iterate Y, its boxes and caps, and about 1.7 KB of Python objects
-    # and array headers (measured: 5.1 KB per open node at N = 40, n = k = 3; most open nodes are coarse and
-    # carry no warm start Z0)
-    node_bytes = 8 * (N * k * n + n + 6 * k * n + 4 * k) + 1700
+    # an open node's memory: its buffer (the relaxation's iterate Y, its boxes and caps) and about 520 bytes of
+    # Python objects, array headers and allocator overhead (measured: 3.66 KB per open node at N = 40, n = k = 3,
+    # 4.94 KB before the buffer; most open nodes are coarse and carry no warm start Z0)
+    node_bytes = 8 * root.lay.size + 520
     queue_bytes = _half_the_memory() if limits.max_queue_bytes is None else limits.max_queue_bytes
     scale = max(abs(ub), 1e-300)
     tol_abs = 1e-3 * rel_tol * scale  # the relaxation's own gap, far below the search's
@@ -352,8 +382,8 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
         if node.Z0 is None and node.th.max() < _TAYLOR_MAX_ANGLE:  # from here on the node's descendants carry it
             node.Z0, node.b0 = np.zeros((N, k)), X.mean(axis=0)
         Z0, b0 = no_ref if node.Z0 is None else (node.Z0, node.b0)
-        lb, cval, node.mass = T.bound_node(X, float(lam), node.C, node.cth, node.sth, node.free, node.th, node.Y,
-                                           Z0, b0, node.lb, wlb, target(), tol_abs, _TAYLOR_MAX_ANGLE)
+        lb, cval, node.mass[:] = T.bound_node(X, float(lam), node.C, node.cth, node.sth, node.free, node.th, node.Y,
+                                              Z0, b0, node.lb, wlb, target(), tol_abs, _TAYLOR_MAX_ANGLE)
         node.lb = float(lb)
         return None if cval == np.inf else (float(cval), node.C, node.Z0, node.b0)
 
@@ -469,7 +499,6 @@ def _event(progress, n_nodes, max_nodes, value, lower_bound, done):
 
 def _branch(node: _Node, n: int, min_width: float):
     """Children of a node: the first free atom over the 2n faces, else bisect the widest box side."""
-    k = node.faces.size
     free = np.flatnonzero(node.faces < 0)
     kids = []
     if free.size:
@@ -485,7 +514,9 @@ def _branch(node: _Node, n: int, min_width: float):
         return None
     # split the atom whose relaxed products spread the most over the widest cap
     ext = node.hi - node.lo  # (k, n-1)
-    mass = node.mass if node.mass is not None else np.linalg.norm(node.Y, axis=2).sum(axis=0)  # (k,)
+    mass = node.mass
+    if np.isnan(mass[0]):  # not bounded (the tests' hand-made nodes)
+        mass = np.linalg.norm(node.Y, axis=2).sum(axis=0)  # (k,)
     score = ext.max(axis=1) * (mass + 1e-12 * (mass.max() + 1.0))
     score[ext.max(axis=1) < min_width] = -1.0
     j = int(np.argmax(score))
