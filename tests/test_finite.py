@@ -409,3 +409,34 @@ def test_memory_limit_returns_uncertified_best():
     assert full.lower_bound >= sol.lower_bound >= full.wide_lower_bound  # a valid, weaker bound
     assert sol.value >= full.lower_bound
     _check_triple(X, 0.3, sol)
+
+
+@pytest.mark.parametrize("e", [-510, 510])
+def test_search_on_data_far_from_unit_scale_is_the_search_on_their_exact_rescaling(e):
+    """Data near 1e-153 were judged against an absolute 1e-300 (every node closed at the root: "optimal" at a 34%
+    gap, the value 15.6% above the optimum) and data near 1e154 overflowed the atoms' norms (a NaN incumbent, then
+    a crash at the time limit). The search now runs on the data brought to unit scale by a power of two: the
+    search of 2^e X0 is that of X0, number for number, and its events are in X's units."""
+    X0 = _data(0, 6, 2)
+    X0 = X0 / (np.abs(X0).max() * 1.01)  # largest entry in [0.5, 1): searched as it is
+    s = 2.0**e
+    ref = wl.solve(X0, lam=0.1, width=2)
+    seen = []
+    got = wl.solve(X0 * s, lam=0.1 * s, width=2, progress=seen.append)
+    assert ref.certified and got.certified and got.status == ref.status == "optimal"
+    assert (got.value, got.lower_bound, got.gap) == (ref.value * s * s, ref.lower_bound * s * s, ref.gap * s * s)
+    assert got.rel_gap == ref.rel_gap and got.n_nodes == ref.n_nodes
+    np.testing.assert_array_equal(got.dictionary, ref.dictionary)
+    np.testing.assert_array_equal(got.bias, ref.bias * s)
+    np.testing.assert_array_equal(got.codes, ref.codes * s)
+    assert [(lb, v) for _, lb, v in got.history] == [(lb * s * s, v * s * s) for _, lb, v in ref.history]
+    last = [ev for ev in seen if ev.stage == "branch and bound"][-1]
+    assert last.done and (last.value, last.lower_bound) == (got.value, got.lower_bound)
+    assert wl.sae_objective(X0 * s, got.dictionary, got.codes, got.bias, lam=0.1 * s).value == got.value
+
+
+def test_a_closed_search_above_rel_tol_is_not_called_optimal():
+    """rel_tol 1e-15 is below the objective's rounding: every node closes, the gap stays near 1e-12, and the
+    status said "optimal" beside certified False."""
+    sol = wl.solve(_data(0, 6, 2), lam=0.1, width=1, rel_tol=1e-15, time_limit=60)
+    assert sol.rel_gap > 1e-15 and not sol.certified and sol.status == "resolution_limit"

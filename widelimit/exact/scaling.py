@@ -23,7 +23,7 @@ import numpy as np
 from ..engine import engine_for
 from ..engine.local import ScaledRows, is_dask_array
 
-__all__ = ["normaliser", "unscale_median", "unscale_certificate", "scaled_lam", "unscaled_value"]
+__all__ = ["normaliser", "unscale_median", "unscale_certificate", "unscale_finite", "scaled_lam", "unscaled_value"]
 
 #: Data whose largest sampled |entry| lies in [2^-LIMIT, 2^LIMIT] are used as they are.
 LIMIT = 64
@@ -108,6 +108,15 @@ def unscale_median(res, f: float, lam):
 def scale_median(res, f: float, lam_f):
     """The median result of ``f X`` from that of ``X`` (the inverse of :func:`unscale_median`)."""
     return unscale_median(res, 1.0 / f, lam_f)
+
+
+def unscale_finite(sol, f: float, lam):
+    """The :class:`~widelimit.finite.bnb.FiniteSolution` of ``X`` from that of ``f X`` (same atoms, relative gap
+    and verdict)."""
+    return dataclasses.replace(
+        sol, value=unscaled_value(sol.value, f), lower_bound=_div2(sol.lower_bound, f), gap=_div2(sol.gap, f),
+        codes=sol.codes / f, bias=sol.bias / f, lam=lam, wide_lower_bound=_div2(sol.wide_lower_bound, f),
+        history=tuple((t, _div2(lb, f), _div2(v, f)) for t, lb, v in sol.history))
 
 
 def unscale_certificate(c, f: float, lam, atol):

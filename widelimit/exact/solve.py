@@ -32,7 +32,8 @@ from .rays import KeysTap, RayGroups, _group_rays, default_ray_tol
 from ..engine import engine_for
 from ..engine.local import LocalEngine, ScaledRows, one_blas_thread, raise_nonfinite
 from ..engine.fingerprint import mismatch_error
-from .scaling import normaliser, scale_median, scaled_lam, unscale_certificate, unscale_median, unscaled_value
+from .scaling import (normaliser, scale_median, scaled_lam, unscale_certificate, unscale_finite, unscale_median,
+                      unscaled_value)
 from ..finite import solve_finite
 
 if TYPE_CHECKING:  # the finite-width search imports this module
@@ -270,8 +271,12 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
             sol = _solve_exact(Xf, lam_f, tol_dir, tol, signed, progress, checkpoint, median)
     else:
         sol = _solve_exact(Xf, lam_f, tol_dir, tol, signed, progress, checkpoint, median)
-    if f == 1.0:
-        return sol
+    return sol if f == 1.0 else _rescaled(sol, f, lam)
+
+
+def _rescaled(sol: WideLimitSolution, f: float, lam: float) -> WideLimitSolution:
+    """The solution of ``X`` at ``lam`` from that of ``f X`` at ``f lam`` (``f`` an exact power of two; with
+    ``1 / f`` the other way)."""
     return dataclasses.replace(
         sol, value=unscaled_value(sol.value, f), bias=sol.bias / f, bias_segment=sol.bias_segment / f,
         code_values=sol.code_values / f, certificate=unscale_certificate(sol.certificate, f, lam, 0.0),
@@ -306,7 +311,18 @@ def _solve_width(X, lam, width, *, ray_tol, tol, signed, progress, checkpoint, m
         raise ValueError(f"width={int(width)} exceeds the number of points N = {X.shape[0]} (width must be <= N)")
     lam = check_lam(lam)
     wide = solve(X, lam=lam, ray_tol=ray_tol, tol=tol, progress=progress, checkpoint=checkpoint, median=median)
-    return solve_finite(np.asarray(X, dtype=np.float64), lam, int(width), wide=wide, progress=progress, **options)
+    X = np.asarray(X, dtype=np.float64)
+    f = normaliser(X)
+    if f == 1.0:
+        return solve_finite(X, lam, int(width), wide=wide, progress=progress, **options)
+    # the search's tolerances, kernels and squared norms work near unit scale: it runs on f X (f an exact power of
+    # two; data near 1e-153 were judged against an absolute 1e-300, data near 1e154 overflowed the atoms' norms)
+    lam_f = scaled_lam(lam, f)
+    events = None if progress is None else (lambda ev: progress(dataclasses.replace(
+        ev, value=None if ev.value is None else unscaled_value(ev.value, f),
+        lower_bound=None if ev.lower_bound is None else ev.lower_bound / f / f)))
+    sol = solve_finite(X * f, lam_f, int(width), wide=_rescaled(wide, 1.0 / f, lam_f), progress=events, **options)
+    return unscale_finite(sol, f, lam)
 
 
 def _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median=None) -> WideLimitSolution:

@@ -81,7 +81,9 @@ class FiniteSolution:
     rel_tol : float
     status : str
         ``"optimal"``, ``"time_limit"``, ``"node_limit"``, ``"memory_limit"`` (the open nodes reached
-        ``FiniteLimits.max_queue_bytes``) or ``"closed_form"`` (width >= number of rays).
+        ``FiniteLimits.max_queue_bytes``), ``"resolution_limit"`` (every node was closed or could not be
+        split further, yet the certified gap is above ``rel_tol``: a ``rel_tol`` near the rounding level
+        of the objective) or ``"closed_form"`` (width >= number of rays).
     n_nodes : int
         Nodes whose bound was computed.
     n_rays : int
@@ -537,6 +539,8 @@ def _result(val, lb, W, Z, b, lam, rel_tol, status, n_nodes, n_rays, wlb, t0, ce
     gap = val - lb
     rel = relative_gap(gap, val)
     cert = is_certified(gap, val, tol=rel_tol) and status in ("optimal", "closed_form")
+    if status == "optimal" and not cert:  # every node closed, yet the gap is above rel_tol: the search's resolution
+        status = "resolution_limit"
     if certified_hint is not None:
         cert = cert and bool(certified_hint)
     return FiniteSolution(value=val, lower_bound=lb, gap=gap, rel_gap=rel, certified=bool(cert),
