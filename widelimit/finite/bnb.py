@@ -190,9 +190,9 @@ class _Node:
     """Boxes of the atoms (face -1: unrestricted), their caps, the relaxation's iterate and bound.
 
     The arrays are views of one float64 buffer (:class:`_Layout`): an open node is four Python objects
-    (itself, its buffer, its faces, its heap entry) instead of a dozen arrays, which matters with
-    millions of open nodes, for memory and for the time to free them when the search stops. ``mass``
-    (the relaxation's code mass per atom, which guides branching) is NaN until the node is bounded.
+    (itself, its buffer, its faces, its heap entry) instead of a dozen arrays, a quarter less memory with
+    millions of open nodes (measured in docs/benchmarks.md). ``mass`` (the relaxation's code mass per atom,
+    which guides branching) is NaN until the node is bounded.
     """
 
     __slots__ = ("lay", "faces", "buf", "lb", "Z0", "b0")
