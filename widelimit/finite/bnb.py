@@ -293,8 +293,9 @@ def _polish(X, lam, W, b, iters=60):
     return float(val), W, Z, b
 
 
-def _initial(X, lam, k, rng, wide, n_starts):
-    """Multistart alternating minimisation: wide-limit rays, data directions, random directions."""
+def _initial(X, lam, k, rng, wide, n_starts, deadline=math.inf):
+    """Multistart alternating minimisation: wide-limit rays, data directions, random directions (after the first
+    start, none begins past ``deadline``, a ``time.perf_counter()`` value)."""
     N, n = X.shape
     best = None
     starts = []
@@ -310,6 +311,8 @@ def _initial(X, lam, k, rng, wide, n_starts):
         D += 1e-9 * rng.standard_normal(D.shape)
         starts.append((D / np.linalg.norm(D, axis=1, keepdims=True), bw))
     for W0, b0 in starts:
+        if best is not None and time.perf_counter() > deadline:
+            break
         cand = _polish(X, lam, W0, b0, 200)
         if best is None or cand[0] < best[0]:
             best = cand
@@ -361,7 +364,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
             f"N <= {limits.max_points} points (got dim {n}, N {N}); this problem is too large for it: use the "
             "gradient solver (widelimit.fit_dictionary / `widelimit fit`) and compare with the wide-limit bound")
     rng = np.random.default_rng(seed)
-    ub, W_best, Z_best, b_best = _initial(X, lam, k, rng, wide, n_starts)
+    ub, W_best, Z_best, b_best = _initial(X, lam, k, rng, wide, n_starts, deadline=t0 + float(time_limit))
     # the best value's certificate is computed by the project's objective at the end
     root = _Node.root(N, k, n)
     # the fixed-dictionary optimum's warm start (Z0, b0) exists only below the second-order bound's angle
@@ -391,8 +394,10 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
 
     heap: list = []
     counter = itertools.count()
-    bound(root)
-    n_nodes = 1
+    n_nodes = 0
+    if time.perf_counter() - t0 <= time_limit:  # else the root stays at -inf: the bound is the wide limit's
+        bound(root)
+        n_nodes = 1
     pool = ThreadPoolExecutor(n_threads - 1) if n_threads > 1 else None
 
     def bound_all(kids):
