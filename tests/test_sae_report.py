@@ -149,3 +149,43 @@ def test_cli_shard_folder_and_max_tokens(tmp_path, capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["n_tokens"] == 50 and d["n_tokens_total"] == X.shape[0]
     assert d["flat"]["tokens"] == 50
+
+
+def test_fit_out_of_free_codes_says_its_encoder_was_not_trained(tmp_path, capsys):
+    """`fit --out` of a free-code fit exports the tied ReLU encoder W_dec^T, b_enc = -lam, never trained. The folder
+    looked like a trained standard SAE: certify then reported a sae_objective far above the fit's with no note. The
+    note now goes to stderr, into cfg.json, back into the loaded SAE and into certify's notes; sae_lens still reads
+    the folder."""
+    from widelimit.data import datasets
+
+    X = datasets.symmetric_rays(seed=0)
+    X = X[0] if isinstance(X, tuple) else X
+    np.save(tmp_path / "x.npy", X)
+    out = tmp_path / "fit"
+    assert main(["fit", str(tmp_path / "x.npy"), "--lam", "0.3", "--width", "6", "--json", "--out", str(out)]) == 0
+    io = capsys.readouterr()
+    fit = json.loads(io.out)
+    note = "free-code fit: the encoder is the tied ReLU encoder W_dec^T, b_enc = -lam, not a trained one"
+    assert f"widelimit fit: note: {out}: {note}" in io.err
+    assert any(w.startswith(note) for w in json.loads((out / "cfg.json").read_text())["metadata"]["widelimit_warnings"])
+    assert any(w.startswith(note) for w in load_sae(out).warnings)
+    assert main(["certify", str(out), str(tmp_path / "x.npy"), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert any(n.startswith(note) for n in d["notes"]) and d["sae_objective"] > 1.5 * fit["value"]
+    sl = pytest.importorskip("sae_lens")
+    assert sl.SAE.load_from_disk(out).cfg.d_sae == 6
+
+
+@pytest.mark.parametrize("encoder", ["topk", "jumprelu"])
+def test_an_l1_trained_topk_or_jumprelu_fit_is_certified_on_its_own_objective(encoder, tmp_path):
+    """widelimit trains topk and jumprelu encoders on the L1 objective and records l1_coefficient = 2 lam; certify
+    calibrated another lam at equal L0 and called the objective a stand-in. It uses the recorded lam now, and the
+    SAE's objective is the fit's encoder value."""
+    X, _ = orthogonal_rays_sae(LAM, n_pairs=2, dim=4, seed=7)
+    fit = wl.fit_dictionary(X, lam=LAM, width=4, encoder=encoder, topk=2 if encoder == "topk" else None,
+                            max_steps=100, device="cpu")
+    save_saelens(fit.to_sae(dtype="float64"), tmp_path / "sae")
+    c = wl.certify_sae(X, load_sae(tmp_path / "sae"))
+    assert c.lam == LAM and c.objective["stand_in"] is False
+    assert c.objective["lam_source"] == "the SAE's config (metadata.training_architecture_details.l1_coefficient / 2)"
+    assert c.sae_objective == pytest.approx(fit.encoder_value, rel=1e-9)

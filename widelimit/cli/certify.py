@@ -92,7 +92,7 @@ def _run_certify(args) -> int:
         con.print(f"feature {v['feature']}: {v['condition']} violated by {v['value']:.3g}")
     if len(cert.violations) > 10:
         con.print(f"... {len(cert.violations) - 10} more violations (see features.csv with --out)")
-    for note in cert.notes + list(sae.warnings):
+    for note in cert.notes:  # the SAE's own warnings are among them
         con.print(f"note: {note}")
     for f in files:
         con.print(f"wrote {f}")

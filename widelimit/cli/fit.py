@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
@@ -173,6 +174,8 @@ def _run_fit(args) -> int:
             js = tmp / "fit.json"
             js.write_text(_dumps({**d, "history": fit.history, "sae_warnings": sae.warnings}, indent=2))
             files = moved([tmp / "cfg.json", tmp / "sae_weights.safetensors", cz, js], tmp, args.out)
+        for note in sae.warnings:
+            print(f"widelimit fit: note: {args.out}: {note}", file=sys.stderr)
     d["files"] = [str(f) for f in files]
     if args.json:
         print_json(d)

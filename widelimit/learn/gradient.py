@@ -172,9 +172,13 @@ class FitResult:
         Amortised encoders keep their ``W_enc``, ``b_enc`` (+ ``threshold`` /
         ``k``) under SAELens' architecture names. Free codes (``encoder="none"``)
         have no encoder: the SAE gets the tied ReLU encoder ``W_enc = W_dec^T``,
-        ``b_enc = -lam`` (one proximal step from zero: the optimal codes when the
-        atoms a token uses are orthogonal) and a warning saying so; the certified
-        optimal codes stay in :attr:`codes`.
+        ``b_enc = -lam`` (one proximal step from zero), which was never trained. Its
+        codes are the optimal ones only for tokens whose atoms with
+        ``<w_d, x - b> > lam`` are mutually orthogonal; with antipodal or correlated
+        atoms (most fits) they fire more and cost more, so the exported SAE's objective
+        is above :attr:`value`. The SAE carries a warning saying so, which
+        :func:`~widelimit.sae.formats.save_saelens` writes into the config and
+        ``widelimit certify`` reports; the certified optimal codes stay in :attr:`codes`.
         """
         W = np.asarray(self.dictionary, dtype=np.float64)
         kw = {"W_dec": W, "b_dec": np.asarray(self.bias, dtype=np.float64), "l1_coefficient": 2.0 * self.lam,
@@ -183,7 +187,7 @@ class FitResult:
         if self.encoder == "none":
             return SAE(**kw, W_enc=W.T.copy(), b_enc=np.full(W.shape[0], -self.lam), architecture="standard",
                        warnings=["free-code fit: the encoder is the tied ReLU encoder W_dec^T, b_enc = -lam, "
-                                 "not a trained one"])
+                                 "not a trained one (its codes are not the fit's optimal codes)"])
         kw.update(W_enc=np.asarray(p["W_enc"], dtype=np.float64), b_enc=np.asarray(p["b_enc"], dtype=np.float64),
                   architecture=self.encoder)
         if self.encoder == "jumprelu":

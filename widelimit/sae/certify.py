@@ -309,7 +309,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     t0 = time.perf_counter()
     N, n = int(acts.shape[0]), int(acts.shape[1])
     k = sae.d_sae
-    notes: list[str] = []
+    notes: list[str] = [str(w) for w in sae.warnings]  # what loading or exporting the SAE changed or substituted
     if sae.normalize_activations != "none":
         notes.append(f"activations normalised per token ({sae.normalize_activations}) as the SAE does; "
                      "all numbers are in that normalised space")

@@ -16,7 +16,10 @@ gated         a stand-in: the gated loss puts the L1 on the gate pre-activations
 topk,         a stand-in for an L0 objective (a budget of ``k`` features, or an L0 penalty):
 batchtopk,    compared at **equal sparsity**, with ``lam`` calibrated so that the optimal codes
 jumprelu,     of the SAE's decoder and bias fire as often as the SAE's own codes (mean L0);
-matryoshka    the optimal codes' MSE at that L0 is then the SAE's MSE's benchmark
+matryoshka    the optimal codes' MSE at that L0 is then the SAE's MSE's benchmark. A topk or
+              jumprelu SAE whose SAELens v6 config records an L1 training coefficient
+              (``metadata.training_architecture_details.l1_coefficient``, as widelimit's own
+              encoder fits do) was trained on the L1 objective: certified against it at that ``lam``
 ============  ================================================================================
 
 A ``lam`` (or ``l1_coefficient``) given by the caller always wins; the report then
@@ -82,6 +85,15 @@ def _arch(sae: SAE) -> str:
     return sae.training_architecture or sae.architecture
 
 
+def _trained_with_l1(sae: SAE) -> bool:
+    """Whether a SAELens v6 config records an L1 training coefficient (``metadata.training_architecture_details.
+    l1_coefficient``, written for L1-trained SAEs only; the flat pre-6 ``l1_coefficient`` is a runner default that
+    TopK runs carry too, so it does not count)."""
+    meta = (sae.config or {}).get("metadata") if isinstance(sae.config, dict) else None
+    details = meta.get("training_architecture_details") if isinstance(meta, dict) else None
+    return sae.l1_coefficient is not None and isinstance(details, dict) and details.get("l1_coefficient") is not None
+
+
 def resolve_objective(sae: SAE, X_sample, lam=None, l1_coefficient=None, *, coding_tol: float = 1e-6,
                       device="cpu") -> ObjectiveChoice:
     """Pick ``lam`` and name the certified objective (module table).
@@ -98,6 +110,10 @@ def resolve_objective(sae: SAE, X_sample, lam=None, l1_coefficient=None, *, codi
     if arch in ("standard", "gated") and sae.l1_coefficient is not None:
         return ObjectiveChoice(resolve_lam(l1_coefficient=sae.l1_coefficient), train, _L1, stand_in,
                                "the SAE's config (l1_coefficient / 2)", {})
+    if arch in ("topk", "jumprelu") and _trained_with_l1(sae):  # e.g. widelimit's own encoder fits
+        return ObjectiveChoice(resolve_lam(l1_coefficient=sae.l1_coefficient),
+                               f"L1 with a {arch} encoder: " + _TRAINING["standard"].split(": ", 1)[1], _L1, False,
+                               "the SAE's config (metadata.training_architecture_details.l1_coefficient / 2)", {})
     if arch in ("topk", "batchtopk", "matryoshka", "jumprelu"):
         X = np.asarray(X_sample, dtype=np.float64)
         target = float((sae.encode(X) != 0).sum(1).mean())

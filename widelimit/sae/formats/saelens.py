@@ -172,6 +172,8 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
         l1 = float(l1) / folded
         warnings.append(f"l1_coefficient divided by the norm scaling factor (the SAE's objective on raw "
                         f"activations): {l1:g}")
+    saved = meta.get("widelimit_warnings", cfg.get("widelimit_warnings", []))
+    warnings.extend(str(w) for w in saved if isinstance(saved, list))
     train_arch = cfg_get(meta, "training_architecture", cfg_path, "str", None, prefix="metadata.")
     train_arch = _TRAINING_ONLY.get(train_arch, train_arch)
     sae = SAE(**kw, architecture=arch, k=k, apply_b_dec_to_input=apply, normalize_activations=norm,
@@ -244,12 +246,16 @@ def save_saelens(sae: SAE, path, *, legacy: bool = False) -> Path:
         cfg["hook_point"] = "unknown"
         if sae.l1_coefficient is not None:
             cfg["l1_coefficient"] = float(sae.l1_coefficient)
+        if sae.warnings:
+            cfg["widelimit_warnings"] = list(sae.warnings)
     else:
         meta = {"sae_lens_version": "6.0.0", "model_name": None, "hook_name": None}
         if sae.l1_coefficient is not None or train_arch is not None:
             meta["training_architecture"] = train_arch or arch
             meta["training_architecture_details"] = (
                 {} if sae.l1_coefficient is None else {"l1_coefficient": float(sae.l1_coefficient)})
+        if sae.warnings:  # e.g. an encoder that was not trained: a reader of the folder must see it too
+            meta["widelimit_warnings"] = list(sae.warnings)
         cfg["metadata"] = meta
     save_file(_tensors(state, storage_dtype(sae)), str(p / "sae_weights.safetensors"))
     (p / "cfg.json").write_text(json.dumps(cfg, indent=2))
