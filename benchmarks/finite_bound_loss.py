@@ -11,19 +11,26 @@ every atom's cap of angle ``theta`` centred on ``W*``, this script measures side
 * at the same tilts, the value ``q(u(W))`` of the second-order bound's dual point itself (built
   explicitly, as in tests/test_finite_taylor.py, with every point that is not on ``n`` atoms carrying):
   the largest loss ``(L* - q(u(W))) / L*`` over the tilts where ``u(W)`` is feasible. The gap between
-  this and the bound's loss is what the bound's norm estimates give away.
+  this and the bound's loss is what the bound's norm estimates give away;
+* the robust affine dual bound of docs/theory.md §7.7 (``--no-affine`` skips it): the best dual point
+  ``u_i(W) = p_i + sum_j B_ij (w_j - c_j)`` that is feasible for *every* dictionary of the caps, found by
+  cvxpy + Clarabel and evaluated exactly afterwards (its seconds per node are reported too). It asks
+  whether a dual point that follows the atoms can prune the coarse levels, where the second-order bound
+  does not apply.
 
 A bound prunes the nodes at distance ``d`` from ``W*`` only once its loss is below the rise there, so
 the ratio of loss to rise sets how many nodes a level of the search keeps (docs/benchmarks.md).
 
-Run:  PYTHONPATH=. python3 benchmarks/finite_bound_loss.py [--dim 3] [--width 3] [--points 40]
+Run:  PYTHONPATH=. python3 benchmarks/finite_bound_loss.py [--dim 3] [--width 3] [--points 40] [--no-affine]
 Writes benchmarks/results/finite_bound_loss_<dim>d_k<width>.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +43,100 @@ from widelimit.finite import _taylor as T  # noqa: E402
 from widelimit.finite.bnb import _polish, node_lower_bound  # noqa: E402
 
 THETAS = (0.3, 0.1, 0.05, 0.03, 0.02, 0.01, 0.005, 0.002, 0.001)
+AFFINE_THETAS = (0.3, 0.1, 0.05, 0.02, 0.01)  # the affine bound takes about a second a node
+PRUNE_THETAS = (0.3, 0.2, 0.1, 0.05, 0.02)
+
+
+def cap_support(g, c, theta):
+    """``max <w - c, g>`` over the unit ``w`` within angle ``theta`` of the unit ``c`` (closed form).
+
+    With ``w = cos(phi) c + sin(phi) t``, ``t`` a unit vector orthogonal to ``c``, the value is
+    ``max_{phi <= theta} |g| cos(phi - psi) - <c, g>`` (``psi`` the angle of ``g`` from ``c``).
+    """
+    gc = float(c @ g)
+    gp = float(np.linalg.norm(g - gc * c))
+    r = math.hypot(gc, gp)
+    psi = math.atan2(gp, gc)
+    return (r if psi <= theta else r * math.cos(psi - theta)) - gc
+
+
+def affine_dual_value(X, lam, C, theta, P, B):
+    """The bound of docs/theory.md §7.7 at given ``(p, B)``, made feasible for every dictionary of the caps.
+
+    ``P`` (N, n) with ``sum_i p_i = 0`` and ``B`` (N, k, n, n) with ``sum_i B_ij = 0``. The worst value of
+    ``<w_l, u_i(W)>`` over the caps is bounded by the linear parts' exact cap supports plus
+    ``chi_l sum_j chi_j ||B_ij||_2`` for the bilinear part (``chi_j = 2 sin(theta_j / 2)``, the largest
+    ``||w_j - c_j||``); ``(p, B)`` is scaled by ``lam / max(lam, worst)``, which keeps both sums at zero.
+    Returns ``(bound, worst - lam before the scaling)``.
+    """
+    N, n = X.shape
+    k = C.shape[0]
+    chi = 2.0 * np.sin(np.asarray(theta) / 2.0)
+    spec = np.linalg.norm(B, ord=2, axis=(2, 3))  # (N, k) spectral norms
+    worst = -np.inf
+    for i in range(N):
+        for l in range(k):
+            val = float(C[l] @ P[i]) + chi[l] * float(chi @ spec[i])
+            for j in range(k):
+                g = B[i, j].T @ C[l] + (P[i] if j == l else 0.0)
+                val += cap_support(g, C[j], theta[j])
+            worst = max(worst, val)
+    alpha = min(1.0, lam / worst)
+    P, B, spec = alpha * P, alpha * B, alpha * spec
+    q = float(np.mean(2.0 * np.sum(X * P, axis=1) - np.sum(P * P, axis=1)))
+    lin = sum(cap_support(-np.einsum("iab,ia->b", B[:, j], X - P), C[j], theta[j]) for j in range(k))
+    quad = float(np.sum((spec @ chi) ** 2))
+    return q - (2.0 * lin + quad) / N, worst - lam
+
+
+def affine_dual_bound(X, lam, C, theta, U0):
+    """The best robust affine dual point of docs/theory.md §7.7 (cvxpy + Clarabel), valued exactly.
+
+    ``U0`` is a dual point feasible at the centres ``C``; the program optimises ``p = U0 + V`` and ``B``
+    (Clarabel, or SCS where Clarabel stops short).
+    The bilinear term ``sum_i B_ij^T (x_i - p_i)`` of the objective is taken at ``V = 0`` and the bilinear
+    part of the constraints is bounded with Frobenius norms (both only make the program's solution less
+    than the best); :func:`affine_dual_value` then values that solution exactly. Returns
+    ``(bound, seconds of the solve, worst violation of the program's solution before the scaling)``.
+    """
+    import cvxpy as cp
+
+    N, n = X.shape
+    k = C.shape[0]
+    chi = 2.0 * np.sin(np.asarray(theta) / 2.0)
+    V = cp.Variable((N, n))
+    Bv = [[cp.Variable((n, n)) for _ in range(k)] for _ in range(N)]
+    P = U0 + V
+
+    def support(g, j):  # max over the cap's convex hull of <w - c_j, g> = min_mu ||g + mu c|| - mu cos(theta) - <c, g>
+        mu = cp.Variable(nonneg=True)
+        return cp.norm(g + mu * C[j]) - mu * math.cos(theta[j]) - C[j] @ g
+
+    cons = [cp.sum(V, axis=0) == 0] + [sum(Bv[i][j] for i in range(N)) == 0 for j in range(k)]
+    fro = [[cp.norm(Bv[i][j], "fro") for j in range(k)] for i in range(N)]
+    for i in range(N):
+        for l in range(k):
+            worst = C[l] @ P[i] + chi[l] * sum(chi[j] * fro[i][j] for j in range(k))
+            for j in range(k):
+                worst = worst + support(Bv[i][j].T @ C[l] + (P[i] if j == l else 0), j)
+            cons.append(worst <= lam)
+    obj = (2 * cp.sum(cp.multiply(X, P)) - cp.sum_squares(P)) / N
+    for j in range(k):
+        obj = obj - (2.0 / N) * support(-sum(Bv[i][j].T @ (X[i] - U0[i]) for i in range(N)), j)
+    obj = obj - cp.sum_squares(cp.hstack([sum(chi[j] * fro[i][j] for j in range(k)) for i in range(N)])) / N
+    t0 = time.perf_counter()
+    prob = cp.Problem(cp.Maximize(obj), cons)
+    try:
+        prob.solve(solver=cp.CLARABEL)
+    except cp.error.SolverError:  # Clarabel stops short on some nodes; any (p, B) is valued exactly below
+        prob.solve(solver=cp.SCS, eps=1e-9, max_iters=200000)
+    seconds = time.perf_counter() - t0
+    Bval = np.array([[Bv[i][j].value for j in range(k)] for i in range(N)])
+    Pval = U0 + V.value
+    Pval -= Pval.mean(axis=0)
+    Bval -= Bval.mean(axis=0)
+    bound, viol = affine_dual_value(X, lam, C, theta, Pval, Bval)
+    return bound, seconds, viol
 
 
 def value_at(X, lam, W):
@@ -59,6 +160,42 @@ def construction_value(X, lam, C, Z0, b0, W):
     return float(np.mean(2 * np.sum(X * u, axis=1) - np.sum(u * u, axis=1)))
 
 
+def centre_dual(X, lam, C):
+    """The fixed-dictionary optimum at ``C`` and its negated residual, recentred and scaled to be feasible at ``C``."""
+    val, Z, b = value_at(X, lam, C)
+    U = X - b - Z @ C
+    U -= U.mean(axis=0)
+    return val, U * min(1.0, lam / float((U @ C.T).max()))
+
+
+def pruning(X, lam, W, v0, tilts):
+    """At each cap angle: nodes centred at every atom of ``W`` tilted by ``m`` times the angle (random tangent
+    directions), and how many of them each bound prunes (bound >= ``v0``, the optimum)."""
+    rng = np.random.default_rng(2)  # its own stream: the first table's tilts stay those of earlier runs
+    rows = []
+    for th in PRUNE_THETAS:
+        for m in (2, 3, 4):
+            got = {"cone": 0, "second_order": 0, "affine": 0}
+            rise = []
+            for _ in range(tilts):
+                D = rng.standard_normal(W.shape)
+                D -= (D * W).sum(axis=1, keepdims=True) * W
+                D *= np.tan(m * th) / np.linalg.norm(D, axis=1, keepdims=True)
+                C = W + D
+                C /= np.linalg.norm(C, axis=1, keepdims=True)
+                vc, U0 = centre_dual(X, lam, C)
+                _, Zc, bc = value_at(X, lam, C)
+                ths = np.full(W.shape[0], th)
+                rise.append((vc - v0) / v0)
+                got["cone"] += node_lower_bound(X, lam, [(c, th) for c in C])[0] >= v0
+                got["second_order"] += T.second_order_bound(X, lam, C, ths, Zc, bc) >= v0
+                got["affine"] += affine_dual_bound(X, lam, C, ths, U0)[0] >= v0
+            rows.append({"theta": th, "distance_in_caps": m, "tilts": tilts, "centre_rise_median": float(np.median(rise)),
+                         **{f"pruned_{name}": int(v) for name, v in got.items()}})
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dim", type=int, default=3)
@@ -67,6 +204,8 @@ def main():
     ap.add_argument("--lam", type=float, default=0.3)
     ap.add_argument("--tilts", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-affine", action="store_true", help="skip the robust affine dual bound (cvxpy)")
+    ap.add_argument("--prune-tilts", type=int, default=5, help="random off-centre nodes per cap angle and distance")
     args = ap.parse_args()
     X = np.random.default_rng(args.seed).standard_normal((args.points, args.dim)) * 2.0
     lam = args.lam
@@ -90,24 +229,42 @@ def main():
             qv = construction_value(X, lam, W, Z0, b0, W2)
             if qv is not None:
                 own.append((v0 - qv) / v0)
+        affine = (None,) * 3
+        if not args.no_affine and th in AFFINE_THETAS:
+            affine = affine_dual_bound(X, lam, W, np.full(W.shape[0], th), centre_dual(X, lam, W)[1])
+            if affine[0] > v0 * (1 + min(rises)) + 1e-9 * v0:  # a lower bound above a dictionary of the caps
+                raise AssertionError(f"the affine bound {affine[0]!r} exceeds a sampled value at theta {th}")
         rows.append({"theta": th, "cone_loss": (v0 - cone) / v0,
+                     "affine_loss": None if affine[0] is None else (v0 - affine[0]) / v0,
+                     "affine_seconds": affine[1], "affine_violation_before_scaling": affine[2],
                      "dual_point_loss_max": max(own) if own else None, "dual_point_feasible": len(own),
                      "second_order_loss": (v0 - second) / v0 if np.isfinite(second) else None,
                      "rise_median": float(np.median(rises)), "rise_min": float(np.min(rises))})
         print(rows[-1], flush=True)
+    prune = [] if args.no_affine else pruning(X, lam, W, v0, args.prune_tilts)
     md = [f"# Node-bound losses near the optimum: {args.points} Gaussian points x 2 in {args.dim}-D, width "
           f"{args.width}, lam {lam}", "", f"Optimum (stationary incumbent): {v0:.10g}", "",
           "| cap angle (rad) | cone bound loss | second-order bound loss | its dual point's loss (max over tilts) "
-          "| objective rise, median | min |",
-          "|---|---|---|---|---|---|"]
+          "| robust affine bound loss (s per node) | objective rise, median | min |",
+          "|---|---|---|---|---|---|---|"]
     for r in rows:
         so = "does not apply" if r["second_order_loss"] is None else f"{r['second_order_loss']:.1e}"
         dp = ("infeasible" if r["dual_point_loss_max"] is None else
               f"{r['dual_point_loss_max']:.1e} ({r['dual_point_feasible']}/{args.tilts} feasible)")
-        md.append(f"| {r['theta']:g} | {r['cone_loss']:.1e} | {so} | {dp} | {r['rise_median']:.1e} | "
+        af = "" if r["affine_loss"] is None else f"{r['affine_loss']:.1e} ({r['affine_seconds']:.1f} s)"
+        md.append(f"| {r['theta']:g} | {r['cone_loss']:.1e} | {so} | {dp} | {af} | {r['rise_median']:.1e} | "
                   f"{r['rise_min']:.1e} |")
+    if prune:
+        md += ["", f"Nodes whose centre is every atom of the optimum tilted by m cap angles ({args.prune_tilts} random "
+               "directions each): how many each bound prunes (bound >= the optimum)", "",
+               "| cap angle (rad) | m | centre's rise, median | cone | second-order | robust affine |",
+               "|---|---|---|---|---|---|"]
+        for r in prune:
+            md.append(f"| {r['theta']:g} | {r['distance_in_caps']} | {r['centre_rise_median']:.1e} | "
+                      f"{r['pruned_cone']} | {r['pruned_second_order']} | {r['pruned_affine']} |")
     write(f"finite_bound_loss_{args.dim}d_k{args.width}",
-          {"args": vars(args), "optimum": v0, "dictionary": W.tolist(), "rows": rows}, "\n".join(md) + "\n")
+          {"args": vars(args), "optimum": v0, "dictionary": W.tolist(), "rows": rows, "pruning": prune},
+          "\n".join(md) + "\n")
 
 
 if __name__ == "__main__":
