@@ -60,50 +60,70 @@ def cap_support(g, c, theta):
     return (r if psi <= theta else r * math.cos(psi - theta)) - gc
 
 
+def _cap_parts(C, theta):
+    """``rho_j = 1 - cos(theta_j)``, ``s_j = sin(theta_j)`` and the projectors on ``c_j``'s orthogonal complement.
+
+    Every ``w_j`` of cap ``j`` is ``c_j + Delta_j`` with ``Delta_j = r_j c_j + s'_j t_j``, ``t_j`` a unit vector
+    orthogonal to ``c_j``, ``|r_j| <= rho_j`` and ``|s'_j| <= s_j`` (caps narrower than pi/2).
+    """
+    theta = np.asarray(theta, dtype=np.float64)
+    perp = np.eye(C.shape[1])[None] - C[:, :, None] * C[:, None, :]
+    return 1.0 - np.cos(theta), np.sin(theta), perp
+
+
 def affine_dual_value(X, lam, C, theta, P, B):
     """The bound of docs/theory.md §7.7 at given ``(p, B)``, made feasible for every dictionary of the caps.
 
     ``P`` (N, n) with ``sum_i p_i = 0`` and ``B`` (N, k, n, n) with ``sum_i B_ij = 0``. The worst value of
-    ``<w_l, u_i(W)>`` over the caps is bounded by the linear parts' exact cap supports plus
-    ``chi_l sum_j chi_j ||B_ij||_2`` for the bilinear part (``chi_j = 2 sin(theta_j / 2)``, the largest
-    ``||w_j - c_j||``); ``(p, B)`` is scaled by ``lam / max(lam, worst)``, which keeps both sums at zero.
+    ``<w_l, u_i(W)>`` over the caps is bounded by the linear parts' exact cap supports plus, for each bilinear
+    part ``<Delta_l, B_ij Delta_j>``, ``beta_lj(B_ij)`` of docs/theory.md §7.7 (the radial and tangential parts
+    of the tilts apart); ``(p, B)`` is scaled by ``lam / max(lam, worst)``, which keeps both sums at zero.
     Returns ``(bound, worst - lam before the scaling)``.
     """
     N, n = X.shape
     k = C.shape[0]
-    chi = 2.0 * np.sin(np.asarray(theta) / 2.0)
-    spec = np.linalg.norm(B, ord=2, axis=(2, 3))  # (N, k) spectral norms
+    rho, sn, perp = _cap_parts(C, theta)
+
+    def beta(Bm, l, j):
+        return (rho[l] * rho[j] * abs(C[l] @ Bm @ C[j]) + rho[l] * sn[j] * np.linalg.norm(perp[j] @ (Bm.T @ C[l]))
+                + sn[l] * rho[j] * np.linalg.norm(perp[l] @ (Bm @ C[j]))
+                + sn[l] * sn[j] * np.linalg.norm(perp[l] @ Bm @ perp[j], ord=2))
+
     worst = -np.inf
     for i in range(N):
         for l in range(k):
-            val = float(C[l] @ P[i]) + chi[l] * float(chi @ spec[i])
+            val = float(C[l] @ P[i])
             for j in range(k):
                 g = B[i, j].T @ C[l] + (P[i] if j == l else 0.0)
-                val += cap_support(g, C[j], theta[j])
+                val += cap_support(g, C[j], theta[j]) + beta(B[i, j], l, j)
             worst = max(worst, val)
     alpha = min(1.0, lam / worst)
-    P, B, spec = alpha * P, alpha * B, alpha * spec
+    P, B = alpha * P, alpha * B
     q = float(np.mean(2.0 * np.sum(X * P, axis=1) - np.sum(P * P, axis=1)))
     lin = sum(cap_support(-np.einsum("iab,ia->b", B[:, j], X - P), C[j], theta[j]) for j in range(k))
-    quad = float(np.sum((spec @ chi) ** 2))
-    return q - (2.0 * lin + quad) / N, worst - lam
+    move = [sum(rho[j] * np.linalg.norm(B[i, j] @ C[j]) + sn[j] * np.linalg.norm(B[i, j] @ perp[j], ord=2)
+                for j in range(k)) for i in range(N)]  # >= ||sum_j B_ij Delta_j||
+    return q - (2.0 * lin + float(np.sum(np.square(move)))) / N, worst - lam
 
 
-def affine_dual_bound(X, lam, C, theta, U0):
+def affine_dual_bound(X, lam, C, theta, U0, drop=()):
     """The best robust affine dual point of docs/theory.md §7.7 (cvxpy + Clarabel), valued exactly.
 
     ``U0`` is a dual point feasible at the centres ``C``; the program optimises ``p = U0 + V`` and ``B``
     (Clarabel, or SCS where Clarabel stops short).
-    The bilinear term ``sum_i B_ij^T (x_i - p_i)`` of the objective is taken at ``V = 0`` and the bilinear
-    part of the constraints is bounded with Frobenius norms (both only make the program's solution less
-    than the best); :func:`affine_dual_value` then values that solution exactly. Returns
-    ``(bound, seconds of the solve, worst violation of the program's solution before the scaling)``.
+    The bilinear term ``sum_i B_ij^T (x_i - p_i)`` of the objective is taken at ``V = 0`` and the matrix norms
+    of ``beta`` are Frobenius norms (both only make the program's solution less than the best);
+    :func:`affine_dual_value` then values that solution exactly. ``drop`` may name ``"constraints"`` and / or
+    ``"objective"``: their second-order terms are left out, and the program's value is then *not* a bound
+    (it measures what those terms cost). Returns ``(bound, seconds of the whole solve, seconds inside
+    Clarabel, worst violation of the program's solution before the scaling)``; with ``drop``, the program's
+    value instead of the bound and ``nan`` for the violation.
     """
     import cvxpy as cp
 
     N, n = X.shape
     k = C.shape[0]
-    chi = 2.0 * np.sin(np.asarray(theta) / 2.0)
+    rho, sn, perp = _cap_parts(C, theta)
     V = cp.Variable((N, n))
     Bv = [[cp.Variable((n, n)) for _ in range(k)] for _ in range(N)]
     P = U0 + V
@@ -112,18 +132,26 @@ def affine_dual_bound(X, lam, C, theta, U0):
         mu = cp.Variable(nonneg=True)
         return cp.norm(g + mu * C[j]) - mu * math.cos(theta[j]) - C[j] @ g
 
+    def beta(Bm, l, j):
+        return (rho[l] * rho[j] * cp.abs(C[l] @ Bm @ C[j]) + rho[l] * sn[j] * cp.norm(perp[j] @ (Bm.T @ C[l]))
+                + sn[l] * rho[j] * cp.norm(perp[l] @ (Bm @ C[j])) + sn[l] * sn[j] * cp.norm(perp[l] @ Bm @ perp[j], "fro"))
+
     cons = [cp.sum(V, axis=0) == 0] + [sum(Bv[i][j] for i in range(N)) == 0 for j in range(k)]
-    fro = [[cp.norm(Bv[i][j], "fro") for j in range(k)] for i in range(N)]
     for i in range(N):
         for l in range(k):
-            worst = C[l] @ P[i] + chi[l] * sum(chi[j] * fro[i][j] for j in range(k))
+            worst = C[l] @ P[i]
             for j in range(k):
                 worst = worst + support(Bv[i][j].T @ C[l] + (P[i] if j == l else 0), j)
+                if "constraints" not in drop:
+                    worst = worst + beta(Bv[i][j], l, j)
             cons.append(worst <= lam)
     obj = (2 * cp.sum(cp.multiply(X, P)) - cp.sum_squares(P)) / N
     for j in range(k):
         obj = obj - (2.0 / N) * support(-sum(Bv[i][j].T @ (X[i] - U0[i]) for i in range(N)), j)
-    obj = obj - cp.sum_squares(cp.hstack([sum(chi[j] * fro[i][j] for j in range(k)) for i in range(N)])) / N
+    if "objective" not in drop:
+        move = [sum(rho[j] * cp.norm(Bv[i][j] @ C[j]) + sn[j] * cp.norm(Bv[i][j] @ perp[j], "fro") for j in range(k))
+                for i in range(N)]
+        obj = obj - cp.sum_squares(cp.hstack(move)) / N
     t0 = time.perf_counter()
     prob = cp.Problem(cp.Maximize(obj), cons)
     try:
@@ -131,12 +159,15 @@ def affine_dual_bound(X, lam, C, theta, U0):
     except cp.error.SolverError:  # Clarabel stops short on some nodes; any (p, B) is valued exactly below
         prob.solve(solver=cp.SCS, eps=1e-9, max_iters=200000)
     seconds = time.perf_counter() - t0
+    inner = float(prob.solver_stats.solve_time or float("nan"))
+    if drop:
+        return float(prob.value), seconds, inner, float("nan")
     Bval = np.array([[Bv[i][j].value for j in range(k)] for i in range(N)])
     Pval = U0 + V.value
     Pval -= Pval.mean(axis=0)
     Bval -= Bval.mean(axis=0)
     bound, viol = affine_dual_value(X, lam, C, theta, Pval, Bval)
-    return bound, seconds, viol
+    return bound, seconds, inner, viol
 
 
 def value_at(X, lam, W):
@@ -229,14 +260,20 @@ def main():
             qv = construction_value(X, lam, W, Z0, b0, W2)
             if qv is not None:
                 own.append((v0 - qv) / v0)
-        affine = (None,) * 3
+        affine = (None,) * 4
+        parts = {}
         if not args.no_affine and th in AFFINE_THETAS:
-            affine = affine_dual_bound(X, lam, W, np.full(W.shape[0], th), centre_dual(X, lam, W)[1])
+            ths, U0 = np.full(W.shape[0], th), centre_dual(X, lam, W)[1]
+            affine = affine_dual_bound(X, lam, W, ths, U0)
+            if th in (0.1, 0.05):  # what the second-order terms cost (the program's values, not bounds)
+                for drop in (("constraints",), ("objective",), ("constraints", "objective")):
+                    parts["without_" + "_and_".join(drop)] = (v0 - affine_dual_bound(X, lam, W, ths, U0, drop)[0]) / v0
             if affine[0] > v0 * (1 + min(rises)) + 1e-9 * v0:  # a lower bound above a dictionary of the caps
                 raise AssertionError(f"the affine bound {affine[0]!r} exceeds a sampled value at theta {th}")
         rows.append({"theta": th, "cone_loss": (v0 - cone) / v0,
                      "affine_loss": None if affine[0] is None else (v0 - affine[0]) / v0,
-                     "affine_seconds": affine[1], "affine_violation_before_scaling": affine[2],
+                     "affine_seconds": affine[1], "affine_clarabel_seconds": affine[2],
+                     "affine_violation_before_scaling": affine[3], "affine_program_loss_parts": parts,
                      "dual_point_loss_max": max(own) if own else None, "dual_point_feasible": len(own),
                      "second_order_loss": (v0 - second) / v0 if np.isfinite(second) else None,
                      "rise_median": float(np.median(rises)), "rise_min": float(np.min(rises))})
@@ -251,9 +288,19 @@ def main():
         so = "does not apply" if r["second_order_loss"] is None else f"{r['second_order_loss']:.1e}"
         dp = ("infeasible" if r["dual_point_loss_max"] is None else
               f"{r['dual_point_loss_max']:.1e} ({r['dual_point_feasible']}/{args.tilts} feasible)")
-        af = "" if r["affine_loss"] is None else f"{r['affine_loss']:.1e} ({r['affine_seconds']:.1f} s)"
+        af = ("" if r["affine_loss"] is None else
+              f"{r['affine_loss']:.1e} ({r['affine_seconds']:.1f} s, {r['affine_clarabel_seconds']:.2f} s in Clarabel)")
         md.append(f"| {r['theta']:g} | {r['cone_loss']:.1e} | {so} | {dp} | {af} | {r['rise_median']:.1e} | "
                   f"{r['rise_min']:.1e} |")
+    parts = [r for r in rows if r["affine_program_loss_parts"]]
+    if parts:
+        md += ["", "What the affine program's second-order terms cost (its loss with them left out: not bounds)", "",
+               "| cap angle (rad) | bound | without the constraints' bilinear parts | without the objective's | without both |",
+               "|---|---|---|---|---|"]
+        for r in parts:
+            pr = r["affine_program_loss_parts"]
+            md.append(f"| {r['theta']:g} | {r['affine_loss']:.1e} | {pr['without_constraints']:.1e} | "
+                      f"{pr['without_objective']:.1e} | {pr['without_constraints_and_objective']:.1e} |")
     if prune:
         md += ["", f"Nodes whose centre is every atom of the optimum tilted by m cap angles ({args.prune_tilts} random "
                "directions each): how many each bound prunes (bound >= the optimum)", "",
