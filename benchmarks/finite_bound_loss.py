@@ -97,7 +97,7 @@ def affine_dual_value(X, lam, C, theta, P, B):
                 g = B[i, j].T @ C[l] + (P[i] if j == l else 0.0)
                 val += cap_support(g, C[j], theta[j]) + beta(B[i, j], l, j)
             worst = max(worst, val)
-    alpha = min(1.0, lam / worst)
+    alpha = 1.0 if worst <= lam else lam / worst  # every term is positively homogeneous in (p, B)
     P, B = alpha * P, alpha * B
     q = float(np.mean(2.0 * np.sum(X * P, axis=1) - np.sum(P * P, axis=1)))
     lin = sum(cap_support(-np.einsum("iab,ia->b", B[:, j], X - P), C[j], theta[j]) for j in range(k))
