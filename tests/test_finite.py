@@ -259,6 +259,28 @@ def test_cli_solve_width_json(tmp_path, capsys):
         assert "--width must be a positive integer" in err and "Traceback" not in err
 
 
+def test_cli_width_out_writes_the_solution_and_its_plot(tmp_path, capsys):
+    """``solve --width --out`` writes solution.npz / .json / .png, as ``--out`` promises for every solve."""
+    from matplotlib.image import imread
+
+    from widelimit.cli import main
+
+    X = _data(1, 6, 2)
+    f = tmp_path / "x.npy"
+    np.save(f, X)
+    out = tmp_path / "o"
+    assert main(["solve", str(f), "--lam", "0.3", "--width", "1", "--json", "--no-progress", "--out", str(out)]) == 0
+    d = json.loads(capsys.readouterr().out)
+    names = ("solution.npz", "solution.json", "solution.png")
+    assert [p.rsplit("/", 1)[-1] for p in d["files"]] == list(names)
+    z = np.load(out / "solution.npz")
+    again = wl.sae_objective(X, z["dictionary"], z["codes"], z["bias"], lam=0.3).value
+    assert abs(again - d["value"]) <= 1e-12 * d["value"]
+    assert json.loads((out / "solution.json").read_text())["value"] == d["value"]
+    img = imread(out / "solution.png")
+    assert img.shape[0] > 200 and img.shape[1] > 400 and float(img[..., :3].std()) > 0.05  # a drawn figure, not blank
+
+
 def test_frontier_with_exact_widths(monkeypatch):
     import importlib
 

@@ -6,6 +6,7 @@ import numpy as np
 
 from ..exact.solve import solve
 from .._json import write_json
+from ..plot import plot_finite_solution
 from ._common import (_console, atomic_outputs, certificate_table, moved, print_json,
                       progress_display)
 
@@ -34,7 +35,8 @@ def run_solve_width(args, X, lam, label) -> int:
         with atomic_outputs(args.out) as tmp:
             np.savez(tmp / "solution.npz", dictionary=sol.dictionary, codes=sol.codes, bias=sol.bias)
             write_json(tmp / "solution.json", sol.as_dict())
-            files = moved([tmp / "solution.npz", tmp / "solution.json"], tmp, args.out)
+            plot_finite_solution(X, sol, tmp / "solution.png", title=f"{label}: width {sol.width}, lam = {sol.lam:g}")
+            files = moved([tmp / "solution.npz", tmp / "solution.json", tmp / "solution.png"], tmp, args.out)
     if args.json:
         d = sol.as_dict()
         d["data"] = label
