@@ -405,6 +405,27 @@ def test_cli_frontier_exact_reports_each_search(tmp_path, capsys, monkeypatch):
         assert f"exact width {w}: {v:.8g}, certified bound {lb:.8g} ({sol.n_nodes} nodes)" in said
 
 
+def test_cli_frontier_table_says_which_exact_values_are_certified(tmp_path, capsys, monkeypatch):
+    """An exact search stopped at its time limit is not called a certified optimum in the table."""
+    from widelimit.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # one table row per line
+
+    X = _data(3, 20, 2)
+    f = tmp_path / "x.npy"
+    np.save(f, X)
+    base = ["frontier", str(f), "--lam", "0.3", "--widths", "2", "--max-steps", "100", "--out", str(tmp_path / "fr"),
+            "--exact"]
+    assert main(base + ["--exact-time-limit", "0"]) == 0
+    stopped = " ".join(capsys.readouterr().out.split())
+    sol = wl.solve(X, lam=0.3, width=2, time_limit=0)
+    assert not sol.certified
+    assert f"(not certified: optimum >= {sol.lower_bound:.10g})" in stopped and "(certified optimum)" not in stopped
+    assert main(base) == 0
+    done = " ".join(capsys.readouterr().out.split())
+    assert f"{wl.solve(X, lam=0.3, width=2).value:.10g} (certified optimum)" in done and "not certified" not in done
+
+
 def test_threads_give_the_same_search():
     """The children of a node are bounded on several threads against the same incumbent: the search,
     its node count and its answer do not depend on the number of threads."""

@@ -260,10 +260,11 @@ def _run_frontier(args) -> int:
     for c in ("width", "best value", "relative gap to bound"):
         t.add_column(c, justify="right")
     if fr.exact_values is not None:
-        t.add_column("certified optimum", justify="right")
+        t.add_column("exact search at width k", justify="right")
     for i, (w, v, g) in enumerate(zip(fr.widths, fr.values, d["rel_gaps"])):
         extra = [] if fr.exact_values is None else [
-            f"{fr.exact_values[i]:.10g}" + ("" if fr.exact_certified[i] else f" (>= {fr.exact_lower_bounds[i]:.10g})")]
+            f"{fr.exact_values[i]:.10g}" + (" (certified optimum)" if fr.exact_certified[i] else
+                                            f" (not certified: optimum >= {fr.exact_lower_bounds[i]:.10g})")]
         t.add_row(str(w), f"{v:.10g}", f"{g:.3e}", *extra)
     con = _console()
     con.print(t)

@@ -180,8 +180,12 @@ def plot_frontier(fr: Frontier, path, title: str | None = None) -> Path:
         ax.plot([w] * len(vs), vs, "o", color="0.7", ms=4, zorder=1)
     ax.plot(fr.widths, fr.values, "o-", color="C0", label="best gradient solution", zorder=2)
     if fr.exact_values is not None:
-        ax.plot(fr.widths, fr.exact_values, "s--", color="C1", mfc="none", ms=8,
-                label="certified optimum at width k", zorder=3)
+        every = all(fr.exact_certified)
+        ax.plot(fr.widths, fr.exact_values, "s--", color="C1", mfc="none", ms=8, zorder=3,
+                label="certified optimum at width k" if every else
+                "exact search at width k (filled: certified; bar: down to its certified bound)")
+        done = [(w, v) for w, v, c in zip(fr.widths, fr.exact_values, fr.exact_certified) if c]
+        ax.plot([w for w, _ in done], [v for _, v in done], "s", color="C1", ms=8, zorder=3)
         ax.vlines(fr.widths, fr.exact_lower_bounds, fr.exact_values, color="C1", lw=3, zorder=3)
     ax.axhline(fr.lower_bound, color="C3", ls="--", label=f"wide-limit bound {fr.lower_bound:.6g}")
     ax.axvline(fr.n_rays, color="k", ls=":", lw=1, label=f"number of rays = {fr.n_rays}")
