@@ -43,6 +43,17 @@ def colormap(name: str):
     return matplotlib.colormaps[name]
 
 
+def _plane(D, origin: str):
+    """The two directions the data ``D = X - origin`` are drawn in, ``(P (n, 2), axis labels)``: the plane
+    itself for 2-D data, the line (and a zero second axis) for 1-D, else the top two principal directions."""
+    n = D.shape[1]
+    if n == 2:
+        return np.eye(2), ("x1", "x2")
+    _, _, Vt = np.linalg.svd(D[: min(len(D), 20000)], full_matrices=False)
+    P = Vt[:2].T if Vt.shape[0] >= 2 else np.c_[Vt[0], np.zeros(n)]
+    return P, (f"PC1 of X - {origin}", f"PC2 of X - {origin}")
+
+
 def plot_solution(X, solution, path, *, geometric_median=None, title: str | None = None) -> Path:
     """Draw a wide-limit solution and save it as a PNG.
 
@@ -61,13 +72,7 @@ def plot_solution(X, solution, path, *, geometric_median=None, title: str | None
     b = solution.bias
     lam = solution.lam
     D = X - b
-    if X.shape[1] == 2:
-        P = np.eye(2)
-        axes_label = ("x1", "x2")
-    else:
-        _, _, Vt = np.linalg.svd(D[: min(len(D), 20000)], full_matrices=False)
-        P = Vt[:2].T if Vt.shape[0] >= 2 else np.c_[Vt[0], np.zeros(X.shape[1])]
-        axes_label = ("PC1 of X - b*", "PC2 of X - b*")
+    P, axes_label = _plane(D, "b*")
     Y = D @ P
     fig, (ax, ax2) = subplots(1, 2, figsize=(11, 5))
     rays = solution.rays
@@ -124,13 +129,7 @@ def plot_finite_solution(X, solution, path, *, title: str | None = None) -> Path
     W = np.asarray(solution.dictionary, dtype=np.float64)
     Z = np.asarray(solution.codes, dtype=np.float64)
     D = X - b
-    if X.shape[1] == 2:
-        P, axes_label = np.eye(2), ("x1", "x2")
-    elif X.shape[1] == 1:
-        P, axes_label = np.array([[1.0, 0.0]]), ("x1", "")
-    else:
-        _, _, Vt = np.linalg.svd(D, full_matrices=False)
-        P, axes_label = Vt[:2].T, ("PC1 of X - b", "PC2 of X - b")
+    P, axes_label = _plane(D, "b")
     Y = D @ P
     fig, (ax, ax2) = subplots(1, 2, figsize=(11, 5))
     k = W.shape[0]
@@ -151,7 +150,7 @@ def plot_finite_solution(X, solution, path, *, title: str | None = None) -> Path
     ax.set_ylabel(axes_label[1])
     ax.legend(fontsize=8, loc="best")
     state = "certified" if solution.certified else f"not certified ({solution.status})"
-    ax.set_title(title or f"width {k}, lam = {solution.lam:g}: {state}")
+    ax.set_title(f"{title or f'width {k}, lam = {solution.lam:g}'}: {state}")
     hist = np.asarray(solution.history, dtype=np.float64).reshape(-1, 3)
     if hist.size:
         ax2.step(hist[:, 0], hist[:, 2], where="post", label="value (best triple)")
