@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import inspect
 import os
 import re
@@ -240,8 +241,6 @@ class InstanceOf(Constraint):
         self.allowed = allowed or "a " + " or a ".join(t if isinstance(t, str) else t.__name__ for t in types)
 
     def convert(self, value, name):
-        import importlib
-
         for t in self._types:
             if isinstance(t, str):
                 mod, _, attr = t.partition(":")
