@@ -106,15 +106,14 @@ def test_1_bool_in_every_format_and_the_api(tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# 2. --time-limit / --rel-tol: only with --width, checked when parsed
+# 2. --time-limit only with --width; --tol at any width, in (0, 1) with --width
 # --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("flag, value, needle", [
     ("--time-limit", "5", "--time-limit applies only with --width"),
-    ("--rel-tol", "0.5", "--rel-tol applies only with --width"),
     ("--time-limit", "-1", "argument --time-limit: must be a finite number >= 0, got -1"),  # a bad value first
-    ("--rel-tol", "5", "argument --rel-tol: must be a finite number in (0, 1), got 5"),
+    ("--tol", "-5", "argument --tol: must be a finite number >= 0, got -5"),
 ])
 def test_2_width_options_without_width(good, capsys, flag, value, needle):
     err = one_line_error(capsys, ["solve", good, "--lam", "0.5", flag, value])
@@ -124,10 +123,10 @@ def test_2_width_options_without_width(good, capsys, flag, value, needle):
 @pytest.mark.parametrize("flag, value, needle", [
     ("--time-limit", "-1", "argument --time-limit: must be a finite number >= 0, got -1"),
     ("--time-limit", "nan", "argument --time-limit"),
-    ("--rel-tol", "5", "argument --rel-tol: must be a finite number in (0, 1), got 5"),
-    ("--rel-tol", "0", "argument --rel-tol: must be a finite number in (0, 1)"),
-    ("--rel-tol", "1", "argument --rel-tol: must be a finite number in (0, 1)"),
-    ("--rel-tol", "nan", "argument --rel-tol"),
+    ("--tol", "5", "--tol must be a finite number in (0, 1) with --width, got 5"),
+    ("--tol", "0", "--tol must be a finite number in (0, 1) with --width, got 0"),
+    ("--tol", "1", "--tol must be a finite number in (0, 1) with --width"),
+    ("--tol", "nan", "argument --tol: must be a finite number >= 0, got nan"),
 ])
 def test_2_width_option_values_checked_at_parse_time(good, capsys, flag, value, needle):
     err = one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "1", flag, value])
@@ -135,10 +134,10 @@ def test_2_width_option_values_checked_at_parse_time(good, capsys, flag, value, 
 
 
 def test_2_width_options_with_width_are_used(good, capsys, X):
-    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--time-limit", "60", "--rel-tol", "1e-4",
+    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--time-limit", "60", "--tol", "1e-4",
                        "--json", "--no-progress"])
-    assert d["rel_tol"] == 1e-4 and d["width"] == 1 and d["certified"]
-    assert d["value"] == pytest.approx(wl.solve(X, lam=0.5, width=1, rel_tol=1e-4).value, rel=1e-4)
+    assert d["tol"] == 1e-4 and d["width"] == 1 and d["certified"]
+    assert d["value"] == pytest.approx(wl.solve(X, lam=0.5, width=1, tol=1e-4).value, rel=1e-4)
 
 
 # --------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import numpy as np
 from ._validation import check_data, check_int, check_lam, check_real, interval_words, shown
 
 __all__ = [
-    "Constraint", "Interval", "StrOptions", "Options", "Boolean", "Callable", "ArrayLike", "Data", "Lam", "Device",
+    "Constraint", "Interval", "StrOptions", "String", "Options", "Boolean", "Callable", "ArrayLike", "Data", "Lam", "Device",
     "Device", "PathLike", "InstanceOf", "Passed", "validate_params", "check_value", "check_fields", "cli_type",
     "constraints_of", "TOL", "MAX_ITER", "TIME_LIMIT", "THREADS", "DEVICE", "SEED", "PROGRESS", "LAM",
     "POSITIVE", "NONNEG", "POSITIVE_INT", "NONNEG_INT", "UNIT_OPEN",
@@ -108,6 +108,17 @@ class StrOptions(Constraint):
             v = value.lower() if self.lower else value
             if v in self.options:
                 return v
+        raise _Reject
+
+
+class String(Constraint):
+    """Any string (a name the function looks up itself: an array's key in a file, a column)."""
+
+    allowed = "a string"
+
+    def convert(self, value, name):
+        if isinstance(value, str):
+            return value
         raise _Reject
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._runtime import default_threads
-from .._validation import check_int
+from ..results import CertifiedResult, shared_dict
 from ..engine.local import Progress
 from ..exact.gap import is_certified, relative_gap
 from ..exact.objective import sae_objective
@@ -58,7 +58,7 @@ class FiniteLimits:
 
 
 @dataclass(frozen=True)
-class FiniteSolution:
+class FiniteSolution(CertifiedResult):
     """Global optimum at width ``k`` (or the best found, with its certified gap).
 
     Attributes
@@ -71,30 +71,35 @@ class FiniteSolution:
     gap, rel_gap : float
         ``value - lower_bound`` and ``gap / |value|``.
     certified : bool
-        ``rel_gap <= rel_tol``.
+        ``rel_gap <= tol``.
     dictionary : ndarray (k, n)
         Unit atoms.
     codes : ndarray (N, k)
         Nonnegative codes.
     bias : ndarray (n,)
     lam : float
-    rel_tol : float
+    tol : float
+        The relative gap the search was asked for.
     status : str
         ``"optimal"``, ``"time_limit"``, ``"node_limit"``, ``"memory_limit"`` (the open nodes reached
         ``FiniteLimits.max_queue_bytes``), ``"resolution_limit"`` (every node was closed or could not be
-        split further, yet the certified gap is above ``rel_tol``: a ``rel_tol`` near the rounding level
+        split further, yet the certified gap is above ``tol``: a ``tol`` near the rounding level
         of the objective) or ``"closed_form"`` (width >= number of rays).
-    n_nodes : int
+    n_iter : int
         Nodes whose bound was computed.
     n_rays : int
         Width of the narrowest wide-limit optimum.
     wide_lower_bound : float
         The wide-limit bound (valid at every width).
-    elapsed : float
-        Seconds.
+    time_s : float
+        Seconds (of the search; :func:`widelimit.solve` sets the whole call's).
     history : list of (seconds, lower_bound, value)
         The certified bounds as the search went (a row each time the relative gap passed a
         power of ten, and at the end).
+    certificate : Certificate or None
+        The certificate of the returned ``(W, Z, b)`` against the wide-limit bound (valid at every width:
+        its ``lower_bound`` is ``wide_lower_bound`` and its ``certified`` says whether this width already
+        reaches the wide-limit optimum), with its dual quantities; set by :func:`widelimit.solve`.
     """
 
     value: float
@@ -106,13 +111,14 @@ class FiniteSolution:
     codes: np.ndarray
     bias: np.ndarray
     lam: float
-    rel_tol: float
+    tol: float
     status: str
-    n_nodes: int
+    n_iter: int
     n_rays: int
     wide_lower_bound: float
-    elapsed: float
+    time_s: float
     history: tuple = ()
+    certificate: object = None
 
     @property
     def width(self) -> int:
@@ -125,12 +131,11 @@ class FiniteSolution:
     def as_dict(self) -> dict:
         """Summary as plain Python (JSON-serialisable): the wide solve's keys plus the search's."""
         return {
-            "value": self.value, "lower_bound": self.lower_bound, "gap": self.gap, "rel_gap": self.rel_gap,
-            "certified": bool(self.certified), "width": self.width, "bias": [float(v) for v in self.bias],
+            **shared_dict(self), "width": self.width, "bias": [float(v) for v in self.bias],
             "lam": self.lam, "n_points": int(self.codes.shape[0]), "dim": int(self.bias.size),
             "dictionary": [[float(v) for v in row] for row in self.dictionary],
-            "status": self.status, "n_nodes": self.n_nodes, "n_rays": self.n_rays,
-            "wide_lower_bound": self.wide_lower_bound, "rel_tol": self.rel_tol, "elapsed": self.elapsed,
+            "n_rays": self.n_rays, "wide_lower_bound": self.wide_lower_bound,
+            "certificate": None if self.certificate is None else self.certificate.as_dict(),
         }
 
 
@@ -319,7 +324,7 @@ def _initial(X, lam, k, rng, wide, n_starts, deadline=math.inf):
     return best
 
 
-def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=None, seed=0, n_starts=20,
+def solve_finite(X, lam, width, *, tol=1e-6, time_limit=600.0, max_iter=None, seed=0, n_starts=20,
                  wide=None, limits: FiniteLimits = FiniteLimits(), progress=None, threads=None) -> FiniteSolution:
     r"""Certified global optimum of the sparse dictionary-learning objective at width ``k``.
 
@@ -327,7 +332,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     ``wide`` is the wide-limit solution (its bound is valid at every width; at ``k >=`` its
     number of rays it *is* the optimum, padded with unused atoms). ``progress`` receives
     :class:`widelimit.Progress` events (stage ``"branch and bound"``, ``rows_done`` = nodes bounded,
-    ``rows_total`` = ``max_nodes`` or 0, ``value`` = best value so far, ``lower_bound`` = certified
+    ``rows_total`` = ``max_iter`` (the node budget) or 0, ``value`` = best value so far, ``lower_bound`` = certified
     bound so far) every half second of the search, whenever the relative gap passes a power of ten,
     and once at the end (``done``, the returned value and bound). ``threads`` (default
     :func:`widelimit._runtime.default_threads`): each round of the search branches the best open nodes
@@ -336,11 +341,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     any number of threads.
     """
     t0 = time.perf_counter()
-    if not (0 < float(rel_tol) < 1):
-        raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
-    if not float(time_limit) >= 0:
-        raise ValueError(f"time_limit must be >= 0 seconds, got {time_limit!r}")
-    n_threads = default_threads() if threads is None else check_int(threads, "threads", low=1)
+    n_threads = default_threads() if threads is None else threads
 
     X = np.ascontiguousarray(X, dtype=np.float64)
     N, n = X.shape
@@ -354,9 +355,9 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
         W = np.vstack([W, pad])
         Z = np.hstack([wide.codes, np.zeros((N, k - n_rays))])
         val = float(sae_objective(X, W, Z, wide.bias, lam=lam).value)
-        sol = _result(val, max(wlb, -np.inf), W, Z, np.asarray(wide.bias, np.float64), lam, rel_tol,
+        sol = _result(val, max(wlb, -np.inf), W, Z, np.asarray(wide.bias, np.float64), lam, tol,
                       "closed_form", 0, n_rays, wlb, t0, certified_hint=wide.certified)
-        _event(progress, 0, max_nodes, sol.value, sol.lower_bound, True)
+        _event(progress, 0, max_iter, sol.value, sol.lower_bound, True)
         return sol
     if n > limits.max_dim or k > limits.max_width or N > limits.max_points:
         raise ValueError(
@@ -376,10 +377,10 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     node_bytes = 8 * root.lay.size + 520
     queue_bytes = _half_the_memory() if limits.max_queue_bytes is None else limits.max_queue_bytes
     scale = max(abs(ub), 1e-300)
-    tol_abs = 1e-3 * rel_tol * scale  # the relaxation's own gap, far below the search's
+    tol_abs = 1e-3 * tol * scale  # the relaxation's own gap, far below the search's
 
     def target():
-        return ub - rel_tol * scale * 0.999
+        return ub - tol * scale * 0.999
 
     def bound(node: _Node):
         """Certify ``node.lb``; return an explicit candidate ``(value, W, Z, b)`` or None (thread-safe: it
@@ -418,7 +419,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     next_event = [time.perf_counter() + _PROGRESS_EVERY]
 
     def report(lb_now, value, done=False):
-        _event(progress, n_nodes, max_nodes, value, lb_now, done)
+        _event(progress, n_nodes, max_iter, value, lb_now, done)
 
     def mark(lb_now):
         g = (ub - lb_now) / scale
@@ -442,7 +443,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
             if time.perf_counter() - t0 > time_limit:
                 status = "time_limit"
                 break
-            if max_nodes is not None and n_nodes >= max_nodes:
+            if max_iter is not None and n_nodes >= max_iter:
                 status = "node_limit"
                 break
             if len(heap) * node_bytes > queue_bytes:
@@ -482,7 +483,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     open_lb = min([h[0] for h in heap] + [leaves_lb, closed_lb, ub])
     val = float(sae_objective(X, W_best, Z_best, b_best, lam=lam).value)
     history.append((time.perf_counter() - t0, float(max(open_lb, wlb)), val))
-    sol = _result(val, max(open_lb, wlb), W_best, Z_best, b_best, lam, rel_tol, status, n_nodes, n_rays, wlb, t0,
+    sol = _result(val, max(open_lb, wlb), W_best, Z_best, b_best, lam, tol, status, n_nodes, n_rays, wlb, t0,
                    history=tuple(history))
     report(sol.lower_bound, sol.value, done=True)
     return sol
@@ -496,11 +497,11 @@ def _half_the_memory() -> int:
         return 8 * 2**30
 
 
-def _event(progress, n_nodes, max_nodes, value, lower_bound, done):
+def _event(progress, n_nodes, max_iter, value, lower_bound, done):
     """One :class:`widelimit.Progress` event of the search (nothing without a callback)."""
     if progress is not None:
         progress(Progress(stage="branch and bound", pass_index=int(n_nodes), rows_done=int(n_nodes),
-                          rows_total=0 if max_nodes is None else int(max_nodes), value=float(value),
+                          rows_total=0 if max_iter is None else int(max_iter), value=float(value),
                           lower_bound=float(lower_bound), done=bool(done)))
 
 
@@ -539,17 +540,17 @@ def _branch(node: _Node, n: int, min_width: float):
     return kids
 
 
-def _result(val, lb, W, Z, b, lam, rel_tol, status, n_nodes, n_rays, wlb, t0, certified_hint=None, history=()):
+def _result(val, lb, W, Z, b, lam, tol, status, n_nodes, n_rays, wlb, t0, certified_hint=None, history=()):
     lb = min(float(lb), val)  # a bound above the value would only be rounding
     gap = val - lb
     rel = relative_gap(gap, val)
-    cert = is_certified(gap, val, tol=rel_tol) and status in ("optimal", "closed_form")
-    if status == "optimal" and not cert:  # every node closed, yet the gap is above rel_tol: the search's resolution
+    cert = is_certified(gap, val, tol=tol) and status in ("optimal", "closed_form")
+    if status == "optimal" and not cert:  # every node closed, yet the gap is above tol: the search's resolution
         status = "resolution_limit"
     if certified_hint is not None:
         cert = cert and bool(certified_hint)
     return FiniteSolution(value=val, lower_bound=lb, gap=gap, rel_gap=rel, certified=bool(cert),
                           dictionary=np.asarray(W, np.float64), codes=np.asarray(Z, np.float64),
-                          bias=np.asarray(b, np.float64), lam=float(lam), rel_tol=float(rel_tol), status=status,
-                          n_nodes=int(n_nodes), n_rays=n_rays, wide_lower_bound=wlb,
-                          elapsed=time.perf_counter() - t0, history=tuple(history))
+                          bias=np.asarray(b, np.float64), lam=float(lam), tol=float(tol), status=status,
+                          n_iter=int(n_nodes), n_rays=n_rays, wide_lower_bound=wlb,
+                          time_s=time.perf_counter() - t0, history=tuple(history))

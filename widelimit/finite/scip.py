@@ -36,11 +36,11 @@ class ScipResult:
     dictionary: np.ndarray
     codes: np.ndarray
     bias: np.ndarray
-    elapsed: float
+    time_s: float
 
 
-def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e-6, threads: int = 1) -> ScipResult:
-    """Solve the plain formulation with SCIP to relative gap ``rel_tol`` (or until ``time_limit``)."""
+def solve_scip(X, lam, width, *, time_limit: float = 1800.0, tol: float = 1e-6, threads: int = 1) -> ScipResult:
+    """Solve the plain formulation with SCIP to relative gap ``tol`` (or until ``time_limit``)."""
     try:
         from pyscipopt import Model, quicksum
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -57,7 +57,7 @@ def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e
     m = Model()
     m.hideOutput()
     m.setParam("limits/time", float(time_limit))
-    m.setParam("limits/gap", float(rel_tol))
+    m.setParam("limits/gap", float(tol))
     m.setParam("limits/absgap", 0.0)
     w = [[m.addVar(f"w{j}_{d}", lb=-1.0, ub=1.0) for d in range(n)] for j in range(k)]
     z = [[m.addVar(f"z{i}_{j}", lb=0.0, ub=zmax) for j in range(k)] for i in range(N)]
@@ -76,11 +76,11 @@ def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e
     m.setObjective(obj, "minimize")
     t0 = time.perf_counter()
     m.optimize()
-    elapsed = time.perf_counter() - t0
+    time_s = time.perf_counter() - t0
     status = m.getStatus()
     if m.getNSols() == 0:
         return ScipResult(math.inf, float(m.getDualbound()), math.inf, status, np.zeros((k, n)), np.zeros((N, k)),
-                          np.zeros(n), elapsed)
+                          np.zeros(n), time_s)
     s = m.getBestSol()
     W = np.array([[s[w[j][d]] for d in range(n)] for j in range(k)])
     W /= np.maximum(np.linalg.norm(W, axis=1, keepdims=True), 1e-300)
@@ -88,4 +88,4 @@ def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e
     bb = np.array([s[b[d]] for d in range(n)])
     val = float(sae_objective(X, W, Z, bb, lam=lam).value)
     lb = float(m.getDualbound())
-    return ScipResult(val, lb, relative_gap(val - lb, val), status, W, Z, bb, elapsed)
+    return ScipResult(val, lb, relative_gap(val - lb, val), status, W, Z, bb, time_s)
