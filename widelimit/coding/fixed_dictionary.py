@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from .pdas import optimal_codes
+from .fista import fista_codes as optimal_codes
 
 __all__ = ["fixed_dictionary_objective"]
 
@@ -18,7 +18,7 @@ def fixed_dictionary_objective(X, W, b=None, *, lam: float, tol: float = 1e-9, m
                                device: str = "cpu") -> dict:
     r"""Objective of a fixed dictionary with optimal codes (and optimal bias when ``b`` is None), certified.
 
-    With ``b`` given this is :func:`widelimit.coding.pdas.optimal_codes` (per-point
+    With ``b`` given this is :func:`widelimit.coding.fista.fista_codes` (per-point
     duality gaps). With ``b = None`` the convex problem ``min_{Z >= 0, b}`` is
     first solved by cvxpy (Clarabel), then polished by rounds of optimal codes
     and the exact bias step ``b = mean(x - z W)``. The certified lower bound is

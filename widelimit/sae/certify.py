@@ -415,21 +415,17 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
         # ---- optimal codes for the SAE's decoder and bias (certified duality gap) ----
         if coder is not None:
             # (C0 and R0 are its workspace: R0 becomes the optimal codes' residuals)
-            out = coder.solve(xt.cpu().numpy(), Y0, C0, R0=R0, overwrite_c0=True)
-            if out["todo"].size:  # the full-dictionary solver finishes these tokens (float64, warm-started)
-                _finish_codes(out, Xb, U, b, lam, coding_tol)
-            P, gap_t = out["P"], out["gap"]
-            Yo = out["codes"]  # CSR, unit-atom units
-            Ro = torch.as_tensor(out["R"], device=dev)
-            n_it = out["rounds"]
+            res = coder.solve(xt.cpu().numpy(), Y0, C0, R0=R0, overwrite_c0=True)
+            res = _finish_codes(res, Xb, U, b, lam, coding_tol)  # uncertified tokens: FISTA, float64, warm-started
+            Yo = res.codes  # CSR, unit-atom units
+            Ro = torch.as_tensor(res.residuals, device=dev)
         else:
             Z0 = None if not sae.has_encoder else f.cpu().numpy()
             res = optimal_codes(Xb, sae.W_dec, b, lam=lam, algorithm=algorithm, tol=coding_tol, device=dev,
                                 Z0=Z0, return_codes=True)
-            P, gap_t = res.point_values, res.point_gaps
             Yo = res.codes @ _diag(norms)
             Ro = xt - torch.as_tensor(Yo.toarray(), device=dev) @ Ut
-            n_it = res.n_iter
+        P, gap_t, n_it = res.point_values, res.point_gaps, res.n_iter
         if stability:
             stab_codes.append(sp.csr_array(Yo))
         stats.update_optimal(nb_, float((Ro * Ro).sum()) / nb_, Yo.nnz)  # metrics (widelimit.sae.metrics)
