@@ -58,7 +58,7 @@ def main():
             t0 = time.perf_counter()
             r = wl.solve_dnn(X, lam=lam, tol=1e-6, time_limit=args.time_limit, device="cpu", accelerate=acc)
             key = "momentum" if acc else "plain"
-            row[key] = {"seconds": time.perf_counter() - t0, "iterations": r.n_iter, "converged": r.converged,
+            row[key] = {"seconds": time.perf_counter() - t0, "iterations": r.n_iter, "converged": r.certified,
                         "rel_gap": r.rel_gap, "eigendecompositions": r.history[-1]["n_eigh"] if r.history else 0,
                         "brackets_optimum": bool(r.lower_bound <= opt * (1 + 1e-12) + 1e-12
                                                  and r.value >= opt * (1 - 1e-12) - 1e-12)}

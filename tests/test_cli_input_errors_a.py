@@ -343,7 +343,7 @@ def test_8_the_smallest_accepted_lam_works_end_to_end(good, capsys, X):
     assert d["lower_bound"] <= d["value"]
     np.testing.assert_allclose(d["bias"], geo.point, rtol=1e-9, atol=1e-12)
     b = _json(capsys, ["bound", good, "--lam", repr(TINY), "--json", "--no-progress"])
-    assert b["converged"] and b["value"] == pytest.approx(2 * TINY * geo.value, rel=1e-9)
+    assert b["certified"] and b["value"] == pytest.approx(2 * TINY * geo.value, rel=1e-9)
     assert b["lower_bound"] <= b["value"] and b["lower_bound"] == pytest.approx(b["value"], rel=1e-9)
 
 
@@ -432,7 +432,7 @@ def test_10_just_below_the_limit_is_solved(tmp_path, capsys, X):
     lam = s * 1e-40  # every point beyond lam; the objective about 2 lam |x| ~ 1e300
     geo = wl.geometric_median(X0)
     b = _json(capsys, ["bound", tmp_path / "big.npy", "--lam", repr(lam), "--json", "--no-progress"])
-    assert b["converged"] and b["lower_bound"] == pytest.approx(2 * lam * s * geo.value, rel=1e-9)
+    assert b["certified"] and b["lower_bound"] == pytest.approx(2 * lam * s * geo.value, rel=1e-9)
     d = _json(capsys, ["solve", tmp_path / "big.npy", "--lam", repr(lam), "--json", "--no-progress"])
     assert np.isfinite(d["value"]) and d["lower_bound"] <= d["value"]
     assert d["lower_bound"] == pytest.approx(b["lower_bound"], rel=1e-9)

@@ -40,7 +40,7 @@ def test_each_algorithm_matches_cvxpy_and_its_gap_is_a_true_bound(algorithm, lam
     X, W, b = _problem(1)
     ref = _cvxpy_values(X, W, b, lam)
     res = optimal_codes(X, W, b, lam=lam, algorithm=algorithm, tol=1e-10, device="cpu")
-    assert res.converged
+    assert res.certified
     np.testing.assert_allclose(res.point_values, ref, rtol=1e-7)
     # certified: P_i - gap_i <= optimum_i <= P_i (cvxpy's optimum is accurate to ~1e-9)
     assert np.all(res.point_values - res.point_gaps <= ref + 1e-8 * np.maximum(ref, 1))
@@ -59,7 +59,7 @@ def test_cd_matches_fista_on_a_wide_dictionary_with_a_warm_start():
     Z0 = np.maximum(rng.standard_normal((N, k)) - 2.0, 0.0)  # a poor, sparse warm start
     a = optimal_codes(X, W, b, lam=lam, algorithm="cd", tol=1e-11, Z0=Z0, batch_size=64)
     f = optimal_codes(X, W, b, lam=lam, algorithm="fista", tol=1e-11, device="cpu", dtype="float64", max_iter=50000)
-    assert a.converged and f.converged
+    assert a.certified and f.certified
     np.testing.assert_allclose(a.point_values, f.point_values, rtol=1e-9)
     # strictly convex in the codes here (n >= support size): the codes agree too
     np.testing.assert_allclose(a.codes.toarray(), f.codes.toarray(), atol=1e-4)
@@ -259,7 +259,7 @@ def test_cd_time_budget_returns_certified_codes():
     ref = optimal_codes(X, W, b, lam=lam, algorithm="fista", tol=1e-12, device="cpu", dtype="float64",
                         max_iter=50000)
     spent = optimal_codes(X, W, b, lam=lam, algorithm="cd", tol=1e-12, max_time=0.0)  # no round may start
-    assert spent.n_iter == 0 and not spent.converged and spent.codes.nnz == 0
+    assert spent.n_iter == 0 and not spent.certified and spent.codes.nnz == 0
     # the zero codes' gap is still a true bound on their suboptimality
     assert np.all(spent.point_values - spent.point_gaps <= ref.point_values + 1e-9)
     np.testing.assert_allclose(spent.point_values, ((X - b) ** 2).sum(1), rtol=1e-12)

@@ -213,7 +213,7 @@ def test_memory_is_bounded_independently_of_N(tmp_path, rng):
         res = wl.huber_median(S, lam=1.5, hess_rows=512)
         peaks[N] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        assert res.converged
+        assert res.certified
     full = 80_000 * n * 8
     assert peaks[80_000] < full / 6, peaks  # far below one float64 copy of X
     assert peaks[80_000] < 1.5 * peaks[20_000] + (1 << 18), peaks  # flat in N
@@ -286,7 +286,7 @@ def test_cli_bound_streams_a_folder_and_resumes(tmp_path, rng, capsys):
     out = json.loads(capsys.readouterr().out)
     ref = wl.huber_median(X, lam=1.5)
     assert _rel(out["lower_bound"], ref.lower_bound) <= 1e-10 and _rel(out["bias"], ref.point) <= 1e-10
-    assert out["n_passes"] == ref.n_passes and out["converged"] and ck.exists()
+    assert out["n_passes"] == ref.n_passes and out["certified"] and ck.exists()
     assert main(["bound", str(d), "--lam", "1.5"]) == 0  # table with a progress bar on stderr
     assert "certified" in capsys.readouterr().out
     assert main(["bound", str(tmp_path / "missing"), "--lam", "1"]) == 2

@@ -64,8 +64,8 @@ def _run_relax(args) -> int:
     if args.solver == "TORCH":
 
         r = solve_dnn(X, lam=lam, tol=args.tol, device=args.device or "auto", **{} if args.max_iters is None else {"max_iter": args.max_iters})
-        status = "optimal" if r.converged else "not_converged"
-        value = r.lower_bound if r.converged else float("nan")
+        status = "optimal" if r.certified else "not_converged"
+        value = r.lower_bound if r.certified else float("nan")
         d = {"value": value, "status": status, "cone": "dnn", "kind": "outer", "solver": "TORCH",
              "time_s": r.time_s, "upper_value": r.value, "rel_gap": r.rel_gap, "n_iter": r.n_iter,
              "device": r.device, "b": r.b}

@@ -487,7 +487,7 @@ def cd_codes(X, W, b, *, lam, tol: float = 1e-6, Z0=None, return_codes: bool = T
 
     Parameters and result as :func:`widelimit.coding.optimal_codes` (``algorithm="cd"``);
     ``max_time`` (seconds) stops the rounds (and the float64 fallback) when it is spent: every
-    gap returned is still certified, ``converged`` says whether all met ``tol``.
+    gap returned is still certified, ``certified`` says whether all met ``tol``.
     """
     deadline = None if max_time is None else time.perf_counter() + float(max_time)
     X, W, b, lam, tol = check_problem(X, W, b, lam, tol)

@@ -37,7 +37,7 @@ class CodingResult:
         ``P_i`` and ``gap_i`` per point (float64).
     n_iter : int
         Largest number of iterations (FISTA) or working-set rounds (the Gram coders) any point needed.
-    converged : bool
+    certified : bool
         Every point met ``gap_i <= tol * max(P_i, lam^2)``.
     n_unconverged : int
         Points that did not (:meth:`unconverged_rows` lists them).
@@ -62,7 +62,7 @@ class CodingResult:
     point_values: np.ndarray = field(repr=False)
     point_gaps: np.ndarray = field(repr=False)
     n_iter: int
-    converged: bool
+    certified: bool
     n_unconverged: int
     device: str
     lam: float
@@ -85,7 +85,7 @@ class CodingResult:
         n_bad = int(np.sum(gap > tol * np.maximum(P, lam * lam)))
         return cls(codes=codes if return_codes else None, value=value, reconstruction=value - penalty,
                    penalty=penalty, gap=float(gap.sum()) / N, max_gap=float(gap.max(initial=0.0)), point_values=P,
-                   point_gaps=gap, n_iter=int(n_iter), converged=n_bad == 0, n_unconverged=n_bad, device=str(device),
+                   point_gaps=gap, n_iter=int(n_iter), certified=n_bad == 0, n_unconverged=n_bad, device=str(device),
                    lam=float(lam), tol=float(tol), **arrays)
 
     def unconverged_rows(self) -> np.ndarray:
@@ -107,7 +107,7 @@ class CodingResult:
         return {
             "value": self.value, "reconstruction": self.reconstruction, "penalty": self.penalty,
             "gap": self.gap, "rel_gap": self.rel_gap, "max_gap": self.max_gap,
-            "lower_bound": self.lower_bound, "n_iter": self.n_iter, "converged": bool(self.converged),
+            "lower_bound": self.lower_bound, "n_iter": self.n_iter, "certified": bool(self.certified),
             "n_unconverged": self.n_unconverged, "device": self.device, "lam": self.lam, "tol": self.tol,
             "nnz": None if self.codes is None else int(self.codes.nnz),
         }

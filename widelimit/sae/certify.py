@@ -119,7 +119,7 @@ class SAECertificate:
     optimal_code_objective: float | None
     coding_gap: float | None
     coding_max_gap: float | None
-    coding_converged: bool | None
+    coding_certified: bool | None
     lower_bound: float
     lower_bound_at_bias: float
     huber_median_gap: float
@@ -168,7 +168,7 @@ class SAECertificate:
         return {
             "sae_objective": self.sae_objective, "reconstruction": self.reconstruction, "penalty": self.penalty,
             "optimal_code_objective": self.optimal_code_objective, "coding_gap": self.coding_gap,
-            "coding_max_gap": self.coding_max_gap, "coding_converged": self.coding_converged,
+            "coding_max_gap": self.coding_max_gap, "coding_certified": self.coding_certified,
             "lower_bound": self.lower_bound, "lower_bound_at_bias": self.lower_bound_at_bias,
             "huber_median_gap": self.huber_median_gap,
             "encoder_gap": self.encoder_gap, "encoder_gap_upper": enc_hi,
@@ -580,7 +580,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     return SAECertificate(
         sae_objective=float(sae_obj), reconstruction=float(reconstruction), penalty=float(penalty),
         optimal_code_objective=float(opt_obj), coding_gap=float(coding_gap), coding_max_gap=float(opt_max_gap),
-        coding_converged=bool(opt_conv), lower_bound=lb, lower_bound_at_bias=h_bias,
+        coding_certified=bool(opt_conv), lower_bound=lb, lower_bound_at_bias=h_bias,
         huber_median_gap=float(med.gap), encoder_gap=None if encoder_gap is None else float(encoder_gap),
         decoder_gap_at_bias=float(opt_obj - h_bias), bias_gap=float(h_bias - lb), global_gap=float(global_gap),
         certified_optimal=certified, tol=float(tol), lam=lam, n_tokens=N, d_in=n, d_sae=k,
