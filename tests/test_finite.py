@@ -290,7 +290,7 @@ def test_frontier_with_exact_widths(monkeypatch):
     monkeypatch.setattr(mod, "_median", lambda *a, **k: medians.append(1) or real(*a, **k))
     X = _data(1, 6, 2)
     ev = []
-    fr = wl.frontier(X, lam=0.3, widths=[1, 2], n_restarts=1, exact_widths=True, max_steps=200, progress=ev.append)
+    fr = wl.frontier(X, lam=0.3, widths=[1, 2], n_restarts=1, exact_widths=True, max_iter=200, progress=ev.append)
     assert fr.exact_certified == [True, True]
     assert len(medians) == 1  # the exact widths reuse the wide solve's median
     # progress: the gradient widths, then each exact width's search, ending on its returned value and bound
@@ -403,7 +403,7 @@ def test_cli_frontier_exact_reports_each_search(tmp_path, capsys, monkeypatch):
     X = _data(1, 6, 2)
     f = tmp_path / "x.npy"
     np.save(f, X)
-    assert main(["frontier", str(f), "--lam", "0.3", "--widths", "1,2", "--exact", "--max-steps", "100", "--json",
+    assert main(["frontier", str(f), "--lam", "0.3", "--widths", "1,2", "--exact", "--max-iter", "100", "--json",
                  "--out", str(tmp_path / "fr")]) == 0
     d = json.loads(capsys.readouterr().out)
     for w, v, lb in zip(d["widths"], d["exact_values"], d["exact_lower_bounds"]):
@@ -421,7 +421,7 @@ def test_cli_frontier_table_says_which_exact_values_are_certified(tmp_path, caps
     X = _data(3, 20, 2)
     f = tmp_path / "x.npy"
     np.save(f, X)
-    base = ["frontier", str(f), "--lam", "0.3", "--widths", "2", "--max-steps", "100", "--out", str(tmp_path / "fr"),
+    base = ["frontier", str(f), "--lam", "0.3", "--widths", "2", "--max-iter", "100", "--out", str(tmp_path / "fr"),
             "--exact"]
     assert main(base + ["--exact-time-limit", "0"]) == 0
     stopped = " ".join(capsys.readouterr().out.split())

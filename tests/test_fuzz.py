@@ -224,9 +224,9 @@ PARAMS = [  # (function, parameter, kind, lower bound, None allowed)
     (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "seed", "int", 0, False),
     (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "lr", "real>", 0, False),
     (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "rtol", "real", 0, False),
-    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "max_steps", "int", 0, True),
+    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "max_iter", "int", 0, True),
     (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "batch_size", "int", 1, True),
-    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "max_time", "real>", 0, True),
+    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "time_limit", "real>", 0, True),
     (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "window", "int", 1, False),
     (lambda **kw: wl.crossvalidate(SMALL, lam=1.0, **kw), "seed", "int", 0, False),
     (lambda **kw: wl.crossvalidate(SMALL, lam=1.0, **kw), "n_restarts", "int", 1, False),
@@ -417,7 +417,7 @@ def r9_ctrl_c_real_signal(tmp, capsys, files):
     np.save(big, np.random.default_rng(0).standard_normal((3000, 20)))
     out = tmp / "fitout"
     p = subprocess.Popen([sys.executable, "-m", "widelimit", "fit", str(big), "--lam", "0.5", "--width", "100",
-                          "--max-steps", "1000000", "--rtol", "0", "--max-time", "300", "--out", str(out)], cwd=REPO,
+                          "--max-iter", "1000000", "--rtol", "0", "--time-limit", "300", "--out", str(out)], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     maps = Path(f"/proc/{p.pid}/maps")
     if not maps.exists():
@@ -447,7 +447,7 @@ def _interrupt_after_numpy_loads(tmp, delay):
         np.save(big, np.random.default_rng(0).standard_normal((3000, 20)))
     out = tmp / f"fitout{delay}"
     p = subprocess.Popen([sys.executable, "-m", "widelimit", "fit", str(big), "--lam", "0.5", "--width", "100",
-                          "--max-steps", "1000000", "--rtol", "0", "--max-time", "300", "--out", str(out)], cwd=REPO,
+                          "--max-iter", "1000000", "--rtol", "0", "--time-limit", "300", "--out", str(out)], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     maps = Path(f"/proc/{p.pid}/maps")
     deadline = time.monotonic() + 120
@@ -628,8 +628,8 @@ def r10_no_warnings_in_normal_use(tmp, capsys, files):
     ro = np.load(files["good"], mmap_mode="r")  # read-only: torch warned on every fit of a .npy
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        wl.fit_dictionary(ro, lam=1.0, width=3, max_steps=5)
-        for argv in (["fit", files["good"], "--lam", "1", "--width", "3", "--max-steps", "5", "--json"],
+        wl.fit_dictionary(ro, lam=1.0, width=3, max_iter=5)
+        for argv in (["fit", files["good"], "--lam", "1", "--width", "3", "--max-iter", "5", "--json"],
                      ["solve", files["pt"], "--lam", "1", "--json"], ["bound", files["pt"], "--lam", "1", "--json"],
                      ["bound", files["safetensors"], "--lam", "1", "--json"]):
             rc, out, err = cli(capsys, *argv)

@@ -146,8 +146,8 @@ def test_one_progress_protocol_for_the_iterative_solvers(X):
     Y = X[:40].astype(np.float64)
     got = {}
     for name, run in {
-        "fit": lambda cb: wl.fit_dictionary(Y, lam=1.5, width=3, device="cpu", max_steps=5, progress=cb),
-        "frontier": lambda cb: wl.frontier(Y, lam=1.5, widths=[1, 2], n_restarts=1, max_steps=5, device="cpu", progress=cb),
+        "fit": lambda cb: wl.fit_dictionary(Y, lam=1.5, width=3, device="cpu", max_iter=5, progress=cb),
+        "frontier": lambda cb: wl.frontier(Y, lam=1.5, widths=[1, 2], n_restarts=1, max_iter=5, device="cpu", progress=cb),
         "dnn": lambda cb: wl.solve_dnn(Y[:12], lam=1.5, max_iter=30, check_every=5, device="cpu", progress=cb),
         "codes": lambda cb: wl.optimal_codes(Y, np.eye(6)[:3], np.zeros(6), lam=1.5, device="cpu", batch_size=16, progress=cb),
     }.items():

@@ -118,11 +118,11 @@ def test_fit_out_is_a_saelens_folder_that_certify_and_sae_lens_read(tmp_path, ca
     np.save(tmp_path / "x.npy", X.astype(np.float32))
     out = tmp_path / "fit"
     assert main(["fit", str(tmp_path / "x.npy"), "--lam", str(LAM), "--width", "4", "--encoder", "standard",
-                 "--max-steps", "300", "--lr", "3e-3", "--device", "cpu", "--json", "--out", str(out)]) == 0
+                 "--max-iter", "300", "--lr", "3e-3", "--device", "cpu", "--json", "--out", str(out)]) == 0
     capsys.readouterr()
     got = load_sae(out)
     assert got.architecture == "standard" and got.l1_coefficient == 2 * LAM
-    fit = wl.fit_dictionary(X, lam=LAM, width=4, encoder="standard", max_steps=50, device="cpu")
+    fit = wl.fit_dictionary(X, lam=LAM, width=4, encoder="standard", max_iter=50, device="cpu")
     s = fit.to_sae()
     enc = wl.learn.gradient.encoder_codes(X, "standard", fit.encoder_params, fit.bias).toarray()
     np.testing.assert_allclose(s.encode(X), enc, atol=1e-12)
@@ -183,7 +183,7 @@ def test_an_l1_trained_topk_or_jumprelu_fit_is_certified_on_its_own_objective(en
     SAE's objective is the fit's encoder value."""
     X, _ = orthogonal_rays_sae(LAM, n_pairs=2, dim=4, seed=7)
     fit = wl.fit_dictionary(X, lam=LAM, width=4, encoder=encoder, topk=2 if encoder == "topk" else None,
-                            max_steps=100, device="cpu")
+                            max_iter=100, device="cpu")
     save_saelens(fit.to_sae(dtype="float64"), tmp_path / "sae")
     c = wl.certify_sae(X, load_sae(tmp_path / "sae"))
     assert c.lam == LAM and c.objective["stand_in"] is False

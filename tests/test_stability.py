@@ -199,7 +199,7 @@ def test_stability_rows_hook_and_same_width_witness():
     assert rows[0]["ff_partner"] in (1, 2, 3)
     from widelimit.learn.same_width import same_width_witness
 
-    out = same_width_witness(X, W, b, lam=lam, max_steps=200)
+    out = same_width_witness(X, W, b, lam=lam, max_iter=200)
     fit = out["fit"]
     assert out["lower"] and out["value_found"] < out["value_given"]
     assert plain_objective(X, fit.dictionary, fit.codes, fit.bias, lam) == pytest.approx(out["value_found"], rel=1e-10)

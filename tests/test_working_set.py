@@ -38,7 +38,7 @@ def test_fallback_and_warm_start_paths():
     lam = 0.05
     ref = optimal_codes(X, W, b, lam=lam, tol=1e-8, device="cpu")
     # one round and tiny working sets: most tokens finish in the full solver
-    fb = optimal_codes_working_set(X, W, b, lam=lam, tol=1e-8, device="cpu", ws_size=2, max_rounds=1, inner_iter=5)
+    fb = optimal_codes_working_set(X, W, b, lam=lam, tol=1e-8, device="cpu", ws_size=2, max_iter=1, inner_iter=5)
     assert fb.certified
     np.testing.assert_allclose(fb.point_values, ref.point_values, rtol=1e-6, atol=1e-10)
     warm = optimal_codes_working_set(X, W, b, lam=lam, tol=1e-8, device="cpu", Z0=ref.codes, batch_size=7)

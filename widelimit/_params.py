@@ -96,16 +96,16 @@ class Interval(Constraint):
 
 
 class StrOptions(Constraint):
-    """One of a set of strings (compared exactly)."""
+    """One of a set of strings (compared exactly, or after ``fold="lower"`` / ``"upper"``)."""
 
-    def __init__(self, options, *, lower: bool = False):
+    def __init__(self, options, *, fold: str | None = None):
         self.options = tuple(options)
-        self.lower = lower
+        self.fold = fold
         self.allowed = "one of " + ", ".join(repr(o) for o in self.options)
 
     def convert(self, value, name):
         if isinstance(value, str):
-            v = value.lower() if self.lower else value
+            v = getattr(value, self.fold)() if self.fold else value
             if v in self.options:
                 return v
         raise _Reject
@@ -308,7 +308,8 @@ def check_value(value, constraint, name: str):
 def validate_params(constraints: dict[str, Any]):
     """Decorator: check every argument of a call against its constraint, once, before the body runs.
 
-    ``constraints`` maps each parameter name (``**options`` included, by its name) to a constraint; a
+    ``constraints`` maps each parameter name (``**options`` included, by its name, to one constraint for
+    every option or to a dict ``{option: constraint}``, other options refused) to a constraint; a
     parameter without one is a ``TypeError`` when the function is defined (``self`` / ``cls`` excepted),
     and so is a constraint for a parameter the function does not have. The wrapper keeps the signature
     and docstring (``functools.wraps``); the constraints are at ``wrapper.__wl_constraints__``.
@@ -330,7 +331,13 @@ def validate_params(constraints: dict[str, Any]):
                 if name in ("self", "cls"):
                     continue
                 c = constraints[name]
-                if name == var_kw:
+                if name == var_kw and isinstance(c, dict):  # each named option its own constraint
+                    unknown = sorted(set(value) - set(c))
+                    if unknown:
+                        raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {unknown[0]!r} "
+                                        f"(its options: {', '.join(sorted(c))})")
+                    bound.arguments[name] = {k: check_value(v, c[k], k) for k, v in value.items()}
+                elif name == var_kw:
                     if not isinstance(c, Passed):
                         bound.arguments[name] = {k: check_value(v, c, k) for k, v in value.items()}
                 elif not isinstance(c, Passed):

@@ -41,8 +41,8 @@ def _add_fit_options(p):
     p.add_argument("--restarts", type=positive_int, default=1, help="independent runs; the best is kept")
     p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (an integer >= 0)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--max-steps", type=positive_int, default=None, help="step budget")
-    p.add_argument("--max-time", type=positive_float, default=None, help="time budget per run, seconds")
+    p.add_argument("--max-iter", type=positive_int, default=None, help="step budget")
+    p.add_argument("--time-limit", type=positive_float, default=None, help="time budget per run, seconds")
     p.add_argument("--rtol", type=nonneg_float, default=1e-8, help="stop when the relative improvement per step is below this")
     p.add_argument("--batch-size", type=positive_int, default=None, help="minibatch size (default: full batch for free codes, 4096 for "
                         "the encoders); at least N uses all the data")
@@ -74,7 +74,7 @@ def _check_fit_flags(args, widths) -> None:
 
 
 def _fit_kwargs(args):
-    kw = {"encoder": args.encoder, "device": args.device, "max_steps": args.max_steps, "max_time": args.max_time,
+    kw = {"encoder": args.encoder, "device": args.device, "max_iter": args.max_iter, "time_limit": args.time_limit,
           "rtol": args.rtol, "batch_size": args.batch_size, "lr": _DEFAULT_LR if args.lr is None else args.lr}
     if args.topk is not None:
         kw["topk"] = args.topk
@@ -195,7 +195,7 @@ def _run_fit(args) -> int:
     ]
     if fit.encoder_value is not None:
         rows.append(("encoder value", fit.encoder_value, "objective of the encoder's own codes"))
-    rows += [("steps", fit.n_steps, f"stopped by {fit.stop_reason}"), ("time (s)", round(fit.time_s, 3), fit.device),
+    rows += [("steps", fit.n_iter, f"stopped by {fit.stop_reason}"), ("time (s)", round(fit.time_s, 3), fit.device),
              ("certified", cert.certified, "relative gap <= 1e-4")]
     con = _console()
     con.print(certificate_table(f"widelimit fit: {label}", rows))

@@ -14,7 +14,7 @@ from .fista import fista_codes as optimal_codes
 __all__ = ["fixed_dictionary_objective"]
 
 
-def fixed_dictionary_objective(X, W, b=None, *, lam: float, tol: float = 1e-9, max_rounds: int = 20,
+def fixed_dictionary_objective(X, W, b=None, *, lam: float, tol: float = 1e-9, max_iter: int = 20,
                                device: str = "cpu") -> dict:
     r"""Objective of a fixed dictionary with optimal codes (and optimal bias when ``b`` is None), certified.
 
@@ -41,7 +41,7 @@ def fixed_dictionary_objective(X, W, b=None, *, lam: float, tol: float = 1e-9, m
     lam : float
     tol : float
         Relative target of the certified gap.
-    max_rounds : int
+    max_iter : int
         Polishing rounds (free bias).
     device : str
         For the code solver.
@@ -70,7 +70,7 @@ def fixed_dictionary_objective(X, W, b=None, *, lam: float, tol: float = 1e-9, m
     Z = None
     best = None
     unit = W / np.where(norms > 0, norms, 1.0)[:, None]
-    for rounds in range(1, max_rounds + 1):
+    for rounds in range(1, max_iter + 1):
         res = optimal_codes(X, W, b, lam=lam, tol=tol * 1e-2, device=device, dtype="float64", Z0=Z)
         Z = res.codes
         b = (X - Z @ W).mean(axis=0)

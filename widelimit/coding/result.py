@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from ..results import CertifiedResult, shared_dict, status_of
+
 __all__ = ["CodingResult"]
 
 
 @dataclass(frozen=True)
-class CodingResult:
+class CodingResult(CertifiedResult):
     """Optimal nonnegative codes for a fixed dictionary and bias, with their certificate.
 
     Attributes
@@ -51,6 +53,10 @@ class CodingResult:
         ``<u_d, r_i>`` of those residuals, each within ``correlation_error[i]`` of the exact value
         (:class:`~widelimit.coding.cd.GramCoder` with Gram updates); else ``None``.
     correlation_error : ndarray (N,) or None
+    time_s : float or None
+        Wall-clock seconds (set by :func:`widelimit.optimal_codes`).
+    lower_bound, rel_gap, status
+        ``value - gap``; ``gap / |value|``; ``"optimal"`` when certified, else ``"not_certified"``.
     """
 
     codes: sp.csr_array | None
@@ -70,6 +76,7 @@ class CodingResult:
     residuals: np.ndarray | None = field(default=None, repr=False)
     correlations: np.ndarray | None = field(default=None, repr=False)
     correlation_error: np.ndarray | None = field(default=None, repr=False)
+    time_s: float | None = None
 
     @classmethod
     def from_points(cls, codes, point_values, point_gaps, *, penalty_sum: float, n_iter: int, device, lam: float,
@@ -98,6 +105,10 @@ class CodingResult:
         return self.value - self.gap
 
     @property
+    def status(self) -> str:
+        return status_of(self.certified, self.value)
+
+    @property
     def rel_gap(self) -> float:
         """``gap / value``."""
         return self.gap / max(abs(self.value), 1e-300)
@@ -105,9 +116,7 @@ class CodingResult:
     def as_dict(self) -> dict:
         """Summary as plain Python (JSON-serialisable); codes and per-point arrays are left out."""
         return {
-            "value": self.value, "reconstruction": self.reconstruction, "penalty": self.penalty,
-            "gap": self.gap, "rel_gap": self.rel_gap, "max_gap": self.max_gap,
-            "lower_bound": self.lower_bound, "n_iter": self.n_iter, "certified": bool(self.certified),
-            "n_unconverged": self.n_unconverged, "device": self.device, "lam": self.lam, "tol": self.tol,
+            **shared_dict(self), "reconstruction": self.reconstruction, "penalty": self.penalty,
+            "max_gap": self.max_gap, "n_unconverged": self.n_unconverged, "device": self.device, "lam": self.lam, "tol": self.tol,
             "nnz": None if self.codes is None else int(self.codes.nnz),
         }

@@ -131,7 +131,7 @@ def crossvalidate(X, *, lam, width=None, n_restarts: int = 3, seed: int = 0, ini
     exact : WideLimitSolution, optional
         A precomputed :func:`widelimit.solve` result for the same ``X`` and ``lam``.
     **fit_kwargs
-        Passed to :func:`widelimit.fit_dictionary` (``device``, ``max_steps``, ``encoder``, ...).
+        Passed to :func:`widelimit.fit_dictionary` (``device``, ``max_iter``, ``encoder``, ...).
 
     Returns
     -------

@@ -547,7 +547,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
         else None
     same_width = None
     if same_width_steps > 0:
-        sw = same_width_witness(np.asarray(Xb_all), U, b, lam=lam, max_steps=int(same_width_steps),
+        sw = same_width_witness(np.asarray(Xb_all), U, b, lam=lam, max_iter=int(same_width_steps),
                                 device="cpu" if str(dev) == "cpu" else dev, coding_tol=coding_tol)
         same_width = {k2: v for k2, v in sw.items() if k2 != "fit"}
 
