@@ -28,3 +28,36 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Small valid files of every format (30 x 4 float64 unless said otherwise) and a 200 x 5 .npy.
+
+    ``files["arrow"]`` is there only where pyarrow is installed (a test of it skips without)."""
+    import torch
+    from safetensors.numpy import save_file
+
+    d = tmp_path_factory.mktemp("fuzzdata")
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((30, 4))
+    out = {"X": X, "dir": d}
+    np.save(d / "x.npy", X)
+    np.savez(d / "x.npz", acts=X)
+    np.savetxt(d / "x.csv", X, delimiter=",")
+    save_file({"acts": X.astype(np.float32)}, str(d / "x.safetensors"))
+    torch.save({"acts": torch.tensor(X)}, d / "x.pt")
+    for k in ("npy", "npz", "csv", "safetensors", "pt"):
+        out[k] = d / f"x.{k}"
+    try:
+        import pyarrow as pa
+    except ImportError:
+        pa = None
+    if pa is not None:
+        table = pa.table({"acts": pa.array(list(X.astype(np.float32)), type=pa.list_(pa.float32()))})
+        with pa.ipc.new_stream(str(d / "x.arrow"), table.schema) as w:
+            w.write_table(table)
+        out["arrow"] = d / "x.arrow"
+    np.save(d / "good.npy", rng.standard_normal((200, 5)))
+    out["good"] = d / "good.npy"
+    return out

@@ -16,7 +16,7 @@ import widelimit as wl
 from widelimit.finite import _kernels as K
 from widelimit.finite import _taylor as T
 
-from test_finite import _fixed_dictionary_optimum
+from fixtures.optima import fixed_dictionary_optimum as _fixed_dictionary_optimum
 
 
 def _stationary(X, lam, k, seed):

@@ -14,6 +14,8 @@ import widelimit as wl
 from widelimit.finite import node_lower_bound
 from widelimit.finite.bnb import _polish, box_cap, face_directions
 
+from fixtures.optima import fixed_dictionary_optimum as _fixed_dictionary_optimum
+
 
 def _data(seed, N, n, scale=2.0):
     return np.random.default_rng(seed).standard_normal((N, n)) * scale
@@ -31,17 +33,6 @@ def _relaxation_cvxpy(X, lam, caps):
     R = sum(Ys) + np.ones((N, 1)) @ cp.reshape(b, (1, n), order="C") - X
     obj = (cp.sum_squares(R) + 2 * lam * sum(cp.sum(cp.norm(Y, 2, axis=1)) for Y in Ys)) / N
     prob = cp.Problem(cp.Minimize(obj), cons)
-    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
-    return prob.value
-
-
-def _fixed_dictionary_optimum(X, W, lam):
-    """min over Z >= 0, b of the objective for a fixed dictionary (a convex QP, cvxpy/Clarabel)."""
-    N, n = X.shape
-    Z = cp.Variable((N, W.shape[0]), nonneg=True)
-    b = cp.Variable(n)
-    R = Z @ W + np.ones((N, 1)) @ cp.reshape(b, (1, n), order="C") - X
-    prob = cp.Problem(cp.Minimize((cp.sum_squares(R) + 2 * lam * cp.sum(Z)) / N))
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
     return prob.value
 
