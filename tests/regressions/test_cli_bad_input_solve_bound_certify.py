@@ -135,10 +135,18 @@ def test_width_option_values_checked_at_parse_time(good, capsys, flag, value, ne
 
 
 def test_width_options_with_width_are_used(good, capsys, X):
-    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--time-limit", "60", "--rel-tol", "1e-4",
+    """Both options reach the search, checked by an outcome no machine speed or load can change: a time limit
+    of 0 s stops the search before its first node, after one start (it once asked for a certificate within
+    60 s, which a loaded machine missed), and the tolerance is the one reported."""
+    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--time-limit", "0", "--rel-tol", "1e-4",
                        "--json", "--no-progress"])
-    assert d["rel_tol"] == 1e-4 and d["width"] == 1 and d["certified"]
-    assert d["value"] == pytest.approx(wl.solve(X, lam=0.5, width=1, rel_tol=1e-4).value, rel=1e-4)
+    ref = wl.solve(X, lam=0.5, width=1, rel_tol=1e-4, time_limit=0)
+    assert d["status"] == ref.status == "time_limit" and not d["certified"] and d["n_nodes"] == 0
+    assert d["rel_tol"] == 1e-4 and d["width"] == 1
+    assert d["value"] == ref.value and d["lower_bound"] == ref.lower_bound
+    # the default (no --time-limit) is not 0: the same search certifies, to the tolerance given
+    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--rel-tol", "0.5", "--json", "--no-progress"])
+    assert d["certified"] and d["status"] == "optimal" and d["rel_gap"] <= 0.5 and d["rel_tol"] == 0.5
 
 
 # --------------------------------------------------------------------------------------
