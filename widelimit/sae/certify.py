@@ -79,7 +79,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._runtime import limit_threads, resolve_device
-from .._validation import check_tol
+from .._params import validate_params
 from ..coding import choose_algorithm, optimal_codes
 from ..coding.cd import GramCoder
 from ..engine import engine_for
@@ -89,6 +89,7 @@ from ..exact.median import huber_median, huber_value
 from ..exact.stationarity import code_conditions, tangent_norms
 from ..learn.same_width import same_width_witness
 from .formats import as_sae
+from .options import CERTIFY_CONSTRAINTS
 from . import _kernels
 from .metrics import DEFINITIONS, ReconstructionStats
 from ._util import _DENSE_K, csr_pair as _csr_pair, diag as _diag, finish_codes as _finish_codes
@@ -196,6 +197,7 @@ class SAECertificate:
         return flat_dict(self, prefix=prefix)
 
 
+@validate_params(CERTIFY_CONSTRAINTS)
 def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str | None = None,
                 max_tokens: int | None = None, seed: int = 0, tol: float = 1e-6, coding_tol: float = 1e-6,
                 batch_size: int = 4096, device="auto", optimal_codes_diagnostics: bool = True,
@@ -274,8 +276,6 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
     -------
     SAECertificate
     """
-    tol, coding_tol, kkt_tol = check_tol(tol, "tol"), check_tol(coding_tol, "coding_tol"), check_tol(kkt_tol, "kkt_tol")
-
     with limit_threads(threads, blas_threads=1):  # products in torch; numpy's BLAS idle (limit_threads)
         return _certify(acts, sae, lam, l1_coefficient, architecture=architecture, max_tokens=max_tokens, seed=seed,
                         tol=tol, coding_tol=coding_tol, batch_size=batch_size,
@@ -304,9 +304,6 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     sample = sae.preprocess(np.asarray(sample_rows(acts, 2048, seed), dtype=np.float64))  # calibration, scale
     choice = resolve_objective(sae, sample, lam, l1_coefficient, coding_tol=coding_tol, device=dev)
     lam = choice.lam
-    batch_size = int(batch_size)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     t0 = time.perf_counter()
     N, n = int(acts.shape[0]), int(acts.shape[1])
     k = sae.d_sae
