@@ -51,7 +51,7 @@ from .collinear import collinear_fit, project_chunk, solve_1d
 from .newton import line_min, newton_direction
 from .gap import relative_gap
 from .median_bound import ETA, check_consistent, gamma, lower_bound, norm, sum_depth
-from .scaling import full_normaliser, normaliser, scaled_lam, unscale_median
+from .scaling import full_normaliser, normaliser, on_scaled_data, unscale_median
 from ..engine.fingerprint import mismatch_error
 from ..engine.kernels import median_rows
 from ..engine import engine_for
@@ -59,9 +59,7 @@ from ..engine.local import (
     FloatOverflow,
     LocalEngine,
     Progress,
-    ScaledRows,
     load_checkpoint,
-    one_blas_thread,
     raise_nonfinite,
     save_checkpoint,
     scratch,
@@ -255,13 +253,9 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
     max_iter, hess_rows, seed = check_int(max_iter, "max_iter", low=1), check_int(hess_rows, "hess_rows", low=1), \
         check_seed(seed)
     def run(f):
-        Xf, lam_f = (X, lam) if f == 1.0 else (ScaledRows(X, f), None if lam is None else scaled_lam(lam, f))
-        if getattr(engine_for(X), "threads", 1) > 1:
-            with one_blas_thread():
-                res = _solve_passes(Xf, lam_f, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap)
-        else:
-            res = _solve_passes(Xf, lam_f, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap)
-        return res if f == 1.0 else unscale_median(res, f, lam)
+        return on_scaled_data(X, lam, lambda Xf, lam_f, _: _solve_passes(
+            Xf, lam_f, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap),
+            lambda res, f_: unscale_median(res, f_, lam), f=f)
 
     f = normaliser(X)
     try:

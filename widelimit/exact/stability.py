@@ -33,6 +33,7 @@ from scipy.optimize import linprog, nnls
 
 from .._validation import row_norms
 from .objective import _check_triple, sae_objective
+from .stationarity import first_order_chunk, tangent_norms
 from .witness import candidates, recode
 
 __all__ = ["FeatureStability", "StabilityOptions", "feature_stability", "stability_rows"]
@@ -231,18 +232,18 @@ def _pass(X, Wu, Zs, b, lam, exact_curv):
         e = min(N, s + rows)
         Zc = Zs[s:e]
         E = np.asarray(X[s:e], dtype=np.float64) - b - Zc @ Wu
-        rsum += E.sum(axis=0)
+        fo = first_order_chunk(E, Zc, Wu, lam)  # the first-order conditions (exact/stationarity.py)
+        C, ii, dd = fo["C"], fo["rows"], fo["cols"]
+        rsum += fo["rsum"]
+        np.maximum(inact_max, fo["inactive_max"], out=inact_max)
+        np.maximum(act_err, fo["active_error"], out=act_err)
+        EtZ += fo["EtZ"]
         rn2 = np.einsum("ij,ij->i", E, E)
         rmax = max(rmax, float(np.sqrt(rn2.max())))
-        C = E @ Wu.T
         Zd = Zc.toarray()
         on = Zd > 0
-        Cm = np.where(on, -np.inf, C)
-        np.maximum(inact_max, Cm.max(axis=0), out=inact_max)
-        ii, dd = Zc.nonzero()
         if ii.size:
             c_act = C[ii, dd]
-            np.maximum.at(act_err, dd, np.abs(c_act - lam))
             po2 = np.maximum(rn2[ii] - c_act * c_act, 0.0)
             np.maximum.at(orth, dd, np.sqrt(po2))
             np.maximum.at(lmax_lb, dd, po2)
@@ -250,7 +251,6 @@ def _pass(X, Wu, Zs, b, lam, exact_curv):
             np.add.at(zz, dd, zv * (zv + lam))
             if exact_curv:
                 np.add.at(R2, dd, E[ii, :, None] * E[ii, None, :])
-        EtZ += Zc.T @ E
         V = np.maximum(1.0 - C / lam, 0.0)
         V[on] = 0.0
         M += Zc.T @ V
@@ -393,7 +393,7 @@ def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = Non
     n_active = np.diff(sp.csc_array(Zs).indptr)
     code_margin = lam - st["inact_max"]
     act_err = np.where(live, st["act_err"], 0.0)
-    gnorm = np.linalg.norm(st["EtZ"] - np.einsum("dj,dj->d", st["EtZ"], Wu)[:, None] * Wu, axis=1)
+    gnorm = tangent_norms(st["EtZ"], Wu)
     atom_res = np.where(live, gnorm / np.where(live, lam * S, 1.0), 0.0)
     # feature-feature (§5.3)
     Gm = Wu @ Wu.T
