@@ -84,7 +84,7 @@ def main():
              "| case | plain: iterations, s | momentum: iterations, s | ratio |", "|---|---|---|---|"]
     for r in rows:
         p, m = r["plain"], r["momentum"]
-        cap = lambda d: "" if d["converged"] else " (not certified: stopped)"  # noqa: E731
+        cap = lambda d: "" if d["certified"] else " (not certified: stopped)"  # noqa: E731
         lines.append(f"| {r['case']} | {p['iterations']}, {p['seconds']:.2f}{cap(p)} | {m['iterations']}, "
                      f"{m['seconds']:.2f}{cap(m)} | {'>' if not p['converged'] else ''}{r['ratio']:.1f}x |")
     (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")

@@ -72,21 +72,22 @@ class Interval(Constraint):
     :func:`~widelimit._validation.check_int` / :func:`~widelimit._validation.check_real`.
     """
 
-    def __init__(self, kind: str, low=None, high=None, *, closed: str = "both"):
+    def __init__(self, kind: str, low=None, high=None, *, closed: str = "both", finite: bool = True):
         if kind not in ("real", "int") or closed not in ("both", "left", "right", "neither"):
             raise TypeError(f"Interval({kind!r}, closed={closed!r})")
-        self.kind, self.low, self.high = kind, low, high
+        self.kind, self.low, self.high, self.finite = kind, low, high, finite
         self.low_strict = closed in ("right", "neither")
         self.high_strict = closed in ("left", "neither")
         if kind == "int" and (self.low_strict or self.high_strict):
             raise TypeError("an integer Interval is closed: write Interval('int', 1, None) for > 0")
-        self.allowed = interval_words(kind, low, high, low_strict=self.low_strict, high_strict=self.high_strict)
+        self.allowed = interval_words(kind, low, high, low_strict=self.low_strict, high_strict=self.high_strict,
+                                      finite=finite)
 
     def convert(self, value, name):
         if self.kind == "int":
             return check_int(value, name, low=self.low, high=self.high)
         return check_real(value, name, low=self.low, strict=self.low_strict, high=self.high,
-                          high_strict=self.high_strict)
+                          high_strict=self.high_strict, finite=self.finite)
 
     def parse(self, text):
         try:
@@ -399,8 +400,8 @@ def cli_type(constraint, *, none: str | None = None) -> _Callable[[str], Any]:
 TOL = Interval("real", 0, None)
 #: ``max_iter``: an iteration / round / node budget, an integer >= 0 (``None``: the function's own default).
 MAX_ITER = [Interval("int", 0, None), None]
-#: ``time_limit``: seconds, a finite number >= 0 (``None``: no limit).
-TIME_LIMIT = [Interval("real", 0, None), None]
+#: ``time_limit``: seconds, a number >= 0 (``inf`` or ``None``: no limit, or the function's default).
+TIME_LIMIT = [Interval("real", 0, None, finite=False), None]
 #: ``threads``: worker threads, an integer >= 1 (``None``: the machine's cores).
 THREADS = [Interval("int", 1, None), None]
 #: ``device``: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (or a ``torch.device``).

@@ -28,7 +28,6 @@ so the result is always certified the same way. Dictionaries wider than
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import scipy.sparse as sp

@@ -35,9 +35,9 @@ from .median import MedianResult
 from .median import _solve as _median
 from .rays import KeysTap, RayGroups, _group_rays, default_ray_tol
 from ..engine import engine_for
-from ..engine.local import LocalEngine, ScaledRows, one_blas_thread, raise_nonfinite
+from ..engine.local import LocalEngine, raise_nonfinite
 from ..engine.fingerprint import mismatch_error
-from .scaling import (normaliser, scale_median, scaled_lam, unscale_certificate, unscale_finite, unscale_median,
+from .scaling import (on_scaled_data, scale_median, unscale_certificate, unscale_finite, unscale_median,
                       unscaled_value)
 from ..finite import FiniteLimits, solve_finite
 
@@ -316,16 +316,11 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float | None = None, sig
 
 def _solve_wide(X, lam, tol_dir, tol, signed, progress, checkpoint, median) -> WideLimitSolution:
     """:func:`solve` without ``width``, on checked arguments (data far from unit magnitude solved rescaled)."""
-    f = normaliser(X)  # data far from unit magnitude: solved as f X, f an exact power of two
-    Xf, lam_f = (X, lam) if f == 1.0 else (ScaledRows(X, f), scaled_lam(lam, f))
-    if median is not None and f != 1.0:
-        median = scale_median(median, f, lam_f)
-    if getattr(engine_for(X), "threads", 1) > 1:  # the passes' threads use the cores; BLAS in between one
-        with one_blas_thread():
-            sol = _solve_exact(Xf, lam_f, tol_dir, tol, signed, progress, checkpoint, median)
-    else:
-        sol = _solve_exact(Xf, lam_f, tol_dir, tol, signed, progress, checkpoint, median)
-    return sol if f == 1.0 else _rescaled(sol, f, lam)
+    def run(Xf, lam_f, f):  # data far from unit magnitude: solved as f X, f an exact power of two
+        med = median if median is None or f == 1.0 else scale_median(median, f, lam_f)
+        return _solve_exact(Xf, lam_f, tol_dir, tol, signed, progress, checkpoint, med)
+
+    return on_scaled_data(X, lam, run, lambda sol, f: _rescaled(sol, f, lam))
 
 
 def _rescaled(sol: WideLimitSolution, f: float, lam: float) -> WideLimitSolution:
@@ -359,19 +354,20 @@ def _solve_width(X, lam, width, *, ray_tol, tol, progress, checkpoint, median, *
         raise ValueError(f"width={int(width)} exceeds the number of points N = {X.shape[0]} (width must be <= N)")
     wide = _solve_wide(X, lam, ray_tol, tol, False, progress, checkpoint, median)
     X = np.asarray(X, dtype=np.float64)
-    f = normaliser(X)
-    if f == 1.0:
-        sol = solve_finite(X, lam, int(width), tol=tol, wide=wide, progress=progress, **options)
-        return _with_certificate(sol, X, lam, wide.median, tol)
+
     # the search's tolerances, kernels and squared norms work near unit scale: it runs on f X (f an exact power of
     # two; data near 1e-153 were judged against an absolute 1e-300, data near 1e154 overflowed the atoms' norms)
-    lam_f = scaled_lam(lam, f)
-    events = None if progress is None else (lambda ev: progress(dataclasses.replace(
-        ev, value=None if ev.value is None else unscaled_value(ev.value, f),
-        lower_bound=None if ev.lower_bound is None else ev.lower_bound / f / f)))
-    sol = solve_finite(X * f, lam_f, int(width), tol=tol, wide=_rescaled(wide, 1.0 / f, lam_f), progress=events,
-                       **options)
-    return _with_certificate(unscale_finite(sol, f, lam), X, lam, wide.median, tol)
+    def run(Xf, lam_f, f):
+        if f == 1.0:
+            return solve_finite(X, lam, int(width), tol=tol, wide=wide, progress=progress, **options)
+        events = None if progress is None else (lambda ev: progress(dataclasses.replace(
+            ev, value=None if ev.value is None else unscaled_value(ev.value, f),
+            lower_bound=None if ev.lower_bound is None else ev.lower_bound / f / f)))
+        return solve_finite(Xf[:], lam_f, int(width), tol=tol, wide=_rescaled(wide, 1.0 / f, lam_f), progress=events,
+                            **options)
+
+    sol = on_scaled_data(X, lam, run, lambda sol, f: unscale_finite(sol, f, lam), one_blas=False)
+    return _with_certificate(sol, X, lam, wide.median, tol)
 
 
 def _with_certificate(sol: FiniteSolution, X, lam, median, tol) -> FiniteSolution:

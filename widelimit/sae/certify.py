@@ -86,6 +86,7 @@ from ..engine import engine_for
 from ..engine.local import Progress
 from ..exact.gap import is_certified, relative_gap
 from ..exact.median import huber_median, huber_value
+from ..exact.stationarity import code_conditions, tangent_norms
 from ..learn.same_width import same_width_witness
 from .formats import as_sae
 from .options import CERTIFY_CONSTRAINTS
@@ -387,11 +388,9 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
                 ZR += ZsT @ R
                 tok = _kernels.token_sums(x, xt, R)
             C = R @ Ut.T
-            cz = C[rows, cols]
-            viol_on = viol_on.scatter_reduce(0, cols, (cz - lam).abs(), reduce="amax")
-            C[rows, cols] = -math.inf  # silent tokens: the firing entries masked, then restored
-            viol_off = torch.maximum(viol_off, torch.relu(C.amax(0) - lam))
-            C[rows, cols] = cz
+            on_err, off_max = code_conditions(C, rows, cols, lam)  # the first-order kernel (exact/stationarity.py)
+            viol_on = torch.maximum(viol_on, on_err)
+            viol_off = torch.maximum(viol_off, torch.relu(off_max - lam))
             count += torch.bincount(cols, minlength=k).to(torch.float64)
             code_sum += torch.bincount(cols, weights=zv, minlength=k)
             sum_x2 += float(tok[:, 0].sum())
@@ -484,11 +483,8 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     certified = is_certified(global_gap, sae_obj, tol=tol)
 
     # ---- per-feature diagnostics ------------------------------------------------------------
-    def tangent(ZRm):
-        # sum_i z_id <u_d, r_i> = <u_d, (Z^T R)_d>: the radial part of the atom gradient
-        zcm = (ZRm * Ut).sum(1)
-        g = (ZRm - zcm[:, None] * Ut) * (2.0 / N)
-        return torch.linalg.norm(g, dim=1).cpu().numpy()
+    def tangent(ZRm):  # the atom gradient's tangent part, (2/N) ||g_d|| (exact/stationarity.py)
+        return (tangent_norms(ZRm, Ut) * (2.0 / N)).cpu().numpy()
 
     cnt = count.cpu().numpy()
     freq = cnt / N
