@@ -435,7 +435,9 @@ def shown(v) -> str:
     """A refused value as the messages show it: a number as itself (``-1``, ``2.5``, ``nan``), anything
     else with its type (``str 'abc'``, ``bool True``, ``NoneType None``)."""
     if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)):
-        return _show(v.item() if isinstance(v, np.generic) else v)
+        v = v.item() if isinstance(v, np.generic) else v
+        s = _show(v)
+        return s[:-2] if isinstance(v, float) and s.endswith(".0") else s
     return f"{type(v).__name__} {_show(v)}"
 
 
@@ -479,12 +481,9 @@ def check_real(v, name: str, *, low: float | None = None, strict: bool = False, 
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise ValueError(f"{what}, got {shown(v)}")
     v = float(v)
-    if math.isnan(v) or (finite and not math.isfinite(v)):
-        raise ValueError(f"{what}, got {v}")
-    if low is not None and (v <= low if strict else v < low):
-        raise ValueError(f"{what}, got {v:g}")
-    if high is not None and (v >= high if high_strict else v > high):
-        raise ValueError(f"{what}, got {v:g}")
+    if (math.isnan(v) or (finite and not math.isfinite(v)) or (low is not None and (v <= low if strict else v < low))
+            or (high is not None and (v >= high if high_strict else v > high))):
+        raise ValueError(f"{what}, got {shown(v)}")
     return v
 
 

@@ -108,7 +108,7 @@ def api_parameters(tmp, capsys, files):
         (lambda: wl.solve_dnn(X, lam=1.0, Q0=np.full((30, 30), np.nan)), "Q0 has a non-finite value in row 0"),
         (lambda: wl.solve_dnn(X, lam=1.0, check_every=0), "check_every must be an integer >= 1, got 0"),
         (lambda: wl.verify(X, np.eye(4), np.zeros((30, 4)), np.zeros(4), lam=1.0, median="x"),
-         "median: a Huber median at lam=1.0 of 4-dimensional data is needed, got str"),
+         "median must be a MedianResult (widelimit.huber_median) or None, got str 'x'"),
         (lambda: wl.ActivationSource.open(None), "path must be a file or folder path"),
     ]
     for call, msg in cases:
