@@ -207,7 +207,7 @@ class Data(Constraint):
 class Lam(Constraint):
     """The sparsity ``lam``: :func:`~widelimit._validation.check_lam` (finite, ``>= 2^-1022``)."""
 
-    allowed = "a positive finite number"
+    allowed = "a finite number > 0"
 
     def convert(self, value, name):
         return check_lam(value) if name == "lam" else _renamed(check_lam, value, name)

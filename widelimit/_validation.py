@@ -309,7 +309,7 @@ def check_vector(v, n: int, name: str) -> np.ndarray:
 def check_lam(lam) -> float:
     """Validate the sparsity parameter: a finite real number > 0 (not a bool, not a string)."""
     if isinstance(lam, (bool, np.bool_, str, bytes)):
-        raise ValueError(f"lam must be a positive finite number, got {type(lam).__name__} {lam!r}")
+        raise ValueError(f"lam must be a finite number > 0, got {shown(lam)}")
     try:
         if isinstance(lam, (int, float)):
             val = float(lam)
@@ -319,9 +319,9 @@ def check_lam(lam) -> float:
                 raise TypeError
             val = float(a)
     except (TypeError, ValueError):
-        raise ValueError(f"lam must be a positive finite number, got {type(lam).__name__} {str(lam)[:60]!r}") from None
+        raise ValueError(f"lam must be a finite number > 0, got {type(lam).__name__} {str(lam)[:60]!r}") from None
     if not math.isfinite(val) or val <= 0:
-        raise ValueError(f"lam must be a positive finite number, got {lam!r}")
+        raise ValueError(f"lam must be a finite number > 0, got {shown(val)}")
     if val < LAM_MIN:
         raise ValueError(f"lam must be at least {LAM_MIN!r} (the smallest normal float64; the certificate's "
                          f"rounding bounds do not hold for subnormal numbers), got {val!r}")

@@ -387,6 +387,6 @@ def test_certify_and_bound_read_a_folder_of_shards_alike(tmp_path, capsys):
         rc, out, err = cli(capsys, "certify", tmp_path / "sae", tmp_path / name, "--lam", "0.5", "--json")
         assert rc == 0 and err == "", err
         got[name] = json.loads(out)
-    for k in ("n_tokens", "sae_objective", "optimal_code_objective", "lower_bound", "global_gap"):
+    for k in ("n_points", "sae_objective", "optimal_code_objective", "lower_bound", "global_gap"):
         assert got["shards"][k] == got["all.npy"][k], k
-    assert got["all.npy"]["n_tokens"] == X.shape[0]
+    assert got["all.npy"]["n_points"] == X.shape[0]

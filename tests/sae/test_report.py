@@ -48,7 +48,7 @@ def test_metrics_match_an_independent_computation():
     assert d["gap/encoder"] + d["gap/dictionary_at_bias"] + d["gap/bias"] == pytest.approx(d["gap/global"], abs=1e-12)
     bstar = wl.huber_median(X, lam=LAM).point
     assert cert.wide_optimum_width == int((np.linalg.norm(X - bstar, axis=1) > LAM).sum())
-    assert all("/" in k or k in ("lam", "certified", "tokens", "seconds") for k in d)
+    assert all("/" in k or k in ("lam", "certified", "n_points", "time_s") for k in d)
     json.dumps(d, allow_nan=False)
 
 
@@ -110,7 +110,7 @@ def test_callback_samples_and_logs():
     for step in range(5):
         cb(step, sae)
     assert [s for s, _ in logged] == [0, 2, 4] and cb.acts.shape == (50, X.shape[1])
-    assert logged[0][1]["certify/tokens"] == 50 and "certify/gap/encoder" in logged[0][1]
+    assert logged[0][1]["certify/n_points"] == 50 and "certify/gap/encoder" in logged[0][1]
 
 
 def test_fit_out_is_a_saelens_folder_that_certify_and_sae_lens_read(tmp_path, capsys):
@@ -147,8 +147,8 @@ def test_cli_shard_folder_and_max_tokens(tmp_path, capsys):
     assert main(["certify", str(tmp_path / "sae"), str(tmp_path / "shards"), "--lam", str(LAM), "--max-tokens",
                  "50", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["n_tokens"] == 50 and d["n_tokens_total"] == X.shape[0]
-    assert d["flat"]["tokens"] == 50
+    assert d["n_points"] == 50 and d["n_points_total"] == X.shape[0]
+    assert d["flat"]["n_points"] == 50
 
 
 def test_fit_out_of_free_codes_says_its_encoder_was_not_trained(tmp_path, capsys):

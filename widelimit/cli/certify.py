@@ -43,7 +43,7 @@ def _add_certify(sub):
     p.add_argument("--out", type=Path, default=None,
                    help="write certificate.json, metrics.json, features.csv, feature_frequency.png, "
                         "feature_violations.png here")
-    p.add_argument("--tol", type=nonneg_float, default=1e-6, help="certified_optimal iff global gap <= tol * objective")
+    p.add_argument("--tol", type=nonneg_float, default=1e-6, help="certified iff global gap <= tol * objective")
     p.add_argument("--coding-tol", type=positive_float, default=1e-6, help="relative duality gap of the optimal coding per token")
     p.add_argument("--batch-size", type=positive_int, default=4096, help="tokens per batch")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")

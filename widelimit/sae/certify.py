@@ -25,7 +25,7 @@ Three numbers bracket it, every one certified:
     global_gap = encoder_gap + decoder_gap_at_bias + bias_gap,
     decoder_gap_at_bias = optimal_code_objective - H(b_dec),  bias_gap = H(b_dec) - lower_bound.
 
-``certified_optimal`` is :func:`widelimit.exact.certificate.is_certified`
+``certified`` is :func:`widelimit.exact.certificate.is_certified`
 (``global_gap <= tol * sae_objective``, the one definition the toolkit uses):
 then the SAE is a global minimiser of its objective over *all* widths, to that
 tolerance. Which objective (and ``lam``) is certified for each architecture is
@@ -90,6 +90,7 @@ from ..exact.stationarity import code_conditions, tangent_norms
 from ..learn.same_width import same_width_witness
 from .formats import as_sae
 from .options import CERTIFY_CONSTRAINTS
+from ..results import CertifiedResult, shared_dict, status_of
 from . import _kernels
 from .metrics import DEFINITIONS, ReconstructionStats
 from ._util import _DENSE_K, csr_pair as _csr_pair, diag as _diag, finish_codes as _finish_codes
@@ -107,11 +108,14 @@ __all__ = ["SAECertificate", "certify_sae", "plot_sae_certificate", "write_sae_c
 
 
 @dataclass
-class SAECertificate:
+class SAECertificate(CertifiedResult):
     """The certification report of one SAE on one set of activations.
 
     Scalars are means over tokens (float64). Per-feature arrays have length
-    ``d_sae``. See the module docstring for the definitions.
+    ``d_sae``. See the module docstring for the definitions. The shared fields of a certified result
+    (:mod:`widelimit.results`): ``value`` is ``sae_objective``, ``gap`` is ``global_gap``, ``rel_gap`` is
+    ``global_gap / sae_objective``, ``n_iter`` is ``None`` (the certification iterates only inside its parts),
+    ``time_s`` the wall-clock seconds; ``n_points`` tokens were certified (of ``n_points_total``).
     """
 
     sae_objective: float
@@ -128,10 +132,10 @@ class SAECertificate:
     decoder_gap_at_bias: float | None
     bias_gap: float
     global_gap: float
-    certified_optimal: bool
+    certified: bool
     tol: float
     lam: float
-    n_tokens: int
+    n_points: int
     d_in: int
     d_sae: int
     bias_stationarity: float
@@ -144,15 +148,33 @@ class SAECertificate:
     absorbed: list = field(repr=False)
     sae_info: dict = field(repr=False)
     optimal_bias: np.ndarray = field(repr=False)
-    seconds: float = 0.0
+    time_s: float = 0.0
     device: str = "cpu"
     notes: list = field(default_factory=list)
     stability: dict | None = None  # feature_stability summary (theory.md §5.3-§5.5), when requested
     same_width: dict | None = None  # same_width_witness summary, when requested
     objective: dict = field(default_factory=dict)
     violation_tolerance: float = 0.0
-    n_tokens_total: int | None = None
+    n_points_total: int | None = None
     wide_optimum_width: int | None = None
+
+    @property
+    def value(self) -> float:
+        return self.sae_objective
+
+    @property
+    def gap(self) -> float:
+        return self.global_gap
+
+    @property
+    def rel_gap(self) -> float:
+        return relative_gap(self.global_gap, self.sae_objective)
+
+    @property
+    def status(self) -> str:
+        return status_of(self.certified, self.sae_objective)
+
+    n_iter = None
 
     @property
     def l1_coefficient(self) -> float:
@@ -167,29 +189,29 @@ class SAECertificate:
         """JSON-serialisable summary (per-feature arrays left out; see :func:`write_sae_certificate`)."""
         enc_hi = None if self.encoder_gap is None else self.encoder_gap + (self.coding_gap or 0.0)
         return {
-            "sae_objective": self.sae_objective, "reconstruction": self.reconstruction, "penalty": self.penalty,
+            **shared_dict(self), "sae_objective": self.sae_objective, "reconstruction": self.reconstruction,
+            "penalty": self.penalty,
             "optimal_code_objective": self.optimal_code_objective, "coding_gap": self.coding_gap,
             "coding_max_gap": self.coding_max_gap, "coding_certified": self.coding_certified,
-            "lower_bound": self.lower_bound, "lower_bound_at_bias": self.lower_bound_at_bias,
+            "lower_bound_at_bias": self.lower_bound_at_bias,
             "huber_median_gap": self.huber_median_gap,
             "encoder_gap": self.encoder_gap, "encoder_gap_upper": enc_hi,
             "decoder_gap_at_bias": self.decoder_gap_at_bias, "bias_gap": self.bias_gap,
-            "global_gap": self.global_gap, "rel_global_gap": relative_gap(self.global_gap, self.sae_objective),
-            "certified_optimal": bool(self.certified_optimal), "tol": self.tol,
+            "global_gap": self.global_gap,
             "lam": self.lam, "l1_coefficient": self.l1_coefficient,
-            "n_tokens": self.n_tokens, "d_in": self.d_in, "d_sae": self.d_sae,
+            "n_points": self.n_points, "d_in": self.d_in, "d_sae": self.d_sae,
             "bias_stationarity": self.bias_stationarity, "max_residual_norm": self.max_residual_norm,
             "bias_distance": self.bias_distance, "metrics": dict(self.metrics),
             "n_violating_features": len(self.violating_features()),
             "violations": self.violations[:max_listed],
             "antipodal_pairs": self.antipodal_pairs[:max_listed],
             "absorbed": self.absorbed[:max_listed],
-            "sae": self.sae_info, "seconds": self.seconds,
-            "tokens_per_second": self.n_tokens / self.seconds if self.seconds > 0 else None,
+            "sae": self.sae_info,
+            "tokens_per_second": self.n_points / self.time_s if self.time_s > 0 else None,
             "device": self.device, "notes": list(self.notes), "stability": self.stability,
             "same_width": self.same_width,
             "objective": dict(self.objective), "violation_tolerance": self.violation_tolerance,
-            "n_tokens_total": self.n_tokens_total, "wide_optimum_width": self.wide_optimum_width,
+            "n_points_total": self.n_points_total, "wide_optimum_width": self.wide_optimum_width,
         }
 
     def as_flat_dict(self, prefix: str = "") -> dict:
@@ -227,7 +249,7 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
     max_tokens : int, optional
         Certify a random sample of this many tokens (``seed``).
     tol : float
-        ``certified_optimal`` iff ``global_gap <= tol * sae_objective``
+        ``certified`` iff ``global_gap <= tol * sae_objective``
         (:func:`widelimit.exact.certificate.is_certified`).
     coding_tol : float
         Relative per-token duality gap of the optimal coding (see :func:`widelimit.coding.optimal_codes`).
@@ -579,11 +601,11 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
         coding_certified=bool(opt_conv), lower_bound=lb, lower_bound_at_bias=h_bias,
         huber_median_gap=float(med.gap), encoder_gap=None if encoder_gap is None else float(encoder_gap),
         decoder_gap_at_bias=float(opt_obj - h_bias), bias_gap=float(h_bias - lb), global_gap=float(global_gap),
-        certified_optimal=certified, tol=float(tol), lam=lam, n_tokens=N, d_in=n, d_sae=k,
+        certified=certified, tol=float(tol), lam=lam, n_points=N, d_in=n, d_sae=k,
         bias_stationarity=bias_stat, max_residual_norm=float(max_rn),
         bias_distance=float(np.linalg.norm(b - med.point)), metrics=metrics, features=feats,
         violations=violations, antipodal_pairs=antipodal, absorbed=absorbed, sae_info=sae.summary(),
-        optimal_bias=np.asarray(med.point), seconds=secs, device=str(dev), notes=notes, stability=stab_summary,
-        same_width=same_width, objective=choice.as_dict(), violation_tolerance=float(thr), n_tokens_total=n_total,
+        optimal_bias=np.asarray(med.point), time_s=secs, device=str(dev), notes=notes, stability=stab_summary,
+        same_width=same_width, objective=choice.as_dict(), violation_tolerance=float(thr), n_points_total=n_total,
         wide_optimum_width=width_opt,
     )

@@ -57,7 +57,7 @@ def flat_dict(cert, prefix: str = "") -> dict:
     ``gap/encoder_upper``, ``gap/dictionary_at_bias``, ``gap/bias``, ``gap/global``,
     ``gap/relative``, ``bound/wide_limit``, ``bound/at_bias``, ``bound/wide_optimum_width``,
     ``lam``, ``lam/stand_in``, ``certified``, ``metrics/<name>`` (SAELens names),
-    ``features/<count>``, ``tokens``, ``seconds``.
+    ``features/<count>``, ``n_points``, ``time_s``.
     """
     m = cert.metrics
     enc_hi = None if cert.encoder_gap is None else cert.encoder_gap + (cert.coding_gap or 0.0)
@@ -71,7 +71,7 @@ def flat_dict(cert, prefix: str = "") -> dict:
         "bound/wide_optimum_width": getattr(cert, "wide_optimum_width", None),
         "lam": cert.lam, "lam/l1_coefficient": 2 * cert.lam,
         "lam/stand_in": bool(cert.objective.get("stand_in", False)),
-        "certified": bool(cert.certified_optimal),
+        "certified": bool(cert.certified),
         "features/violating": len(cert.violating_features()),
         "features/should_have_fired": len(cert.violating_features(SHOULD_HAVE_FIRED)),
         "features/dead": m.get("dead_features"), "features/dense": m.get("dense_features"),
@@ -79,7 +79,7 @@ def flat_dict(cert, prefix: str = "") -> dict:
         "diagnostics/bias_stationarity": cert.bias_stationarity,
         "diagnostics/max_residual_norm": cert.max_residual_norm,
         "diagnostics/violation_tolerance": cert.violation_tolerance,
-        "tokens": cert.n_tokens, "seconds": cert.seconds,
+        "n_points": cert.n_points, "time_s": cert.time_s,
     }
     for k, v in m.items():
         if not isinstance(v, (dict, list)) and k not in ("dead_features", "dense_features", "antipodal_pairs",
@@ -112,8 +112,8 @@ def certificate_rows(c) -> list[tuple]:
         ("objective certified", obj.get("certified_objective", "L1"), f"lam: {obj.get('lam_source', 'given')}"),
         ("SAE trained with", obj.get("training_objective", "?"), f"{c.sae_info.get('architecture')} SAE "
                                                                    f"({c.sae_info.get('source_format')})"),
-        ("tokens x d_in, d_sae", f"{c.n_tokens} x {c.d_in}, {c.d_sae}",
-         "sampled" if (c.n_tokens_total or c.n_tokens) > c.n_tokens else "all tokens"),
+        ("tokens x d_in, d_sae", f"{c.n_points} x {c.d_in}, {c.d_sae}",
+         "sampled" if (c.n_points_total or c.n_points) > c.n_points else "all tokens"),
         ("explained_variance", _g(m.get("explained_variance")), "1 - E||x - x_hat||^2 / Var(x)"),
         ("mse", _g(m.get("mse")), "mean over tokens of ||x - x_hat||^2"),
         ("cossim / l2_ratio", f"{_g(m.get('cossim'))} / {_g(m.get('l2_ratio'))}", "mean cos(x, x_hat) / ||x_hat||/||x||"),
@@ -127,7 +127,7 @@ def certificate_rows(c) -> list[tuple]:
         ("features off first order", len(c.violating_features()), "any theory.md §5 condition, same tolerance"),
         ("antipodal pairs", m.get("antipodal_pairs"), "decoder cosine near -1 (theory.md §6: optimal SAEs have them)"),
         ("absorbed-looking features", m.get("absorbed_looking"), "firing set inside another's, similar atom"),
-        ("certified optimal", c.certified_optimal, f"global gap <= {c.tol:g} * objective"),
+        ("certified optimal", c.certified, f"global gap <= {c.tol:g} * objective"),
     ]
     stab = getattr(c, "stability", None)
     if stab is not None:
@@ -156,14 +156,14 @@ def figures(cert) -> dict:
 
     F = cert.features
     freq = np.asarray(F["frequency"], dtype=np.float64)
-    floor = 0.5 / cert.n_tokens
+    floor = 0.5 / cert.n_points
     f1 = Figure(figsize=(6.4, 4.0))
     ax = f1.subplots()
     ax.hist(np.log10(np.maximum(freq, floor)), bins=50, color="tab:blue")
     ax.axvline(np.log10(floor), color="tab:red", ls=":", label=f"dead ({int(np.sum(F['dead']))})")
     ax.set_xlabel("log10 firing frequency")
     ax.set_ylabel("features")
-    ax.set_title(f"feature firing frequency ({cert.d_sae} features, {cert.n_tokens} tokens)")
+    ax.set_title(f"feature firing frequency ({cert.d_sae} features, {cert.n_points} tokens)")
     ax.legend()
     f1.tight_layout()
 
