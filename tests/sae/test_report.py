@@ -127,7 +127,7 @@ def test_fit_out_is_a_saelens_folder_that_certify_and_sae_lens_read(tmp_path, ca
     enc = wl.learn.gradient.encoder_codes(X, "standard", fit.encoder_params, fit.bias).toarray()
     np.testing.assert_allclose(s.encode(X), enc, atol=1e-12)
     # certify reads the folder with lam from its config
-    assert main(["certify", str(out), str(tmp_path / "x.npy"), "--json"]) == 0
+    assert main(["certify", str(tmp_path / "x.npy"), str(out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["lam"] == LAM and d["objective"]["lam_source"].startswith("the SAE's config")
     sl = pytest.importorskip("sae_lens")
@@ -144,7 +144,7 @@ def test_cli_shard_folder_and_max_tokens(tmp_path, capsys):
     (tmp_path / "shards").mkdir()
     np.save(tmp_path / "shards" / "a.npy", X[:60].astype(np.float32))
     np.save(tmp_path / "shards" / "b.npy", X[60:].astype(np.float32))
-    assert main(["certify", str(tmp_path / "sae"), str(tmp_path / "shards"), "--lam", str(LAM), "--max-tokens",
+    assert main(["certify", str(tmp_path / "shards"), str(tmp_path / "sae"), "--lam", str(LAM), "--max-tokens",
                  "50", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["n_points"] == 50 and d["n_points_total"] == X.shape[0]
@@ -169,7 +169,7 @@ def test_fit_out_of_free_codes_says_its_encoder_was_not_trained(tmp_path, capsys
     assert f"widelimit fit: note: {out}: {note}" in io.err
     assert any(w.startswith(note) for w in json.loads((out / "cfg.json").read_text())["metadata"]["widelimit_warnings"])
     assert any(w.startswith(note) for w in load_sae(out).warnings)
-    assert main(["certify", str(out), str(tmp_path / "x.npy"), "--json"]) == 0
+    assert main(["certify", str(tmp_path / "x.npy"), str(out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert any(n.startswith(note) for n in d["notes"]) and d["sae_objective"] > 1.5 * fit["value"]
     sl = pytest.importorskip("sae_lens")

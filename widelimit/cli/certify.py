@@ -9,7 +9,7 @@ from ._common import (_console, atomic_outputs, certificate_table, check_out_dir
                       nonneg_int, positive_float, positive_int, print_json, progress_display)
 from ..sae.report import certificate_rows
 from ..sae.certify import certify_sae, write_sae_certificate
-from ..sae.formats import load_sae
+from ..sae.formats import load_sae, looks_like_sae
 
 # --------------------------------------------------------------------------------------
 # certify (trained SAEs)
@@ -25,10 +25,10 @@ def _add_certify(sub):
         "Without --lam: the SAE's recorded l1_coefficient, or, for TopK / BatchTopK / JumpReLU SAEs, "
         "lam calibrated at equal L0.",
     )
+    p.add_argument("acts", help="activations (N, d_in), first as everywhere in widelimit (data first): .npy, "
+                                ".safetensors, .pt, .npz, a folder of shards, a datasets Arrow cache")
     p.add_argument("sae", help="SAE folder (SAELens, sparsify, dictionary_learning) or file (ae.pt, "
                                "sae_weights.safetensors with its cfg.json, .npz, .safetensors)")
-    p.add_argument("acts", help="activations (N, d_in): .npy, .safetensors, .pt, .npz, a folder of shards, "
-                                "a datasets Arrow cache")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--lam", type=lam_float, help="sparsity lam > 0 of the objective")
     g.add_argument("--l1-coefficient", type=positive_float, help="SAELens / dictionary_learning L1 coefficient (= 2 lam)")
@@ -65,6 +65,9 @@ def _certify_rows(c):
 
 def _run_certify(args) -> int:
 
+    if looks_like_sae(args.acts) and not looks_like_sae(args.sae):
+        raise ValueError(f"the activations come first: widelimit certify ACTS SAE (as certify_sae(acts, sae)); "
+                         f"{args.acts!r} is an SAE and {args.sae!r} is not")
     check_out_dir(args.out)
     sae = load_sae(args.sae, architecture=args.architecture, norm_scaling_factor=args.norm_scaling_factor)
     acts = open_activations(args.acts, key=args.key, column=args.column)
