@@ -331,7 +331,7 @@ def test_diagnostics_agree_with_first_order_conditions():
     F = cert.features
     assert np.nanmax(F["max_violation_firing"]) == pytest.approx(foc.code_active_error, rel=1e-9)
     assert np.max(F["max_violation_silent"]) == pytest.approx(max(0.0, -foc.code_margin), rel=1e-9, abs=1e-12)
-    assert np.max(F["tangent_grad_norm"]) == pytest.approx(foc.atom_residual, rel=1e-9)
+    assert np.max(F["tangent_grad_norm"]) == pytest.approx(foc.atom_gradient, rel=1e-9)
     assert cert.bias_stationarity == pytest.approx(foc.bias_residual, rel=1e-9)
 
 

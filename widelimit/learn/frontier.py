@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from .._params import (LAM, POSITIVE_INT, PROGRESS, SEED, TIME_LIMIT, TOL, Boolean, Data, InstanceOf, Passed, PathLike,
+                       validate_params)
 from .._validation import check_data, check_int, check_lam, check_seed
 from .crossval import best_fit
 from ..engine.local import Progress
@@ -88,6 +90,10 @@ class Frontier:
         }
 
 
+@validate_params({"X": Data(), "lam": LAM, "widths": InstanceOf(list, tuple, range, allowed="a list of widths"),
+                  "n_restarts": POSITIVE_INT, "seed": SEED, "inits": InstanceOf(list, tuple, allowed="a list of inits"),
+                  "sat_tol": TOL, "out": [PathLike(), None], "exact": [InstanceOf(WideLimitSolution), None], "progress": PROGRESS,
+                  "exact_widths": Boolean(), "exact_time_limit": TIME_LIMIT, "fit_kwargs": Passed("widelimit.fit_dictionary")})
 def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays", "data"),
              sat_tol: float = 1e-4, out=None, exact: WideLimitSolution | None = None, progress=None,
              exact_widths: bool = False, exact_time_limit: float = 600.0,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..._params import POSITIVE, PathLike, StrOptions, validate_params
+from ..model import ARCHITECTURES
 from ..model import SAE, SAEFormatError
 from .dictionary_learning import load_dictionary_learning
 from .objects import from_object
@@ -28,6 +30,7 @@ from .sparsify import load_sparsify
 __all__ = ["load_sae", "from_object", "as_sae", "save_saelens"]
 
 
+@validate_params({"path": PathLike(), "architecture": [StrOptions(ARCHITECTURES), None], "norm_scaling_factor": [POSITIVE, None]})
 def load_sae(path, *, architecture: str | None = None, norm_scaling_factor: float | None = None) -> SAE:
     """Load a trained SAE from any supported layout (detected from the files present).
 
