@@ -7,7 +7,8 @@ import signal
 import sys
 import threading
 
-__all__ = ["resolve_device", "torch_dtype", "default_threads", "limit_threads", "with_thread_limit"]
+__all__ = ["resolve_device", "torch_dtype", "usable_cores", "default_threads", "limit_threads", "with_thread_limit",
+           "stdout_to_stderr"]
 
 
 def resolve_device(device="auto"):
@@ -54,6 +55,14 @@ def torch_dtype(dtype):
 # --------------------------------------------------------------------------------------
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity; ``os.cpu_count()`` where that is unknown)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def default_threads() -> int:
     """The thread count the solvers use: ``WIDELIMIT_THREADS`` if set, else the usable cores (at most 8),
     or 1 when the 1-minute load average is at least twice the usable cores (other processes
@@ -73,11 +82,7 @@ def default_threads() -> int:
         if n < 1:
             raise ValueError(f"WIDELIMIT_THREADS must be a positive integer, got {env!r}")
         return n
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    cores = max(1, min(8, cores))
+    cores = min(8, usable_cores())
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # not available
@@ -196,6 +201,39 @@ def with_thread_limit(fn):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+class stdout_to_stderr:
+    """Context manager: file descriptor 1 (the C libraries' ``printf``) goes to stderr while it is open.
+
+    A solver never prints (``--json`` must be the only thing on stdout), but C solvers write to fd 1
+    directly: SCS prints ``ERROR: work memory allocation failure`` there, past ``sys.stdout``. Python's
+    own ``sys.stdout`` is flushed before and after and left alone; fd 1 is restored on exit.
+    Where fd 1 or 2 is not a real descriptor (an embedding host), nothing is redirected.
+    """
+
+    def __enter__(self):
+        self._saved = None
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self._saved = os.dup(1)
+            os.dup2(2, 1)
+        except (OSError, ValueError, AttributeError):
+            if self._saved is not None:
+                os.close(self._saved)
+            self._saved = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(self._saved, 1)
+            os.close(self._saved)
+        return False
 
 
 _SIGINT_SEEN = False

@@ -16,13 +16,22 @@ import numpy as np
 
 from ..._validation import LAM_MIN as _LAM_MIN
 from ...data.readers import unpickle_reason
+from ...data.shards import special_file, special_message
 from ..model import SAEFormatError
 
 _MISSING = object()
 
 
+def check_regular(p: Path) -> None:
+    """Refuse a named pipe, device or socket where an SAE file is expected (reading it could block forever)."""
+    kind = special_file(p)
+    if kind is not None:
+        raise SAEFormatError(special_message(p, kind))
+
+
 def read_json(p: Path) -> dict:
     """A JSON object from ``p`` (anything else is an :class:`SAEFormatError` naming the file)."""
+    check_regular(p)
     try:
         with open(p) as fh:
             d = json.load(fh)
@@ -41,6 +50,7 @@ def read_safetensors(p: Path) -> dict:
 
     if not p.exists():
         raise SAEFormatError(f"{p}: no such file")
+    check_regular(p)
     try:
         return dict(load_file(str(p)))
     except Exception as e:  # noqa: BLE001 - any reader failure is one line naming the file
@@ -54,6 +64,7 @@ def read_pt(p: Path) -> dict:
 
     if not p.exists():
         raise SAEFormatError(f"{p}: no such file")
+    check_regular(p)
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model import SAE, SAEFormatError
-from ._io import get_tensor, read_pt, read_safetensors, tensor_int
+from ._io import check_regular, get_tensor, read_pt, read_safetensors, tensor_int
 
 
 def load_plain(p: Path, *, architecture: str | None = None) -> SAE:
@@ -23,6 +23,7 @@ def load_plain(p: Path, *, architecture: str | None = None) -> SAE:
     ext = p.suffix.lower()
     stated = None
     if ext == ".npz":
+        check_regular(p)
         try:
             with np.load(p, allow_pickle=False) as z:
                 sd = {k: z[k] for k in z.files}
