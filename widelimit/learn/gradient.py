@@ -91,7 +91,7 @@ from ._steps import _fit_free, _fit_free_minibatch, _init_dictionary, _rownorm
 from ..sae.model import SAE
 from .amortised import _fit_amortised, encoder_codes
 
-__all__ = ["FitResult", "fit_dictionary", "encoder_codes", "ENCODERS", "INITS"]
+__all__ = ["FitResult", "fit_dictionary", "encoder_codes", "ENCODERS", "INITS", "fit_bytes", "check_fit_memory"]
 
 ENCODERS = ("none", "standard", "jumprelu", "topk")
 INITS = ("rays", "data", "random")
@@ -285,6 +285,18 @@ class _Reporter:
 
 
 @with_thread_limit
+def check_fit_memory(N: int, n: int, width: int, *, encoder: str = "none", batch_size=None, device="cpu") -> None:
+    """Refuse (one :class:`widelimit._memory.MemoryBudgetError` line) a fit whose :func:`fit_bytes` is above
+    the memory budget, before anything is allocated. On a GPU the large arrays live in its own memory: not checked."""
+    if resolve_device(device).type != "cpu":
+        return
+    batch = None if encoder == "none" and batch_size is None else (batch_size or 4096)
+    how = "full batch" if batch is None else f"batches of {min(N, batch)}"
+    check_memory(fit_bytes(N, n, width, batch=batch),
+                 f"fit_dictionary at width {width} on N = {N} points in n = {n} dimensions ({how})",
+                 hint="use a smaller width" + ("" if batch is not None else ", or minibatches (batch_size)"))
+
+
 def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device="auto", seed: int = 0,
                    max_steps: int | None = None, rtol: float = 1e-8, window: int = 10,
                    max_time: float | None = None, batch_size: int | None = None, code_steps: int | None = None,
@@ -410,11 +422,7 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     if int(max_steps) < 0:
         raise ValueError(f"max_steps must be >= 0, got {max_steps!r}")
     gen = torch.Generator().manual_seed(int(seed))
-    if dev.type == "cpu":  # refused before anything grows with N x width (GPU memory is the device's own)
-        batch = None if not (amortised or minibatch) else (batch_size or 4096)
-        check_memory(fit_bytes(N, n, width, batch=batch), f"fit_dictionary at width {width} on N = {N} points "
-                     f"in n = {n} dimensions ({'full batch' if batch is None else f'batches of {min(N, batch)}'})",
-                     hint="use a smaller width" + ("" if batch is not None else ", or minibatches (batch_size)"))
+    check_fit_memory(N, n, width, encoder=encoder, batch_size=batch_size, device=dev)
 
     if bias is None:
         b0 = huber_median(X, lam=lam).point

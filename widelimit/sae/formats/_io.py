@@ -93,6 +93,45 @@ def get_tensor(sd: dict, name: str, where, why: str):
     return sd[name]
 
 
+def check_unused(sd: dict, used, where, arch: str, warnings: list, ignored: dict | None = None) -> None:
+    """Refuse tensors of ``sd`` that the architecture does not read: the file may hold another model, and
+    certifying what is left would certify something else without a word.
+
+    ``used``: the names the loader read; ``ignored``: ``{name: why}`` for extras that a library
+    legitimately stores next to the weights (dictionary_learning's ``AutoEncoderTopK`` keeps a
+    ``threshold`` its top-k encoder does not read): those present are noted in ``warnings`` (the report).
+    """
+    ignored = ignored or {}
+    extra = sorted(set(sd) - set(used) - set(ignored))
+    if extra:
+        names = ", ".join(repr(e) for e in extra)
+        raise SAEFormatError(f"{where}: tensor{'s' if len(extra) > 1 else ''} {names} not used by a {arch} SAE "
+                             f"(it reads {', '.join(repr(u) for u in sorted(used))}); the file may hold another "
+                             "model: refused rather than certified as this one")
+    for name in sorted(set(ignored) & set(sd)):
+        warnings.append(f"tensor {name!r} of {where} ignored: {ignored[name]}")
+
+
+def _flat(v) -> np.ndarray:
+    return np.asarray(v.detach().cpu().double() if hasattr(v, "detach") else v, dtype=np.float64).reshape(-1)
+
+
+def same_values(name_a: str, a, name_b: str, b, where, *, rtol: float = 0.0, what: str = "") -> None:
+    """Refuse two stored forms of one quantity that disagree (``threshold`` vs ``exp(log_threshold)``, a
+    top-level ``l1_coefficient`` vs the metadata's), naming both values and ``where``. ``rtol``: the
+    rounding the two forms may differ by."""
+    va, vb = _flat(a), _flat(b)
+    if va.shape != vb.shape:
+        raise SAEFormatError(f"{where}: {name_a} has {va.size} values but {name_b} has {vb.size}{what}; refused "
+                             "(which one the SAE uses cannot be told)")
+    bad = np.flatnonzero(~(np.abs(va - vb) <= rtol * np.maximum(np.abs(va), np.abs(vb))))
+    if bad.size:
+        i = int(bad[0])
+        at = f" at entry {i}" if va.size > 1 else ""
+        raise SAEFormatError(f"{where}: {name_a} = {va[i]!r} but {name_b} = {vb[i]!r}{at}{what}; they disagree, "
+                             "refused (which one the SAE uses cannot be told): remove one")
+
+
 def tensor_int(sd: dict, name: str, where) -> int:
     """A 0-d (or one-element) integer tensor as an int; anything else names the file and tensor."""
     v = sd[name]
