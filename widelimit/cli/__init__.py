@@ -25,7 +25,7 @@ from .relax_bench import _add_relax_bench, _run_relax_bench
 from .solve import _add_solve, _run_solve
 from .. import __version__
 from .._memory import ENV, parse_bytes
-from .._runtime import interrupted
+from .._runtime import interrupted, trace, unwinding_interrupts
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -130,12 +130,15 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("widelimit: interrupted", file=sys.stderr)
         return 130
+    trace("parsed")
     run = {name: fn for name, _, fn in COMMANDS}[args.command]
     prefix = f"widelimit {args.command}"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # recorded, printed once each below
         try:
-            with _budget_env(getattr(args, "memory_budget", None)):
+            trace("running")
+            # Ctrl-C unwinds the command: its temporary outputs are removed
+            with unwinding_interrupts(), _budget_env(getattr(args, "memory_budget", None)):
                 status = int(run(args) or 0)
         except KeyboardInterrupt:
             print(f"{prefix}: interrupted", file=sys.stderr)
