@@ -17,7 +17,7 @@ from ..data.source import ActivationSource
 
 from ._common import (_console, certificate_table, check_out_file, lam_float, load_data, only_with,
                       positive_float, positive_int, print_json, progress_display)
-from ..data.shards import first_line, show
+from ..data.shards import first_line, show, special_file, special_message
 from ..exact.median import geometric_median, huber_median
 from ..engine.dask_engine import from_source
 
@@ -159,6 +159,9 @@ def _check_checkpoint(path: Path) -> None:
     check_out_file(path, "--checkpoint")
     if not path.exists():
         return
+    kind = special_file(path)
+    if kind is not None:  # a named pipe would block the read forever
+        raise ValueError(f"--checkpoint {special_message(path, kind)}")
     try:
         with open(path, "rb") as f:
             head = f.read(4)
