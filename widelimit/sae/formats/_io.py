@@ -116,6 +116,12 @@ def _flat(v) -> np.ndarray:
     return np.asarray(v.detach().cpu().double() if hasattr(v, "detach") else v, dtype=np.float64).reshape(-1)
 
 
+def _num(v) -> str:
+    """A stored number as written: ``2`` for integral values, else the float's repr (``0.07500000000000002``)."""
+    v = float(v)
+    return str(int(v)) if v.is_integer() and abs(v) < 2**53 else repr(v)
+
+
 def same_values(name_a: str, a, name_b: str, b, where, *, rtol: float = 0.0, what: str = "") -> None:
     """Refuse two stored forms of one quantity that disagree (``threshold`` vs ``exp(log_threshold)``, a
     top-level ``l1_coefficient`` vs the metadata's), naming both values and ``where``. ``rtol``: the
@@ -128,7 +134,7 @@ def same_values(name_a: str, a, name_b: str, b, where, *, rtol: float = 0.0, wha
     if bad.size:
         i = int(bad[0])
         at = f" at entry {i}" if va.size > 1 else ""
-        raise SAEFormatError(f"{where}: {name_a} = {va[i]!r} but {name_b} = {vb[i]!r}{at}{what}; they disagree, "
+        raise SAEFormatError(f"{where}: {name_a} = {_num(va[i])} but {name_b} = {_num(vb[i])}{at}{what}; they disagree, "
                              "refused (which one the SAE uses cannot be told): remove one")
 
 
