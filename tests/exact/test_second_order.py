@@ -11,28 +11,7 @@ from scipy.optimize import brentq
 import widelimit as wl
 from widelimit.exact.second_order import joint_curvature, move
 
-from test_stability import check_witnesses, plain_objective, two_shared_rays
-
-
-def exact_codes_value(X, W, b, lam):
-    """Brute force, independent of widelimit: each point's nonnegative lasso solved on every support."""
-    N, k = X.shape[0], W.shape[0]
-    total = 0.0
-    for i in range(N):
-        y = X[i] - b
-        best = float(y @ y)
-        for s in range(1, k + 1):
-            for S in itertools.combinations(range(k), s):
-                WS = W[list(S)]
-                G = WS @ WS.T
-                if np.linalg.cond(G) > 1e10:
-                    continue
-                z = np.linalg.solve(G, WS @ y - lam)
-                if np.all(z > 0):
-                    r = y - z @ WS
-                    best = min(best, float(r @ r + 2 * lam * z.sum()))
-        total += best
-    return total / N
+from fixtures.stability import check_witnesses, exact_codes_value, plain_objective, two_shared_rays
 
 
 def threshold(rho, lam):
