@@ -1,11 +1,11 @@
 """``python -m widelimit`` and the ``widelimit`` console script.
 
 Everything, the imports included, runs inside one handler: Ctrl-C at any moment prints one
-line and exits with status 130, never a traceback."""
+line and exits with status 130, never a traceback; the process ends by :func:`widelimit._runtime.exit_now`
+right after the command, so no interpreter shutdown is left for a Ctrl-C to land in."""
 
-import sys
 
-from ._runtime import exit_interrupted, interrupted, track_interrupts
+from ._runtime import exit_interrupted, exit_now, interrupted, track_interrupts
 
 
 def entry() -> None:
@@ -15,13 +15,13 @@ def entry() -> None:
         from .cli import main  # inside the handler: importing the solvers takes a second
 
         status = main()
+        if status == 130:
+            exit_interrupted()  # the line is written; past CPython's unhandled-interrupt flag
+        exit_now(status)  # inside the handler too: no interpreter shutdown for a Ctrl-C to land in
     except BaseException as e:  # noqa: BLE001 - Ctrl-C while starting up or between the command's handlers
         if not (isinstance(e, KeyboardInterrupt) or interrupted()):
             raise
         exit_interrupted("widelimit: interrupted")
-    if status == 130:
-        exit_interrupted()  # the line is written; past CPython's unhandled-interrupt flag
-    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .._json import dumps as _dumps
-from .._runtime import resolve_device
+from .._runtime import check_threads, resolve_device
 from .._validation import LAM_MIN
 from ..data import datasets
 from ..data.shards import show
@@ -74,6 +74,15 @@ def unit_interval_float(text: str) -> float:
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     return _number(text, int, 1, False)
+
+
+def threads_int(text: str) -> int:
+    """argparse type for ``--threads``: an integer from 1 to :func:`widelimit._runtime.max_threads`."""
+    v = _number(text, int, 1, False)
+    try:
+        return check_threads(v, "it")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{str(e)[3:]}") from None
 
 
 def nonneg_int(text: str) -> int:
