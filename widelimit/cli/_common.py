@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from .._json import dumps as _dumps
-from .._runtime import check_threads, resolve_device
-from .._validation import LAM_MIN
+from .._runtime import resolve_device
+from .._params import LAM, NONNEG, NONNEG_INT, POSITIVE, POSITIVE_INT, THREADS, UNIT_OPEN, cli_type
 from ..data import datasets
 from ..data.shards import show
 from ..data.source import check_values, open_activations
@@ -27,67 +27,15 @@ from ._output import atomic_outputs, check_out_dir, check_out_file, moved  # noq
 # --------------------------------------------------------------------------------------
 
 
-def _number(text: str, kind, low, strict: bool):
-    """``kind(text)`` if it is a finite number ``> low`` (``strict``) or ``>= low``; else one message."""
-    what = (f"must be an integer {'>' if strict else '>='} {low}" if kind is int
-            else f"must be a finite number {'>' if strict else '>='} {low:g}")
-    try:
-        v = kind(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"{what}, got {text!r}") from None
-    if (kind is float and not math.isfinite(v)) or (v <= low if strict else v < low):
-        raise argparse.ArgumentTypeError(f"{what}, got {text!r}")
-    return v
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0 (``nan``, ``inf``, 0 and negatives refused)."""
-    return _number(text, float, 0, True)
-
-
-def nonneg_float(text: str) -> float:
-    """argparse type: a finite number >= 0 (``nan``, ``inf`` and negatives refused)."""
-    return _number(text, float, 0, False)
-
-
-def lam_float(text: str) -> float:
-    """argparse type for ``--lam``: a finite number >= the smallest normal float64 (subnormal values refused)."""
-    v = _number(text, float, 0, True)
-    if v < LAM_MIN:
-        raise argparse.ArgumentTypeError(f"must be at least {LAM_MIN!r} (the smallest normal float64; the "
-                                         "certificate's rounding bounds do not hold for subnormal numbers), "
-                                         f"got {text!r}")
-    return v
-
-
-def unit_interval_float(text: str) -> float:
-    """argparse type: a number strictly between 0 and 1 (a relative tolerance)."""
-    try:
-        v = float(text)
-    except (TypeError, ValueError):
-        v = math.nan
-    if not 0 < v < 1:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1), got {text!r}")
-    return v
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    return _number(text, int, 1, False)
-
-
-def threads_int(text: str) -> int:
-    """argparse type for ``--threads``: an integer from 1 to :func:`widelimit._runtime.max_threads`."""
-    v = _number(text, int, 1, False)
-    try:
-        return check_threads(v, "it")
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{str(e)[3:]}") from None
-
-
-def nonneg_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    return _number(text, int, 0, False)
+# built from the constraints of the Python parameters (widelimit/_params.py), so that a flag and its
+# parameter are refused with the same words: ``argument --tol: must be a finite number >= 0, got -1.0``
+positive_float = cli_type(POSITIVE)  #: a finite number > 0
+nonneg_float = cli_type(NONNEG)  #: a finite number >= 0 (``nan``, ``inf`` and negatives refused)
+lam_float = cli_type(LAM)  #: ``--lam``: a finite number >= the smallest normal float64
+unit_interval_float = cli_type(UNIT_OPEN)  #: a number strictly between 0 and 1
+positive_int = cli_type(POSITIVE_INT)  #: an integer >= 1
+nonneg_int = cli_type(NONNEG_INT)  #: an integer >= 0
+threads_int = cli_type(THREADS[0])  #: ``--threads``: an integer from 1 to 4 per usable core
 
 
 class Parser(argparse.ArgumentParser):

@@ -51,7 +51,7 @@ from .newton import line_min, newton_direction
 from .gap import relative_gap
 from .median_bound import ETA, check_consistent, gamma, lower_bound, norm, sum_depth
 from .median_checkpoint import load_problem_state, saved_state, verified_mean
-from .scaling import full_normaliser, normaliser, scaled_lam, unscale_median
+from .scaling import full_normaliser, normaliser, on_scaled_data, unscale_median
 from ..engine.checkpoint import checkpoint_lock
 from ..engine.fingerprint import mismatch_error
 from ..engine.kernels import median_rows
@@ -60,8 +60,6 @@ from ..engine.local import (
     FloatOverflow,
     LocalEngine,
     Progress,
-    ScaledRows,
-    one_blas_thread,
     raise_nonfinite,
     save_checkpoint,
     scratch,
@@ -254,13 +252,9 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
     max_iter, hess_rows, seed = check_int(max_iter, "max_iter", low=1), check_int(hess_rows, "hess_rows", low=1), \
         check_seed(seed)
     def run(f):
-        Xf, lam_f = (X, lam) if f == 1.0 else (ScaledRows(X, f), None if lam is None else scaled_lam(lam, f))
-        if getattr(engine_for(X), "threads", 1) > 1:
-            with one_blas_thread():
-                res = _solve_passes(Xf, lam_f, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap)
-        else:
-            res = _solve_passes(Xf, lam_f, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap)
-        return res if f == 1.0 else unscale_median(res, f, lam)
+        return on_scaled_data(X, lam, lambda Xf, lam_f, _: _solve_passes(
+            Xf, lam_f, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap),
+            lambda res, f_: unscale_median(res, f_, lam), f=f)
 
     f = normaliser(X)
     with contextlib.nullcontext() if checkpoint is None else checkpoint_lock(checkpoint):  # one writer at a time
