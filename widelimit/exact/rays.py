@@ -27,7 +27,7 @@ import numpy as np
 
 from .._validation import check_data, check_lam, check_vector, chunk_rows
 from ..engine.kernels import grid_pairs, median_rows
-from .median import _NO_W
+from .median_pass import _NO_W
 from ..engine import engine_for
 from ..engine.local import raise_nonfinite
 
