@@ -9,7 +9,7 @@ every atom's cap of angle ``theta`` centred on ``W*``, this script measures side
 * the objective's own rise ``(V(W) - L*) / L*`` at dictionaries tilted by ``theta`` in random tangent
   directions (median and minimum of ``--tilts``), ``V(W)`` the exact optimum over codes and bias;
 * at the same tilts, the value ``q(u(W))`` of the second-order bound's dual point itself (built
-  explicitly, as in tests/test_finite_taylor.py, with every point that is not on ``n`` atoms carrying):
+  explicitly, as in tests/finite/test_taylor.py, with every point that is not on ``n`` atoms carrying):
   the largest loss ``(L* - q(u(W))) / L*`` over the tilts where ``u(W)`` is feasible. The gap between
   this and the bound's loss is what the bound's norm estimates give away;
 * the robust affine dual bound of docs/theory.md §7.7 (``--no-affine`` skips it): the best dual point

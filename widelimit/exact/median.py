@@ -38,13 +38,12 @@ set can then be a segment (e.g. ``{-5, 5}`` with ``lam = 1``: every
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
-import hashlib
-import json
 
 from .._validation import _finite_chunk, check_data, check_int, check_lam, check_seed, check_tol, check_vector, check_weights
 from .collinear import collinear_fit, project_chunk, solve_1d
@@ -52,14 +51,15 @@ from .newton import line_min, newton_direction
 from .gap import relative_gap
 from .median_bound import ETA, check_consistent, gamma, lower_bound, norm, sum_depth
 from .median_pass import _grad, _merge_pass, _pass, _pass_chunk
+from .median_checkpoint import load_problem_state, saved_state, verified_mean
 from .scaling import full_normaliser, normaliser, on_scaled_data, unscale_median
+from ..engine.checkpoint import checkpoint_lock
 from ..engine.fingerprint import mismatch_error
 from ..engine import engine_for
 from ..engine.local import (
     FloatOverflow,
     LocalEngine,
     Progress,
-    load_checkpoint,
     save_checkpoint,
 )
 
@@ -145,7 +145,6 @@ class MedianResult:
 # --------------------------------------------------------------------------------------
 
 
-_CKPT_VERSION = 2
 
 #: Secant pairs of the last iterations that correct the subsample Newton matrix (BFGS updates).
 SECANT_PAIRS = 2
@@ -166,13 +165,14 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
             lambda res, f_: unscale_median(res, f_, lam), f=f)
 
     f = normaliser(X)
-    try:
-        res = run(f)
-    except FloatOverflow:  # the sampled rows missed the largest: scale from all of them, once
-        f_all = full_normaliser(X)
-        if f_all == f:
-            raise
-        res = run(f_all)
+    with contextlib.nullcontext() if checkpoint is None else checkpoint_lock(checkpoint):  # one writer at a time
+        try:
+            res = run(f)
+        except FloatOverflow:  # the sampled rows missed the largest: scale from all of them, once
+            f_all = full_normaliser(X)
+            if f_all == f:
+                raise
+            res = run(f_all)
     return res if w is None or bool(np.all(w == 1.0)) else dataclasses.replace(res, weighted=True)
 
 
@@ -228,17 +228,8 @@ class _Run:
         """The checkpoint's problem description and saved state (``None`` when there is none)."""
         if self.checkpoint is None:
             return None, None
-        w = self.w
-        problem = {
-            "version": _CKPT_VERSION, "kind": self.kind, "lam": self.lam, "tol": self.tol, "xtol": self.xtol,
-            "max_iter": self.max_iter, "hess_rows": self.hess_rows, "seed": self.seed, "shape": [self.N, self.n],
-            "weights": None if w is None else hashlib.sha1(w.tobytes()).hexdigest(),
-        }
-        state = load_checkpoint(self.checkpoint)
-        if state is not None and state[0].get("problem") != json.loads(json.dumps(problem)):
-            raise ValueError(f"{self.checkpoint}: checkpoint of a different problem (data, lam, weights or "
-                             "settings changed); delete it or choose another path")
-        return problem, state
+        return load_problem_state(self.checkpoint, self.kind, self.lam, self.tol, self.xtol, self.max_iter,
+                                  self.hess_rows, self.seed, self.N, self.n, self.w)
 
     def report(self, stage, val=None, lb=None):
         if self.progress is not None:
@@ -283,14 +274,17 @@ class _Run:
         if self.kind == "geometric":  # distances below this count as coinciding with b
             self.eps_r = 8.0 * _EPS * max(1.0, float(np.abs(mean_sub).max()))
         if self.state is not None:
-            # resume: one certifying pass at the saved point re-reads (and hashes) every row, so
-            # nothing saved is trusted unless the data are the very data it was computed on
+            # resume: one certifying pass at the saved point re-reads (and hashes) every row; nothing saved is
+            # trusted for what certifies: the bound is this pass's, the saved mean is checked against the
+            # mean this pass computes (docs/theory.md §8.5)
             meta, arr = self.state
-            b = arr["b"]
+            N, W, gK = self.N, self.W, self.gK
+            b = saved_state(self.checkpoint, meta, arr, self.n, lambda v: 4.0 * gK * abs(v) + 4.0 * N * ETA / W)
             p, val, lb = self.certify(b, "resume", stats=True)
             if engine.fingerprint != meta["fingerprint"]:
                 raise mismatch_error(f"{self.checkpoint}: the checkpoint", meta["fingerprint"], engine.fingerprint)
-            self.mean, self.e_mean = arr["mean"], float(meta["e_mean"])
+            self.mean, self.e_mean = verified_mean(self.checkpoint, arr["mean"], meta["e_mean"], b + p.dsum / W,
+                                                   4.0 * gK * (p.rmax + norm(b)))
             return b, p, val, lb, None
         # warm start: solve on the subsample (in memory, cheap), then polish on all data
         if self.m < self.N:
@@ -394,11 +388,10 @@ class _Run:
         if self.state is None:
             history, it, small_step, prev_step, passes0 = [(val, lb)], 0, False, 0.0, 0
             pairs = np.zeros((0, 2, n))  # secant pairs (step, change of the gradient) of the last iterations
-        else:  # the saved bound is valid: it was computed on these data (same fingerprint)
+        else:  # the saved trajectory (iterations, secant pairs, history) steers the iterations; it certifies nothing
             meta, arr = self.state
-            lb = max(lb, meta["lb"])
             it, small_step = meta["it"], meta["small_step"]
-            prev_step = float(meta.get("prev_step", 0.0))
+            prev_step = float(meta["prev_step"])
             pairs = arr["pairs"] if "pairs" in arr else np.zeros((0, 2, n))
             history = [tuple(h) for h in arr["history"].tolist()]
             passes0 = meta["passes"]
@@ -410,6 +403,7 @@ class _Run:
                     "lb": lb, "it": it, "small_step": bool(small_step), "prev_step": prev_step,
                     "passes": passes0 + self.engine.passes,
                 }, {"mean": self.mean, "b": b, "history": np.asarray(history, dtype=np.float64), "pairs": pairs})
+                # ("lb" is kept for people reading the file; a resume recomputes the bound, never reads it)
 
         save()
         self.report("newton", val, lb)
@@ -445,6 +439,7 @@ class _Run:
             save()
             self.report("newton", val, lb)
         gap = val - lb
+        check_consistent(val, 4.0 * self.gK * val + 4.0 * self.N * ETA / self.W, lb, "the median's objective")
         return MedianResult(
             point=b, value=val, lower_bound=lb, gap=gap, segment=np.stack([b, b]),
             n_passes=passes0 + self.engine.passes, n_iter=it, converged=converged or self.done(gap, val),

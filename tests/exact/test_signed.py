@@ -86,7 +86,7 @@ def test_signed_matches_unsigned_value_and_counts_lines(seed, n, N, lam):
     sgn = wl.solve(X, lam=lam, signed=True)
     assert sgn.value == pytest.approx(uns.value, rel=1e-9, abs=1e-12)
     # same bound, same bias: certified exactly when the nonnegative solution is (the Huber median's
-    # convergence is checked in tests/test_median.py::test_no_stall_when_points_sit_near_the_lam_sphere)
+    # convergence is checked in tests/exact/test_median.py::test_no_stall_when_points_sit_near_the_lam_sphere)
     assert sgn.certificate.gap == pytest.approx(uns.certificate.gap, rel=1e-6, abs=1e-12)
     assert sgn.width <= uns.width
     assert sgn.width == _count_lines(X, sgn.bias, lam)

@@ -14,6 +14,8 @@ import widelimit as wl
 from widelimit.finite import node_lower_bound
 from widelimit.finite.bnb import _polish, box_cap, face_directions
 
+from fixtures.optima import fixed_dictionary_optimum as _fixed_dictionary_optimum
+
 
 def _data(seed, N, n, scale=2.0):
     return np.random.default_rng(seed).standard_normal((N, n)) * scale
@@ -31,17 +33,6 @@ def _relaxation_cvxpy(X, lam, caps):
     R = sum(Ys) + np.ones((N, 1)) @ cp.reshape(b, (1, n), order="C") - X
     obj = (cp.sum_squares(R) + 2 * lam * sum(cp.sum(cp.norm(Y, 2, axis=1)) for Y in Ys)) / N
     prob = cp.Problem(cp.Minimize(obj), cons)
-    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
-    return prob.value
-
-
-def _fixed_dictionary_optimum(X, W, lam):
-    """min over Z >= 0, b of the objective for a fixed dictionary (a convex QP, cvxpy/Clarabel)."""
-    N, n = X.shape
-    Z = cp.Variable((N, W.shape[0]), nonneg=True)
-    b = cp.Variable(n)
-    R = Z @ W + np.ones((N, 1)) @ cp.reshape(b, (1, n), order="C") - X
-    prob = cp.Problem(cp.Minimize((cp.sum_squares(R) + 2 * lam * cp.sum(Z)) / N))
     prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
     return prob.value
 
@@ -185,21 +176,23 @@ def test_agrees_with_scip(seed, k):
 
     X = _data(seed, 6, 2)
     sol = wl.solve(X, lam=0.3, width=k)
-    ref = solve_scip(X, 0.3, k, time_limit=120)
+    ref = solve_scip(X, 0.3, k, time_limit=math.inf, max_iter=100_000)  # a node budget, not a time limit
     assert ref.status == "optimal" and sol.certified
     assert sol.lower_bound <= ref.value + 1e-12 and ref.lower_bound <= sol.value + 1e-12
     assert abs(sol.value - ref.value) <= 2e-6 * ref.value
 
 
 def test_3d_bounds_bracket_scip():
-    """3-D, where SCIP does not finish in CI time: its incumbent (an independent feasible value) is above
-    our certified lower bound, and its lower bound below our value; our optimum is at least as good."""
+    """3-D, where SCIP does not finish in CI time: after 200 of its nodes (a budget, so the same answer on any
+    machine under any load) its incumbent (an independent feasible value) is above our certified lower bound,
+    and its lower bound below our value; our optimum is at least as good."""
     pytest.importorskip("pyscipopt")
     from widelimit.finite.scip import solve_scip
 
     X = _data(2, 6, 3)
     sol = wl.solve(X, lam=0.3, width=2)
-    ref = solve_scip(X, 0.3, 2, time_limit=15)
+    ref = solve_scip(X, 0.3, 2, time_limit=math.inf, max_iter=200)
+    assert ref.status == "nodelimit"
     assert sol.certified
     assert sol.lower_bound <= ref.value + 1e-12 and ref.lower_bound <= sol.value + 1e-12
     assert sol.value <= ref.value * (1 + 1e-6)
@@ -483,5 +476,5 @@ def test_search_on_data_far_from_unit_scale_is_the_search_on_their_exact_rescali
 def test_a_closed_search_above_rel_tol_is_not_called_optimal():
     """rel_tol 1e-15 is below the objective's rounding: every node closes, the gap stays near 1e-12, and the
     status said "optimal" beside certified False."""
-    sol = wl.solve(_data(0, 6, 2), lam=0.1, width=1, rel_tol=1e-15, time_limit=60)
+    sol = wl.solve(_data(0, 6, 2), lam=0.1, width=1, rel_tol=1e-15, time_limit=math.inf, max_nodes=100_000)  # ~4000
     assert sol.rel_gap > 1e-15 and not sol.certified and sol.status == "resolution_limit"

@@ -1,8 +1,8 @@
 """Bad input to ``fit``, ``frontier``, ``relax`` and ``relax-bench``: one line naming the flag and the value, status 2.
 
 The project rule: bad input gets a one-line error that says what is wrong and where, exit status 2
-on the CLI, never a traceback and never a silent default. Each test below is one reviewed defect
-(numbered as in the review); each failed before its fix.
+on the CLI, never a traceback and never a silent default. Each test below is one reviewed defect,
+named by the behaviour it checks; each failed before its fix.
 """
 
 from __future__ import annotations
@@ -33,34 +33,34 @@ def _json(capsys, argv):
 
 
 # --------------------------------------------------------------------------------------
-# 1. relax --device: refused with the cvxpy solvers, checked with TORCH
+# relax --device: refused with the cvxpy solvers, checked with TORCH
 # --------------------------------------------------------------------------------------
 
 
-def test_1_relax_device_refused_without_torch(good, capsys):
+def test_relax_device_refused_without_torch(good, capsys):
     err = one_line_error(capsys, ["relax", good, "--lam", "0.5", "--device", "bogus"])
     assert "--device applies only with --solver TORCH" in err and "bogus" in err, err
     err = one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "clarabel", "--device", "cpu"])
     assert "--device applies only with --solver TORCH" in err and "--device cpu" in err, err
 
 
-def test_1_relax_device_checked_with_torch(good, capsys):
+def test_relax_device_checked_with_torch(good, capsys):
     err = one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "torch", "--device", "bogus"])
     assert "--device must be" in err and "'bogus'" in err, err
 
 
-def test_1_fit_device_checked_before_the_data(good, capsys):
+def test_fit_device_checked_before_the_data(good, capsys):
     err = one_line_error(capsys, ["fit", good, "--lam", "0.5", "--width", "2", "--device", "bogus"])
     assert "--device must be" in err and "'bogus'" in err, err
 
 
 # --------------------------------------------------------------------------------------
-# 2. fit --encoder topk needs --topk; the k used is shown
+# fit --encoder topk needs --topk; the k used is shown
 # --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("cmd", [["fit", "--width", "2"], ["frontier", "--widths", "1,2"]])
-def test_2_topk_encoder_requires_topk(good, capsys, cmd):
+def test_topk_encoder_without_topk_is_refused(good, capsys, cmd):
     argv = [cmd[0], good, "--lam", "0.5", *cmd[1:], "--encoder", "topk"]
     err = one_line_error(capsys, argv)
     assert "--encoder topk needs --topk" in err, err
@@ -70,12 +70,12 @@ def test_2_topk_encoder_requires_topk(good, capsys, cmd):
     (["fit", "--width", "2"], ["--topk must be at most --width 2", "--topk 3"]),
     (["frontier", "--widths", "2,1"], ["--topk must be at most the smallest of --widths, 1", "--topk 3"]),
 ])
-def test_2_topk_beyond_the_width(good, capsys, cmd, needles):
+def test_topk_beyond_the_width_is_refused(good, capsys, cmd, needles):
     err = one_line_error(capsys, [cmd[0], good, "--lam", "0.5", *cmd[1:], "--encoder", "topk", "--topk", "3"])
     assert all(s in err for s in needles), err
 
 
-def test_2_topk_shown_in_table_and_json(good, capsys):
+def test_topk_shown_in_table_and_json(good, capsys):
     argv = ["fit", good, "--lam", "0.5", "--width", "2", "--encoder", "topk", "--topk", "1", "--max-steps", "5",
             "--device", "cpu"]
     assert main(argv) == 0
@@ -84,7 +84,7 @@ def test_2_topk_shown_in_table_and_json(good, capsys):
 
 
 # --------------------------------------------------------------------------------------
-# 3. relax-bench parameters: integers, ranges, sizes, --seed
+# relax-bench parameters: integers, ranges, sizes, --seed
 # --------------------------------------------------------------------------------------
 
 
@@ -105,12 +105,12 @@ def test_2_topk_shown_in_table_and_json(good, capsys):
     (["--param", "dim=3", "--param", "dim=4"], ["--param dim is given twice", "dim=4"]),
     (["--seed", "-1"], ["--seed", "must be an integer >= 0, got -1"]),
 ])
-def test_3_relax_bench_parameters(capsys, argv, needles):
+def test_bad_relax_bench_parameters_are_refused(capsys, argv, needles):
     err = one_line_error(capsys, ["relax-bench", *argv])
     assert all(s in err for s in needles) and not any(s in err for s in ["got 1\n", "got 2\n", "got inf"]), err
 
 
-def test_3_family_parameters_through_the_api():
+def test_bad_family_parameters_are_refused_by_the_api():
     with pytest.raises(ValueError, match=r"^n_rays must be an integer, got 2.5$"):
         make_bench_instance("rays", 10, n_rays=2.5)
     with pytest.raises(ValueError, match=r"n_rays must be at most N = 10 .*got 12$"):
@@ -122,7 +122,7 @@ def test_3_family_parameters_through_the_api():
 
 
 # --------------------------------------------------------------------------------------
-# 4. flags given but unused are refused
+# flags given but unused are refused
 # --------------------------------------------------------------------------------------
 
 
@@ -133,7 +133,7 @@ def test_3_family_parameters_through_the_api():
     ("frontier", ["--widths", "1,2", "--exact-time-limit", "5"],
      ["--exact-time-limit applies only with --exact", "--exact-time-limit 5"]),
 ])
-def test_4_unused_fit_flags(good, capsys, cmd, argv, needles):
+def test_unused_fit_flags_are_refused(good, capsys, cmd, argv, needles):
     err = one_line_error(capsys, [cmd, good, "--lam", "0.5", *argv])
     assert all(s in err for s in needles), err
 
@@ -142,13 +142,13 @@ def test_4_unused_fit_flags(good, capsys, cmd, argv, needles):
     (["--format", "cbf"], ["--format applies only with --export", "--format cbf"]),
     (["--cone", "nonneg"], ["--cone applies only with --export", "--cone nonneg"]),
 ])
-def test_4_unused_relax_bench_flags(capsys, argv, needles):
+def test_unused_relax_bench_flags_are_refused(capsys, argv, needles):
     err = one_line_error(capsys, ["relax-bench", *argv])
     assert all(s in err for s in needles), err
 
 
 # --------------------------------------------------------------------------------------
-# 5. lists: no empty items, no duplicates
+# lists: no empty items, no duplicates
 # --------------------------------------------------------------------------------------
 
 
@@ -157,7 +157,7 @@ def test_4_unused_relax_bench_flags(capsys, argv, needles):
     ("1,2,", ["--widths has an empty item", "'1,2,'"]),
     ("1,1", ["--widths lists 1 twice", "'1,1'"]),
 ])
-def test_5_frontier_widths(good, capsys, widths, needles):
+def test_frontier_widths_with_empty_or_repeated_items_are_refused(good, capsys, widths, needles):
     err = one_line_error(capsys, ["frontier", good, "--lam", "0.5", "--widths", widths])
     assert all(s in err for s in needles), err
 
@@ -168,33 +168,33 @@ def test_5_frontier_widths(good, capsys, widths, needles):
     (["--family", "random,,rays"], ["--family has an empty item", "'random,,rays'"]),
     (["--family", "rays,rays"], ["--family lists rays twice", "'rays,rays'"]),
 ])
-def test_5_relax_bench_lists(capsys, argv, needles):
+def test_relax_bench_lists_with_empty_or_repeated_items_are_refused(capsys, argv, needles):
     err = one_line_error(capsys, ["relax-bench", *argv])
     assert all(s in err for s in needles), err
 
 
 # --------------------------------------------------------------------------------------
-# 6. --exact-time-limit checked at parse time, by its flag
+# --exact-time-limit checked at parse time, by its flag
 # --------------------------------------------------------------------------------------
 
 
-def test_6_exact_time_limit_negative(good, capsys):
+def test_negative_exact_time_limit_is_refused_at_parse_time(good, capsys):
     argv = ["frontier", good, "--lam", "0.5", "--widths", "1,2", "--exact", "--exact-time-limit", "-1"]
     err = one_line_error(capsys, argv)
     assert "argument --exact-time-limit" in err and "got -1" in err and not any(s in err for s in ["time_limit"]), err
 
 
 # --------------------------------------------------------------------------------------
-# 7. echo what the user typed; a file is not a folder
+# echo what the user typed; a file is not a folder
 # --------------------------------------------------------------------------------------
 
 
-def test_7_relax_solver_echoed_as_typed(good, capsys):
+def test_relax_solver_echoed_as_typed(good, capsys):
     err = one_line_error(capsys, ["relax", good, "--lam", "0.5", "--solver", "bogus"])
     assert "--solver" in err and "'bogus'" in err and not any(s in err for s in ["BOGUS"]), err
 
 
-def test_7_relax_bench_export_is_a_file(tmp_path, capsys):
+def test_relax_bench_export_that_is_a_file_is_refused(tmp_path, capsys):
     f = tmp_path / "good.csv"
     f.write_text("1,2\n3,4\n")
     err = one_line_error(capsys, ["relax-bench", "--export", str(f)])
@@ -206,11 +206,11 @@ def test_7_relax_bench_export_is_a_file(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------------------
-# 8. frontier records the plot's final path
+# frontier records the plot's final path
 # --------------------------------------------------------------------------------------
 
 
-def test_8_frontier_records_the_final_plot_path(good, tmp_path, capsys, monkeypatch):
+def test_frontier_records_the_final_plot_path(good, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     d = _json(capsys, ["frontier", good, "--lam", "0.5", "--widths", "1,2", "--out", "fr", "--json",
                        "--max-steps", "5", "--restarts", "1", "--device", "cpu"])
@@ -220,11 +220,11 @@ def test_8_frontier_records_the_final_plot_path(good, tmp_path, capsys, monkeypa
 
 
 # --------------------------------------------------------------------------------------
-# 9. fit says when the batch is the whole data
+# fit says when the batch is the whole data
 # --------------------------------------------------------------------------------------
 
 
-def test_9_fit_batch_at_least_n_is_the_full_data(good, capsys):
+def test_fit_batch_at_least_n_is_the_full_data(good, capsys):
     argv = ["fit", good, "--lam", "0.5", "--width", "2", "--batch-size", "100", "--max-steps", "5", "--device", "cpu"]
     d = _json(capsys, [*argv, "--json"])
     assert d["batch_size"] == 8 and d["full_batch"] is True

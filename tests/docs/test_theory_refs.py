@@ -18,7 +18,7 @@ works listed in ``EXTERNAL``.
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 THEORY = ROOT / "docs" / "theory.md"
 HEADING = re.compile(r"^#{2,4} §(\d+(?:\.\d+)*) \S", re.M)
 
@@ -133,7 +133,7 @@ def test_a_broken_reference_of_each_form_fails(tmp_path):
     forms = [  # (file, a reference in it, the same reference broken)
         ("widelimit/exact/newton.py", "theory.md §4.2", "theory.md §4.9"),  # plain, in the package
         ("benchmarks/exact_vs_cvxpy.py", "theory.md §3", "theory.md §33"),  # benchmarks/
-        ("tests/test_stationarity.py", "theory.md §5", "theory.md §55"),  # tests/
+        ("tests/exact/test_stationarity.py", "theory.md §5", "theory.md §55"),  # tests/
         ("widelimit/lab/experiments/minilm_sae.py", "theory.md\n§1", "theory.md\n§11"),  # split across lines
         ("docs/api.md", "[theory](theory.md) §7", "[theory](theory.md) §77"),  # link form
         ("docs/index.md", "[finite width](theory.md) §7", "[finite width](theory.md) §77"),  # link, other text

@@ -275,9 +275,11 @@ def test_cli_certify_stability_on_an_optimal_sae(tmp_path, capsys):
     """At a certified global optimum no witness can exist below the wide-limit lower bound."""
     import json
 
-    from test_sae_certify import LAM, orthogonal_rays_sae, save_saelens
+    from fixtures.saes import orthogonal_rays_sae
+    from widelimit.sae.formats import save_saelens
     from widelimit.cli import main
 
+    LAM = 0.5
     X, sae = orthogonal_rays_sae(LAM, seed=9)
     save_saelens(sae, tmp_path / "sae")
     np.save(tmp_path / "acts.npy", X)
