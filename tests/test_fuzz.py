@@ -282,7 +282,7 @@ def test_relax_refused_exactly_above_the_budget_before_building(N, n, cone, solv
 @given(N=st.integers(1, 10**6), n=st.integers(1, 10**5), hess=st.integers(1, 8192), budget=st.integers(1, 2**34))
 def test_median_subsample_is_the_largest_that_fits(N, n, hess, budget):
     from widelimit._memory import MemoryBudgetError
-    from widelimit.exact.median import median_bytes, subsample_rows
+    from widelimit.exact.newton import median_bytes, subsample_rows
 
     try:
         m = subsample_rows(N, n, hess, budget=budget)
