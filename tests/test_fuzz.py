@@ -688,39 +688,11 @@ def test_servers_that_are_not_dask(files, capsys, banner, close):
     """Class 10: whatever a non-Dask server answers (any bytes, then a close or silence), ``--dask`` at its
     address is one line naming the address (it was "Unable to allocate 3.01 EiB" or an internal error)."""
     pytest.importorskip("distributed")
-    import socket
-    import threading
+    from fixtures.servers import banner_server
 
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    srv.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve():
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                continue
-            try:
-                c.sendall(banner)
-                if not close:
-                    c.recv(16)
-            except OSError:
-                pass
-            c.close()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    addr = f"tcp://127.0.0.1:{srv.getsockname()[1]}"
-    try:
+    with banner_server(banner, close) as addr:
         rc, out, err = cli(capsys, "bound", files["npy"], "--lam", "1", "--dask", addr, "--dask-timeout", "3",
                            "--no-progress")
-    finally:
-        stop.set()
-        t.join()
-        srv.close()
     assert rc == 2 and out == "", (rc, err)
     line = one_line(err)
     assert line.startswith(f"widelimit bound: error: --dask {addr}: ") and "EiB" not in line, line

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,8 @@ import pytest
 
 import widelimit as wl
 from widelimit.cli import flagify, main
+
+from fixtures.servers import banner_server
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,32 +40,9 @@ def data(tmp_path):
 
 @pytest.fixture
 def not_dask():
-    """A TCP server that answers like an SSH server: Dask read its banner as a frame length of exabytes."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    stop = threading.Event()
-
-    def serve():
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                continue
-            try:
-                c.sendall(b"SSH-2.0-OpenSSH_8.9p1 Ubuntu-3ubuntu0.1\r\n" + b"\xff" * 64)
-                c.recv(16)
-            except OSError:
-                pass
-            c.close()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield f"tcp://127.0.0.1:{srv.getsockname()[1]}"
-    stop.set()
-    t.join()
-    srv.close()
+    """A server that answers like an SSH server: Dask read its banner as a frame length of exabytes."""
+    with banner_server(b"SSH-2.0-OpenSSH_8.9p1 Ubuntu-3ubuntu0.1\r\n" + b"\xff" * 64) as addr:
+        yield addr
 
 
 def test_a_server_that_is_not_dask(data, not_dask, capsys):
