@@ -10,7 +10,7 @@ import threading
 import time
 
 __all__ = ["resolve_device", "torch_dtype", "usable_cores", "max_threads", "check_threads", "default_threads",
-           "limit_threads", "with_thread_limit"]
+           "limit_threads", "with_thread_limit", "stdout_to_stderr"]
 
 
 def resolve_device(device="auto"):
@@ -223,6 +223,39 @@ def with_thread_limit(fn):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+class stdout_to_stderr:
+    """Context manager: file descriptor 1 (the C libraries' ``printf``) goes to stderr while it is open.
+
+    A solver never prints (``--json`` must be the only thing on stdout), but C solvers write to fd 1
+    directly: SCS prints ``ERROR: work memory allocation failure`` there, past ``sys.stdout``. Python's
+    own ``sys.stdout`` is flushed before and after and left alone; fd 1 is restored on exit.
+    Where fd 1 or 2 is not a real descriptor (an embedding host), nothing is redirected.
+    """
+
+    def __enter__(self):
+        self._saved = None
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self._saved = os.dup(1)
+            os.dup2(2, 1)
+        except (OSError, ValueError, AttributeError):
+            if self._saved is not None:
+                os.close(self._saved)
+            self._saved = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(self._saved, 1)
+            os.close(self._saved)
+        return False
 
 
 _SIGINT_SEEN = False
