@@ -65,6 +65,36 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
     meta = cfg_get(cfg, "metadata", cfg_path, "dict", None) or cfg_get(cfg, "meta", cfg_path, "dict", None) or {}
     major = _version_major(cfg, meta, cfg_path)
     legacy = major < 6 and not (major == 0 and ("metadata" in cfg or "meta" in cfg))
+    arch = _architecture(cfg, cfg_path, architecture)
+    reshape = cfg_get(cfg, "reshape_activations", cfg_path, "str", "none")
+    if reshape not in ("none", "hook_z"):
+        raise SAEFormatError(f"{cfg_path}: unsupported reshape_activations {reshape!r}")
+    norm = _normalisation(cfg, cfg_path)
+    apply = cfg_get(cfg, "apply_b_dec_to_input", cfg_path, "bool", True)
+    rescale = cfg_get(cfg, "rescale_acts_by_decoder_norm", cfg_path, "bool", False)
+    d_in = cfg_get(cfg, "d_in", cfg_path, "pos_int", None)
+    d_sae = cfg_get(cfg, "d_sae", cfg_path, "pos_int", None)
+    cfg_dtype = cfg_get(cfg, "dtype", cfg_path, "str", None)
+    warnings: list[str] = []
+    check_config_dtype(cfg_dtype, sd, warnings)
+    kw, k = _weights(cfg, sd, arch, cfg_path, w_path, warnings)
+    norm, folded = _fold_norm(norm, norm_scaling_factor, kw, cfg_path, warnings)
+    l1 = _l1_coefficient(cfg, meta, cfg_path, folded, warnings)
+    saved = meta.get("widelimit_warnings", cfg.get("widelimit_warnings", []))
+    warnings.extend(str(w) for w in saved if isinstance(saved, list))
+    train_arch = cfg_get(meta, "training_architecture", cfg_path, "str", None, prefix="metadata.")
+    train_arch = _TRAINING_ONLY.get(train_arch, train_arch)
+    sae = SAE(**kw, architecture=arch, k=k, apply_b_dec_to_input=apply, normalize_activations=norm,
+              rescale_acts_by_decoder_norm=rescale,
+              source_format=source_format or ("saelens-legacy" if legacy else "saelens"), path=path, dtype=dtype_name(sd), l1_coefficient=l1,
+              training_architecture=None if train_arch == arch else train_arch, config=cfg, warnings=warnings)
+    check_dims(sae, cfg_path, d_in, d_sae)
+    return sae
+
+
+def _architecture(cfg, cfg_path, architecture) -> str:
+    """The SAE's architecture from ``architecture`` or ``activation_fn_str`` (pre-6 configs), checked against the
+    one asked for and the ones supported (transcoders and training checkpoints refused)."""
     arch = cfg_get(cfg, "architecture", cfg_path, "str", None)
     act = cfg_get(cfg, "activation_fn_str", cfg_path, "str", None)
     if act is None:
@@ -91,22 +121,23 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
                              "(which writes it as jumprelu with its threshold) and certify that folder")
     if arch not in _ARCHS:
         raise SAEFormatError(f"{cfg_path}: unsupported SAELens architecture {arch!r}; supported: {', '.join(_ARCHS)}")
-    reshape = cfg_get(cfg, "reshape_activations", cfg_path, "str", "none")
-    if reshape not in ("none", "hook_z"):
-        raise SAEFormatError(f"{cfg_path}: unsupported reshape_activations {reshape!r}")
+    return arch
+
+
+def _normalisation(cfg, cfg_path) -> str:
+    """The activation normalisation (``normalize_activations``; pre-6 configs have a boolean)."""
     norm = cfg.get("normalize_activations", "none")
     if isinstance(norm, bool):  # pre-6 boolean form
         norm = "expected_average_only_in" if norm else "none"
     norm = "none" if norm is None else cfg_get({"normalize_activations": norm}, "normalize_activations", cfg_path, "str")
     if norm == "covariance_whitening":
         raise SAEFormatError(f"{cfg_path}: normalize_activations='covariance_whitening' is not supported")
-    apply = cfg_get(cfg, "apply_b_dec_to_input", cfg_path, "bool", True)
-    rescale = cfg_get(cfg, "rescale_acts_by_decoder_norm", cfg_path, "bool", False)
-    d_in = cfg_get(cfg, "d_in", cfg_path, "pos_int", None)
-    d_sae = cfg_get(cfg, "d_sae", cfg_path, "pos_int", None)
-    cfg_dtype = cfg_get(cfg, "dtype", cfg_path, "str", None)
-    warnings: list[str] = []
-    check_config_dtype(cfg_dtype, sd, warnings)
+    return norm
+
+
+def _weights(cfg, sd, arch, cfg_path, w_path, warnings):
+    """The tensors of the SAE (as :class:`SAE` keywords) and ``k`` (topk): the encoder's by architecture, the
+    JumpReLU thresholds, a finetuning scaling factor folded into ``W_dec`` (noted in ``warnings``)."""
     kw = {"W_dec": get_tensor(sd, "W_dec", w_path, "the decoder"),
           "b_dec": get_tensor(sd, "b_dec", w_path, "the decoder bias"),
           "W_enc": get_tensor(sd, "W_enc", w_path, f"{arch} encoder")}
@@ -148,6 +179,12 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
         else:
             raise SAEFormatError(f"{w_path}: tensor 'scaling_factor' has shape {tuple(sf.shape)}, "
                                  f"expected ({kw['W_dec'].shape[0]},)")
+    return kw, k
+
+
+def _fold_norm(norm, norm_scaling_factor, kw, cfg_path, warnings):
+    """Fold the dataset norm scaling factor into the weights for ``expected_average_only_in`` (it is not stored in
+    the files): returns the normalisation left (``"none"``) and the factor folded (``None`` when none)."""
     folded = None  # the norm scaling factor folded into the weights
     if norm == "expected_average_only_in":
         if norm_scaling_factor is None:
@@ -161,6 +198,11 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
         warnings.append(f"norm scaling factor {float(norm_scaling_factor):g} folded into the weights")
     elif norm_scaling_factor is not None:
         raise SAEFormatError(f"{cfg_path}: norm_scaling_factor given but the SAE uses normalize_activations={norm!r}")
+    return norm, folded
+
+
+def _l1_coefficient(cfg, meta, cfg_path, folded, warnings):
+    """The training ``l1_coefficient`` (config or metadata), on raw activations when a norm factor was folded."""
     l1 = cfg_get(cfg, "l1_coefficient", cfg_path, "l1", None)
     details = cfg_get(meta, "training_architecture_details", cfg_path, "dict", {}, prefix="metadata.")
     if l1 is None:
@@ -172,16 +214,7 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
         l1 = float(l1) / folded
         warnings.append(f"l1_coefficient divided by the norm scaling factor (the SAE's objective on raw "
                         f"activations): {l1:g}")
-    saved = meta.get("widelimit_warnings", cfg.get("widelimit_warnings", []))
-    warnings.extend(str(w) for w in saved if isinstance(saved, list))
-    train_arch = cfg_get(meta, "training_architecture", cfg_path, "str", None, prefix="metadata.")
-    train_arch = _TRAINING_ONLY.get(train_arch, train_arch)
-    sae = SAE(**kw, architecture=arch, k=k, apply_b_dec_to_input=apply, normalize_activations=norm,
-              rescale_acts_by_decoder_norm=rescale,
-              source_format=source_format or ("saelens-legacy" if legacy else "saelens"), path=path, dtype=dtype_name(sd), l1_coefficient=l1,
-              training_architecture=None if train_arch == arch else train_arch, config=cfg, warnings=warnings)
-    check_dims(sae, cfg_path, d_in, d_sae)
-    return sae
+    return l1
 
 
 def _tensors(d: dict, dtype=None) -> dict:
