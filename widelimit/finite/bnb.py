@@ -24,7 +24,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from .._memory import memory_budget
 from .._runtime import default_threads
 from .._validation import check_int
 from ..engine.local import Progress
@@ -53,7 +53,8 @@ class FiniteLimits:
     max_points: int = 5000
     #: memory of the open nodes (estimated from their arrays) at which the search stops with
     #: status ``"memory_limit"``, returning its best solution and certified gap as at a time limit;
-    #: ``None``: half of the machine's physical memory
+    #: ``None``: the memory budget (:func:`widelimit._memory.memory_budget`: half of the machine's memory,
+    #: or ``--memory-budget`` / ``WIDELIMIT_MEMORY_BUDGET``)
     max_queue_bytes: int | None = None
 
 
@@ -395,7 +396,7 @@ class _Search:
         # Python objects, array headers and allocator overhead (measured: 3.66 KB per open node at N = 40,
         # n = k = 3, 4.94 KB before the buffer; most open nodes are coarse and carry no warm start Z0)
         self.node_bytes = 8 * self.root.lay.size + 520
-        self.queue_bytes = _half_the_memory() if limits.max_queue_bytes is None else limits.max_queue_bytes
+        self.queue_bytes = memory_budget() if limits.max_queue_bytes is None else limits.max_queue_bytes
         self.scale = max(abs(self.ub), 1e-300)
         self.tol_abs = 1e-3 * rel_tol * self.scale  # the relaxation's own gap, far below the search's
         self.n_nodes = 0
@@ -519,14 +520,6 @@ class _Search:
                       status, self.n_nodes, self.n_rays, self.wlb, self.t0, history=tuple(self.history))
         _event(self.progress, self.n_nodes, self.max_nodes, sol.value, sol.lower_bound, True)
         return sol
-
-
-def _half_the_memory() -> int:
-    """Half of the machine's physical memory (8 GiB where the platform does not say)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-    except (AttributeError, ValueError, OSError):
-        return 8 * 2**30
 
 
 def _event(progress, n_nodes, max_nodes, value, lower_bound, done):

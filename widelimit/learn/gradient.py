@@ -76,6 +76,7 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
+from .._memory import check_memory
 from .._runtime import resolve_device, with_thread_limit
 from .._validation import (check_data, check_dictionary, check_int, check_lam, check_real, check_seed, check_vector,
                            writable)
@@ -90,7 +91,7 @@ from ._steps import _fit_free, _fit_free_minibatch, _init_dictionary, _rownorm
 from ..sae.model import SAE
 from .amortised import _fit_amortised, encoder_codes
 
-__all__ = ["FitResult", "fit_dictionary", "encoder_codes", "ENCODERS", "INITS"]
+__all__ = ["FitResult", "fit_dictionary", "encoder_codes", "ENCODERS", "INITS", "fit_bytes", "check_fit_memory"]
 
 ENCODERS = ("none", "standard", "jumprelu", "topk")
 INITS = ("rays", "data", "random")
@@ -215,6 +216,24 @@ class FitResult:
 
 #: Share of ``max_time`` kept for the final certified re-coding after the steps.
 _FINAL_SHARE = 0.15
+
+#: Measured peak memory of a full-batch free-code fit: ``base + c * N * width`` bytes (codes, scores,
+#: working sets and their copies per point and atom), fitted by ``benchmarks/memory_models.py`` at
+#: N * width = 1e6..1.6e7 (``benchmarks/results/memory_models.md``: base 79 MiB, c = 24.0; largest
+#: measured / fitted 1.07), with a 1.25 margin.
+_FIT_BASE, _FIT_PER_ENTRY, _FIT_SAFETY = 79 * 2**20, 24.0, 1.25
+
+
+def fit_bytes(N: int, n: int, width: int, *, batch: int | None = None) -> int:
+    """Peak memory (bytes) of :func:`fit_dictionary` on ``N x n`` data at ``width`` atoms, from measurements.
+
+    ``batch``: rows per step (``None``: all ``N``, the full-batch free codes). The per point-and-atom
+    arrays scale with the rows of a step; the data (float32), the atoms with their optimiser state
+    and the final coding's Gram matrix (float64, ``width^2``) come on top (docs/theory.md §9).
+    """
+    rows = N if batch is None else min(N, int(batch))
+    per_entry = _FIT_BASE + _FIT_PER_ENTRY * rows * width
+    return int(_FIT_SAFETY * (per_entry + 4 * N * n + 6 * 4 * width * n + 8 * width * width))
 _FLOAT32_LIMIT = 16  # data whose largest |x - b| lies outside [2^-16, 2^16] are fitted rescaled (float32 squares)
 
 
@@ -266,6 +285,18 @@ class _Reporter:
 
 
 @with_thread_limit
+def check_fit_memory(N: int, n: int, width: int, *, encoder: str = "none", batch_size=None, device="cpu") -> None:
+    """Refuse (one :class:`widelimit._memory.MemoryBudgetError` line) a fit whose :func:`fit_bytes` is above
+    the memory budget, before anything is allocated. On a GPU the large arrays live in its own memory: not checked."""
+    if resolve_device(device).type != "cpu":
+        return
+    batch = None if encoder == "none" and batch_size is None else (batch_size or 4096)
+    how = "full batch" if batch is None else f"batches of {min(N, batch)}"
+    check_memory(fit_bytes(N, n, width, batch=batch),
+                 f"fit_dictionary at width {width} on N = {N} points in n = {n} dimensions ({how})",
+                 hint="use a smaller width" + ("" if batch is not None else ", or minibatches (batch_size)"))
+
+
 def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device="auto", seed: int = 0,
                    max_steps: int | None = None, rtol: float = 1e-8, window: int = 10,
                    max_time: float | None = None, batch_size: int | None = None, code_steps: int | None = None,
@@ -391,6 +422,7 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     if int(max_steps) < 0:
         raise ValueError(f"max_steps must be >= 0, got {max_steps!r}")
     gen = torch.Generator().manual_seed(int(seed))
+    check_fit_memory(N, n, width, encoder=encoder, batch_size=batch_size, device=dev)
 
     if bias is None:
         b0 = huber_median(X, lam=lam).point

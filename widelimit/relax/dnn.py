@@ -83,11 +83,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._memory import check_memory
 from .._runtime import limit_threads, resolve_device
 from ..engine.local import Progress
 from .._validation import check_data, check_int, check_lam, check_real, check_vector, to_numpy
 
-__all__ = ["DNNResult", "solve_dnn", "dnn_dual_bound"]
+__all__ = ["DNNResult", "solve_dnn", "dnn_dual_bound", "dnn_bytes"]
+
+
+def dnn_bytes(N: int) -> int:
+    """Peak memory (bytes) :func:`solve_dnn` adds on the CPU for ``N`` points: ``1.25 (27 MiB + 142 N^2)``.
+
+    About 18 float64 ``N x N`` matrices (iterates, gradients, the PSD projection's eigenvectors),
+    fitted by ``benchmarks/memory_models.py`` at N = 500, 1000, 2000 (largest measured / fitted 1.17;
+    docs/theory.md §9).
+    """
+    return int(1.25 * (27 * 2**20 + 142.0 * N * N))
 
 #: Plain steps before the momentum starts (accelerate): the well-conditioned instances finish in a few
 #: dozen iterations, where the extra PSD test of the extrapolated point would cost more than it saves.
@@ -325,6 +336,9 @@ def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
     if not isinstance(accelerate, bool):
         raise ValueError(f"accelerate must be True or False, got {accelerate!r}")
     dev = resolve_device(device)
+    if dev.type == "cpu":  # refused before any N x N matrix exists (GPU memory is the device's own)
+        check_memory(dnn_bytes(X.shape[0]), f"solve_dnn on N = {X.shape[0]} points",
+                     hint="use a smaller N, or a GPU (device='cuda')")
     if threads is None and X.shape[0] <= 512:
         threads = 1
     with limit_threads(threads):
