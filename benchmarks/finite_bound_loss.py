@@ -40,6 +40,7 @@ from _common import write  # noqa: E402
 
 import widelimit as wl  # noqa: E402
 from widelimit.finite import _taylor as T  # noqa: E402
+from widelimit.coding.fixed_dictionary import fixed_dictionary_optimum  # noqa: E402
 from widelimit.finite.bnb import _polish, node_lower_bound  # noqa: E402
 
 THETAS = (0.3, 0.1, 0.05, 0.03, 0.02, 0.01, 0.005, 0.002, 0.001)
@@ -174,7 +175,7 @@ def value_at(X, lam, W):
     """Exact optimum over codes and bias at a fixed dictionary (coordinate descent to 1e-15)."""
     b = np.zeros(X.shape[1])
     Z = np.zeros((X.shape[0], W.shape[0]))
-    return float(T.fixed_dictionary(X, lam, W, b, Z, 200000, 1e-15)), Z, b
+    return float(fixed_dictionary_optimum(X, lam, W, b, Z, 200000, 1e-15)), Z, b
 
 
 def construction_value(X, lam, C, Z0, b0, W):

@@ -74,9 +74,9 @@ def test_unconverged_cd_still_certifies_a_true_bound():
     norms = np.linalg.norm(W, axis=1)
     coder = GramCoder(W / norms[:, None], lam=lam, tol=1e-12, max_rounds=1, max_sweeps=1, newton_every=0)
     out = coder.solve(X - b)
-    assert out["todo"].size > 0  # stopped early on purpose
-    assert np.all(out["P"] - out["gap"] <= ref + 1e-8)
-    assert np.all(out["P"] >= ref - 1e-8)
+    assert not out.converged and out.unconverged_rows().size > 0  # stopped early on purpose
+    assert np.all(out.point_values - out.point_gaps <= ref + 1e-8)
+    assert np.all(out.point_values >= ref - 1e-8)
 
 
 @pytest.mark.parametrize("gram_updates", [True, False])
@@ -92,12 +92,14 @@ def test_both_certificate_paths_match_cvxpy_over_several_rounds(gram_updates):
     Y0 = np.maximum(np.random.default_rng(2).standard_normal((25, 60)) - 1.5, 0.0)
     coder = GramCoder(U, lam=lam, tol=1e-11, ws_extra=3, gram_updates=gram_updates, fast_products=True)
     out = coder.solve(X - b, Y0)
-    assert out["rounds"] >= 3 and out["todo"].size == 0
-    assert ("C" in out) == gram_updates
-    np.testing.assert_allclose(out["P"], ref, rtol=1e-8)
-    assert np.all(out["P"] - out["gap"] <= ref + 1e-9 * np.maximum(ref, 1))
-    Y = out["codes"].toarray()
-    np.testing.assert_allclose(((X - b - Y @ U) ** 2).sum(1) + 2 * lam * Y.sum(1), out["P"], rtol=1e-12)
+    assert out.n_iter >= 3 and out.converged and out.unconverged_rows().size == 0
+    assert (out.correlations is not None) == gram_updates
+    np.testing.assert_allclose(out.point_values, ref, rtol=1e-8)
+    assert np.all(out.point_values - out.point_gaps <= ref + 1e-9 * np.maximum(ref, 1))
+    Y = out.codes.toarray()
+    np.testing.assert_allclose(((X - b - Y @ U) ** 2).sum(1) + 2 * lam * Y.sum(1), out.point_values, rtol=1e-12)
+    np.testing.assert_allclose(out.residuals, X - b - Y @ U, atol=1e-12)
+    assert out.value == pytest.approx(out.point_values.mean(), rel=1e-15)
 
 
 def test_gram_updated_correlations_stay_within_their_rounding_bound():
@@ -114,17 +116,17 @@ def test_gram_updated_correlations_stay_within_their_rounding_bound():
     xt = 3.0 * rng.standard_normal((m, n))
     Y0 = np.maximum(rng.standard_normal((m, k)) - 1.0, 0.0)
     out = GramCoder(U, lam=lam, tol=1e-12, ws_extra=4, gram_updates=True).solve(xt, Y0)
-    assert out["rounds"] >= 2
-    Y = out["codes"].toarray()
+    assert out.n_iter >= 2
+    Y = out.codes.toarray()
     Uf = [[Fraction(v) for v in row] for row in U]
     err = np.zeros((m, k))
     for i in range(m):
         r = [Fraction(xt[i, j]) - sum(Fraction(Y[i, d]) * Uf[d][j] for d in range(k) if Y[i, d]) for j in range(n)]
         for d in range(k):
-            err[i, d] = abs(float(Fraction(out["C"][i, d]) - sum(Uf[d][j] * r[j] for j in range(n))))
-    assert np.all(err <= out["cerr"][:, None])
+            err[i, d] = abs(float(Fraction(out.correlations[i, d]) - sum(Uf[d][j] * r[j] for j in range(n))))
+    assert np.all(err <= out.correlation_error[:, None])
     assert err.max() > 0  # rounding happened: a zero bound would fail
-    assert out["cerr"].max() < 1e-11  # and the bound is not vacuous
+    assert out.correlation_error.max() < 1e-11  # and the bound is not vacuous
 
 
 def test_float32_products_give_the_exact_float64_maximum():

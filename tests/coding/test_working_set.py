@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from widelimit.coding.pdas import optimal_codes
+from widelimit.coding.fista import fista_codes as optimal_codes
 from widelimit.exact.objective import sae_objective
 from widelimit.coding.working_set import optimal_codes_working_set
 

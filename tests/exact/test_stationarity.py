@@ -67,3 +67,50 @@ def test_atom_residual_is_the_riemannian_gradient_norm_of_the_objective():
     foc = first_order_conditions(X, W, Z, b, lam=lam)
     assert foc.atom_residual == pytest.approx(np.linalg.norm(tangent, axis=1).max(), rel=1e-12)
     assert foc.bias_residual == pytest.approx(np.linalg.norm((X - b - Z @ W).mean(0)), rel=1e-12)
+
+
+@pytest.mark.parametrize("ratio", [0.75, 0.9, 0.99, 0.998])
+def test_dead_atom_with_a_long_residual_can_still_be_a_local_minimum(ratio):
+    """theory.md §5.4: a residual longer than lam with a dead atom proves the point is not global, not that
+    it is not a local minimum; escaping needs a turn of the dead atom of at least the stated angle."""
+    import math
+    from fixtures.stability import exact_codes_value, plain_objective, two_shared_rays
+
+    lam = 0.5
+    X, W2, Z2, b = two_shared_rays(0.3, rho=3.0, lam=lam, dead=False)  # joint curvature positive here
+    r = X[0] - b - Z2[0] @ W2                                           # (lam, rho sin phi, 0)
+    rn = float(np.linalg.norm(r))
+    assert rn > 1.9 * lam
+    beta = ratio * lam / rn
+    wf = beta * r / rn + math.sqrt(1 - beta**2) * np.array([0.0, 0.0, 1.0])
+    W = np.vstack([W2, wf])
+    Z = np.hstack([Z2, np.zeros((4, 1))])
+    R = X - b - Z @ W
+    assert np.max(R @ wf) / lam == pytest.approx(ratio, rel=1e-12)    # the dead atom's code margin
+    assert first_order_conditions(X, W, Z, b, lam=lam).holds(1e-12)
+    base = plain_objective(X, W, Z, b, lam)
+    rng = np.random.default_rng(0)
+    worst = math.inf
+    for _ in range(2000):
+        dW, dZ, db = rng.standard_normal(W.shape), rng.standard_normal(Z.shape), rng.standard_normal(3)
+        scale = 1e-3 / math.sqrt(np.sum(dW**2) + np.sum(dZ**2) + np.sum(db**2))
+        Wp = W + scale * dW
+        Wp /= np.linalg.norm(Wp, axis=1, keepdims=True)
+        Zp = np.maximum(Z + scale * dZ, 0.0)
+        worst = min(worst, plain_objective(X, Wp, Zp, b + scale * db, lam) - base)
+    assert worst > 0
+    # the dead atom alone must turn by angle(w_f, r) - arccos(lam / ||r||) before anything changes
+    theta0 = math.acos(beta) - math.acos(lam / rn)
+    v = r / rn - beta * wf
+    v /= np.linalg.norm(v)
+    def turned(th):
+        Wt = W.copy()
+        Wt[2] = math.cos(th) * wf + math.sin(th) * v
+        return exact_codes_value(X, Wt, b, lam)
+    assert turned(theta0 * (1 - 1e-3)) == pytest.approx(base, rel=1e-13)
+    assert turned(theta0 + 1e-2) < base - 1e-7
+    # re-aimed at r with only that code set: N L falls by exactly (||r|| - lam)^2 (more once all codes move)
+    Wr, Zr = W.copy(), Z.copy()
+    Wr[2], Zr[0, 2] = r / rn, rn - lam
+    assert plain_objective(X, Wr, Zr, b, lam) == pytest.approx(base - (rn - lam) ** 2 / 4, rel=1e-12)
+    assert turned(math.acos(beta)) <= base - (rn - lam) ** 2 / 4 + 1e-12

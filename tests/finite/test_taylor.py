@@ -15,6 +15,7 @@ import pytest
 import widelimit as wl
 from widelimit.finite import _kernels as K
 from widelimit.finite import _taylor as T
+from widelimit.coding.fixed_dictionary import fixed_dictionary_optimum
 
 from fixtures.optima import fixed_dictionary_optimum as _fixed_dictionary_optimum
 
@@ -38,7 +39,7 @@ def _stationary(X, lam, k, seed):
 def _reference(X, lam, C):
     b0 = X.mean(axis=0).copy()
     Z0 = np.zeros((X.shape[0], C.shape[0]))
-    val = T.fixed_dictionary(X, lam, C, b0, Z0, 100000, 1e-15)
+    val = fixed_dictionary_optimum(X, lam, C, b0, Z0, 100000, 1e-15)
     return val, Z0, b0
 
 

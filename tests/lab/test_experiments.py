@@ -315,3 +315,26 @@ def test_cli_experiment_json_and_listing(tmp_path, capsys):
     assert all(n in listed for n in ("antipodal", "absorption", "splitting", "exclusive", "rays"))
     assert main(["experiment", "nonexistent"]) == 2
     assert "unknown experiment" in capsys.readouterr().err
+
+
+def test_bias_formula_and_its_condition_against_a_1d_minimisation():
+    """theory.md §6.1: beta* = p lam/(1-p) iff p <= 1/2 and every active s >= lam/(1-p) (uniform [1, 3] values)."""
+    def beta_star(p, lam):
+        h = lambda r: np.where(r <= lam, r * r, 2 * lam * r - lam * lam)
+        def H(beta):
+            act = integrate.quad(lambda s: float(h(abs(s - beta))), 1.0, 3.0, points=[beta - lam, beta, beta + lam],
+                                 epsabs=1e-14, epsrel=1e-13)[0] / 2.0
+            return (1 - p) * float(h(abs(beta))) + p * act
+        return optimize.minimize_scalar(H, bounds=(-lam, 3.0), method="bounded", options={"xatol": 1e-11}).x
+    assert beta_star(0.6, 1.3) == pytest.approx(1.1555, abs=1e-4)      # not 0.6 * 1.3 / 0.4 = 1.95
+    assert 0.6 < antipodal.uniform_threshold(1.3, 1.0, 3.0)             # although below the threshold
+    n_holds = 0
+    for lam in (0.2, 0.45, 0.8, 1.3):
+        for p in (0.1, 0.3, 0.45, 0.5, 0.6):
+            if p >= antipodal.uniform_threshold(lam, 1.0, 3.0):
+                continue
+            holds = bool(antipodal.bias_formula_holds(p, lam, 1.0))
+            err = abs(beta_star(p, lam) - float(antipodal.bias_below_threshold(p, lam)))
+            assert (err < 1e-7) == holds, (lam, p, err)
+            n_holds += holds
+    assert 0 < n_holds < 20

@@ -8,7 +8,7 @@ import torch
 
 import widelimit as wl
 from widelimit.cli import main
-from widelimit.coding.pdas import code_steps
+from widelimit.coding.fista import code_steps
 from widelimit.data.datasets import symmetric_rays
 from widelimit.learn._steps import _cd_codes, _dict_steps, _working_sets
 from widelimit.learn.amortised import encoder_codes

@@ -113,8 +113,8 @@ def test_bool_in_every_format_and_the_api(tmp_path):
 @pytest.mark.parametrize("flag, value, needle", [
     ("--time-limit", "5", "--time-limit applies only with --width"),
     ("--rel-tol", "0.5", "--rel-tol applies only with --width"),
-    ("--time-limit", "-1", "argument --time-limit: must be a finite number >= 0, got '-1'"),  # a bad value first
-    ("--rel-tol", "5", "argument --rel-tol: must be a number in (0, 1), got '5'"),
+    ("--time-limit", "-1", "argument --time-limit: must be a finite number >= 0, got -1"),  # a bad value first
+    ("--rel-tol", "5", "argument --rel-tol: must be a finite number in (0, 1), got 5"),
 ])
 def test_width_options_without_width_are_refused(good, capsys, flag, value, needle):
     err = one_line_error(capsys, ["solve", good, "--lam", "0.5", flag, value])
@@ -122,11 +122,11 @@ def test_width_options_without_width_are_refused(good, capsys, flag, value, need
 
 
 @pytest.mark.parametrize("flag, value, needle", [
-    ("--time-limit", "-1", "argument --time-limit: must be a finite number >= 0, got '-1'"),
+    ("--time-limit", "-1", "argument --time-limit: must be a finite number >= 0, got -1"),
     ("--time-limit", "nan", "argument --time-limit"),
-    ("--rel-tol", "5", "argument --rel-tol: must be a number in (0, 1), got '5'"),
-    ("--rel-tol", "0", "argument --rel-tol: must be a number in (0, 1)"),
-    ("--rel-tol", "1", "argument --rel-tol: must be a number in (0, 1)"),
+    ("--rel-tol", "5", "argument --rel-tol: must be a finite number in (0, 1), got 5"),
+    ("--rel-tol", "0", "argument --rel-tol: must be a finite number in (0, 1)"),
+    ("--rel-tol", "1", "argument --rel-tol: must be a finite number in (0, 1)"),
     ("--rel-tol", "nan", "argument --rel-tol"),
 ])
 def test_width_option_values_checked_at_parse_time(good, capsys, flag, value, needle):

@@ -1,4 +1,4 @@
-r"""Optimal nonnegative codes for a fixed dictionary and bias, with a certified duality gap.
+r"""FISTA for optimal coding: accelerated projected gradient on the whole dictionary, batched, CPU or CUDA.
 
 For a dictionary ``W`` (k, n) (rows = atoms, any norms) and a bias ``b``, each
 point's best code solves a nonnegative lasso (theory.md §8.6; the encoder part of
@@ -27,22 +27,14 @@ evaluation is float64, and any point whose float64 gap misses the tolerance is
 polished by the same iteration in float64. Memory is bounded by the batch:
 nothing of size ``N x k`` is formed except the sparse codes returned.
 
-**Certificate.** For any ``theta`` with ``<u_d, theta> <= lam`` for all ``d``,
-
-.. math:: P_i(z) \ \ge\ D_i(\theta) = 2\langle\theta, x_i - b\rangle - \|\theta\|^2 \quad (z \ge 0),
-
-because ``||a||^2 >= 2<theta, a> - ||theta||^2`` and the penalty dominates
-``2 sum_d z_d <u_d, theta>``. The dual point is the residual
-``r = xt - y U`` scaled by ``s = clip(<r, xt> / ||r||^2, 0, lam / max_d <u_d, r>)``,
-the best feasible multiple; at the optimum ``s = 1`` and ``D_i = P_i`` (strong
-duality). ``gap_i = P_i - D_i`` therefore bounds the suboptimality of point
-``i``'s code, evaluated in float64.
+**Certificate.** The per-point duality gap of :mod:`widelimit.coding.lasso` (the residual
+scaled into the dual feasible set), evaluated in float64; ``gap_i`` bounds the suboptimality of
+point ``i``'s code.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -50,106 +42,19 @@ import scipy.sparse as sp
 
 from .._runtime import resolve_device, torch_dtype
 from ..engine.local import Progress
-from .._validation import check_codes, check_data, check_dictionary, check_lam, check_vector, row_norms, writable
+from .._validation import check_codes, row_norms, writable
+from .lasso import check_problem, dictionary_codes, point_gaps, unit_atoms, unit_codes
+from .result import CodingResult
 
-__all__ = ["CodingResult", "optimal_codes"]
+__all__ = ["fista_codes", "code_steps", "finish_rows"]
 
 #: Working memory (bytes) one batch may use, per device type.
 _BATCH_BYTES = {"cpu": 1 << 28, "cuda": 1 << 31}
 
 
-@dataclass(frozen=True)
-class CodingResult:
-    """Optimal nonnegative codes for a fixed dictionary and bias, with their certificate.
-
-    Attributes
-    ----------
-    codes : scipy.sparse.csr_array (N, k) float64, or None
-        The codes ``Z`` in the units of the given ``W`` (``None`` when
-        ``return_codes=False``).
-    value : float
-        ``mean_i P_i(z_i)``: the objective ``sae_objective(X, W, codes, b, lam)``, in float64.
-    reconstruction, penalty : float
-        The two parts of ``value`` (means over points).
-    gap : float
-        Certified mean duality gap: ``value - gap <= min_Z sae_objective(X, W, Z, b, lam)``.
-    max_gap : float
-        Largest per-point gap.
-    point_values, point_gaps : ndarray (N,)
-        ``P_i`` and ``gap_i`` per point (float64).
-    n_iter : int
-        Largest number of iterations any point needed (float32 + float64 polishing).
-    converged : bool
-        Every point met ``gap_i <= tol * max(P_i, lam^2)``.
-    n_unconverged : int
-        Points that did not.
-    device : str
-        Where the iterations ran.
-    lam, tol : float
-    """
-
-    codes: sp.csr_array | None
-    value: float
-    reconstruction: float
-    penalty: float
-    gap: float
-    max_gap: float
-    point_values: np.ndarray = field(repr=False)
-    point_gaps: np.ndarray = field(repr=False)
-    n_iter: int
-    converged: bool
-    n_unconverged: int
-    device: str
-    lam: float
-    tol: float
-
-    @property
-    def lower_bound(self) -> float:
-        """Certified lower bound on the optimal mean coding objective: ``value - gap``."""
-        return self.value - self.gap
-
-    @property
-    def rel_gap(self) -> float:
-        """``gap / value``."""
-        return self.gap / max(abs(self.value), 1e-300)
-
-    def as_dict(self) -> dict:
-        """Summary as plain Python (JSON-serialisable); codes and per-point arrays are left out."""
-        return {
-            "value": self.value, "reconstruction": self.reconstruction, "penalty": self.penalty,
-            "gap": self.gap, "rel_gap": self.rel_gap, "max_gap": self.max_gap,
-            "lower_bound": self.lower_bound, "n_iter": self.n_iter, "converged": bool(self.converged),
-            "n_unconverged": self.n_unconverged, "device": self.device, "lam": self.lam, "tol": self.tol,
-            "nnz": None if self.codes is None else int(self.codes.nnz),
-        }
-
-
 # --------------------------------------------------------------------------------------
 # batched kernels (torch; every tensor of one call has the same dtype and device)
 # --------------------------------------------------------------------------------------
-
-
-def _evaluate(x, U, y, lam):
-    """Per-point primal ``P``, dual ``D`` and ``gap = P - D`` (>= 0) for codes ``y`` on unit atoms ``U``.
-
-    ``x`` (m, n) is ``X - b``; ``U`` (k, n) unit rows; ``y`` (m, k) >= 0.
-    """
-    import torch
-
-    r = x - y @ U if U.shape[0] else x.clone()
-    rr = (r * r).sum(1)
-    rx = (r * x).sum(1)
-    P = rr + 2.0 * lam * y.sum(1)
-    if U.shape[0]:
-        mx = (r @ U.T).amax(1)
-    else:
-        mx = torch.zeros_like(rr)
-    inf = torch.full_like(rr, math.inf)
-    smax = torch.where(mx > 0, lam / torch.where(mx > 0, mx, torch.ones_like(mx)), inf)
-    s = torch.where(rr > 0, rx / torch.where(rr > 0, rr, torch.ones_like(rr)), torch.zeros_like(rr))
-    s = torch.minimum(torch.clamp(s, min=0.0), smax)
-    D = 2.0 * s * rx - s * s * rr
-    return P, torch.clamp(P - D, min=0.0), rr
 
 
 def _fista(x, U, lam, inv_L, y, tol, floor, max_iter, check_every, patience=8):
@@ -176,7 +81,7 @@ def _fista(x, U, lam, inv_L, y, tol, floor, max_iter, check_every, patience=8):
     it = 0
     while idx.numel():
         if it % check_every == 0 or it == max_iter:
-            P, gap, _ = _evaluate(xw, U, yw, lam)
+            P, gap, _ = point_gaps(xw, U, yw, lam)
             ok = gap <= tol * torch.clamp(P, min=floor)
             better = (gap < 0.7 * best) | (gap > floor_rel * torch.clamp(P, min=floor))
             best = torch.where(better, gap, best)
@@ -250,22 +155,9 @@ def _lambda_max(U64: np.ndarray) -> float:
 # --------------------------------------------------------------------------------------
 
 
-def _check_problem(X, W, b, lam, tol):
-    """Validate a coding problem: data (N, n), dictionary (k, n), bias (n,), lam > 0, tol > 0."""
-    X = check_data(X)
-    n = X.shape[1]
-    W = check_dictionary(W, n)
-    b = check_vector(b, n, "b")
-    lam = check_lam(lam)
-    tol = float(tol)
-    if not (math.isfinite(tol) and tol > 0):
-        raise ValueError(f"tol must be a finite number > 0, got {tol!r}")
-    return X, W, b, lam, tol
-
-
-def optimal_codes(X, W, b, *, lam, tol: float = 1e-6, max_iter: int = 3000, batch_size: int | None = None,
-                  device="auto", Z0=None, return_codes: bool = True, dtype="float32",
-                  check_every: int = 10, progress: Callable[[Progress], None] | None = None) -> CodingResult:
+def fista_codes(X, W, b, *, lam, tol: float = 1e-6, max_iter: int = 3000, batch_size: int | None = None,
+                device="auto", Z0=None, return_codes: bool = True, dtype="float32",
+                check_every: int = 10, progress: Callable[[Progress], None] | None = None) -> CodingResult:
     r"""Optimal nonnegative codes for a fixed dictionary and bias (one nonnegative lasso per point).
 
     Solves, for every point ``x_i``,
@@ -320,20 +212,19 @@ def optimal_codes(X, W, b, *, lam, tol: float = 1e-6, max_iter: int = 3000, batc
     Examples
     --------
     >>> import numpy as np
-    >>> from widelimit.coding.pdas import optimal_codes
+    >>> from widelimit.coding.fista import fista_codes
     >>> W = np.eye(2); X = np.array([[3.0, 0.5], [0.2, -1.0]])
-    >>> res = optimal_codes(X, W, np.zeros(2), lam=1.0, device="cpu")
+    >>> res = fista_codes(X, W, np.zeros(2), lam=1.0, device="cpu")
     >>> np.round(res.codes.toarray(), 6).tolist()   # (x - lam)_+ per coordinate for an orthonormal W
     [[2.0, 0.0], [0.0, 0.0]]
     """
     import torch
 
-    X, W, b, lam, tol = _check_problem(X, W, b, lam, tol)
+    X, W, b, lam, tol = check_problem(X, W, b, lam, tol)
     N, n = X.shape
     k = W.shape[0]
     if int(max_iter) < 1:
         raise ValueError(f"max_iter must be >= 1, got {max_iter!r}")
-    max_iter = int(max_iter)
     if int(check_every) < 1:
         raise ValueError(f"check_every must be >= 1, got {check_every!r}")
     if batch_size is not None and int(batch_size) < 1:
@@ -342,91 +233,92 @@ def optimal_codes(X, W, b, *, lam, tol: float = 1e-6, max_iter: int = 3000, batc
     cdt = torch_dtype(dtype)
     if Z0 is not None:
         Z0 = check_codes(Z0, N, k, name="Z0")
-
-    norms = row_norms(W)  # float64 even for float32 atoms
-    live = np.flatnonzero(norms > 0)
+    norms, live, U64 = unit_atoms(W)
     kl = live.size
-    U64 = W[live] / norms[live, None]
     inv_L = 1.0 / (_lambda_max(U64) * (1.0 + 1e-6))
     if batch_size is None:
         # about a dozen (rows x k) arrays are live at once in the float64 polishing phase
         budget = _BATCH_BYTES["cuda" if dev.type == "cuda" else "cpu"]
         batch_size = int(max(1, min(N, budget // (8 * (12 * max(kl, 1) + 4 * n)))))
     batch_size = int(batch_size)
-    floor = lam * lam
-    tol_main = tol
-    polish_iter = max(1, max_iter // 4)
-
+    iteration = dict(lam=lam, inv_L=inv_L, tol=tol, max_iter=int(max_iter), check_every=int(check_every))
     Uw = torch.as_tensor(U64, dtype=cdt, device=dev)
     U8 = torch.as_tensor(U64, dtype=torch.float64, device=dev)
     b64 = torch.as_tensor(b, dtype=torch.float64, device=dev)
-    P_all = np.empty(N)
-    gap_all = np.empty(N)
+    P_all, gap_all = np.empty(N), np.empty(N)
     rec_sum = 0.0
     blocks = []
     n_iter = 0
-    n_bad = 0
     with torch.no_grad():
         for s in range(0, N, batch_size):
             e = min(N, s + batch_size)
             x8 = torch.as_tensor(writable(np.asarray(X[s:e], dtype=np.float64)), device=dev) - b64
-            if Z0 is not None:
-                z0 = Z0[s:e]
-                z0 = z0.toarray() if hasattr(z0, "toarray") else np.asarray(z0)
-                y0 = torch.as_tensor(z0[:, live] * norms[live], dtype=cdt, device=dev)
-            else:
-                y0 = torch.zeros((e - s, kl), dtype=cdt, device=dev)
-            if kl:
-                y, its, _ = _fista(x8.to(cdt), Uw, lam, inv_L, y0, tol_main, floor, max_iter, int(check_every))
-                y8 = y.to(torch.float64)
-                P, gap, rr = _evaluate(x8, U8, y8, lam)
-                bad = gap > tol * torch.clamp(P, min=floor)
-                it_batch = int(its.max())
-                if bool(bad.any()):
-                    yp, its2, _ = _fista(x8[bad], U8, lam, inv_L, y8[bad], tol, floor, polish_iter,
-                                         int(check_every))
-                    y8[bad] = yp
-                    P2, gap2, rr2 = _evaluate(x8[bad], U8, yp, lam)
-                    P[bad], gap[bad], rr[bad] = P2, gap2, rr2
-                    bad = gap > tol * torch.clamp(P, min=floor)
-                    it_batch += int(its2.max())
-                n_iter = max(n_iter, it_batch)
-                n_bad += int(bad.sum())
-            else:
-                y8 = torch.zeros((e - s, 0), dtype=torch.float64, device=dev)
-                P, gap, rr = _evaluate(x8, U8, y8, lam)
-            P_all[s:e] = P.cpu().numpy()
-            gap_all[s:e] = gap.cpu().numpy()
+            y0 = torch.as_tensor(unit_codes(Z0[s:e], live, norms), dtype=cdt, device=dev) if Z0 is not None \
+                else torch.zeros((e - s, kl), dtype=cdt, device=dev)
+            y8, P, gap, rr, its = _solve_batch(x8, y0, Uw, U8, **iteration)
+            n_iter = max(n_iter, its)
+            P_all[s:e], gap_all[s:e] = P.cpu().numpy(), gap.cpu().numpy()
             rec_sum += float(rr.sum())
             if return_codes:
-                Yc = y8.cpu().numpy()
-                Zb = np.zeros((e - s, k))
-                Zb[:, live] = Yc / norms[live]
-                blocks.append(sp.csr_array(Zb))
+                blocks.append(sp.csr_array(dictionary_codes(y8.cpu().numpy(), live, norms, k)))
             if progress is not None:
                 progress(Progress(stage="optimal codes", pass_index=1, rows_done=e, rows_total=N, done=e == N))
-    codes = None
-    if return_codes:
-        codes = sp.csr_array(sp.vstack(blocks, format="csr")) if blocks else sp.csr_array((N, k))
-    value = float(P_all.mean())
-    rec = rec_sum / N
-    return CodingResult(
-        codes=codes, value=value, reconstruction=rec, penalty=value - rec, gap=float(gap_all.mean()),
-        max_gap=float(gap_all.max()), point_values=P_all, point_gaps=gap_all, n_iter=int(n_iter),
-        converged=n_bad == 0, n_unconverged=int(n_bad), device=str(dev), lam=lam, tol=tol,
-    )
+    codes = (sp.csr_array(sp.vstack(blocks, format="csr")) if blocks else sp.csr_array((N, k))) if return_codes \
+        else None
+    return CodingResult.from_points(codes, P_all, gap_all, penalty_sum=float(P_all.sum()) - rec_sum, n_iter=n_iter,
+                                    device=dev, lam=lam, tol=tol)
 
 
-def finish_rows(X, W, b, codes, rows, P, gap, *, lam, tol, device="cpu", **options):
-    """Re-solve the tokens ``rows`` a faster coder left uncertified with :func:`optimal_codes` (warm-started).
+def _solve_batch(x8, y0, Uw, U8, *, lam, inv_L, tol, max_iter, check_every):
+    """One batch: FISTA in the working precision (``Uw``), then float64 polishing of the rows whose
+    float64 gap misses ``tol`` (at most ``max(1, max_iter // 4)`` more iterations).
 
-    ``codes`` (CSR, ``(N, k)``) is returned with those rows replaced; ``P`` and ``gap`` (the
-    per-token primal values and certified gaps) are updated in place. Returns
-    ``(codes, result)`` with ``result`` the :class:`CodingResult` of the re-solved rows.
+    Returns ``(y, P, gap, rr, iterations)``: float64 codes on unit atoms, per-row primal value, certified gap
+    and ``||r||^2`` (:func:`widelimit.coding.lasso.point_gaps`), and the iterations the batch used.
     """
-    res = optimal_codes(np.asarray(X[rows]), W, b, lam=lam, tol=tol, device=device, Z0=codes[rows],
-                        return_codes=True, **options)
+    import torch
+
+    floor = lam * lam
+    if not U8.shape[0]:
+        y8 = torch.zeros((x8.shape[0], 0), dtype=torch.float64, device=x8.device)
+        P, gap, rr = point_gaps(x8, U8, y8, lam)
+        return y8, P, gap, rr, 0
+    y, its, _ = _fista(x8.to(Uw.dtype), Uw, lam, inv_L, y0, tol, floor, max_iter, check_every)
+    y8 = y.to(torch.float64)
+    P, gap, rr = point_gaps(x8, U8, y8, lam)
+    bad = gap > tol * torch.clamp(P, min=floor)
+    iterations = int(its.max())
+    if bool(bad.any()):
+        yp, its2, _ = _fista(x8[bad], U8, lam, inv_L, y8[bad], tol, floor, max(1, max_iter // 4), check_every)
+        y8[bad] = yp
+        P[bad], gap[bad], rr[bad] = point_gaps(x8[bad], U8, yp, lam)
+        iterations += int(its2.max())
+    return y8, P, gap, rr, iterations
+
+
+def finish_rows(X, W, b, result: CodingResult, *, device="cpu", **options) -> CodingResult:
+    """``result`` with the points a faster coder left uncertified re-solved by :func:`fista_codes`, warm-started.
+
+    ``result`` holds codes in the units of ``W`` for all rows of ``X``; the rows of
+    :meth:`~widelimit.coding.result.CodingResult.unconverged_rows` are re-solved (same ``lam`` and ``tol``;
+    ``options`` go to :func:`fista_codes`) and replaced, ``residuals`` too when ``result`` has them.
+    ``n_iter`` adds FISTA's iterations to the coder's.
+    """
+    rows = result.unconverged_rows()
+    if not rows.size:
+        return result
+    lam, tol = result.lam, result.tol
+    Xr = np.asarray(X[rows], dtype=np.float64)
+    res = fista_codes(Xr, W, b, lam=lam, tol=tol, device=device, Z0=result.codes[rows], return_codes=True,
+                      **options)
+    P, gap = result.point_values.copy(), result.point_gaps.copy()
     P[rows], gap[rows] = res.point_values, res.point_gaps
-    lil = codes.tolil()
+    lil = result.codes.tolil()
     lil[rows] = res.codes
-    return sp.csr_array(lil), res
+    codes = sp.csr_array(lil)
+    arrays = dict(residuals=result.residuals)
+    if result.residuals is not None:
+        arrays["residuals"][rows] = (Xr - b) - np.asarray(res.codes @ W)
+    return CodingResult.from_points(codes, P, gap, penalty_sum=2.0 * lam * float(np.asarray(codes @ row_norms(W)).sum()),
+                                    n_iter=result.n_iter + res.n_iter, device=result.device, lam=lam, tol=tol,
+                                    **arrays)

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from widelimit import sae_objective
-from widelimit.coding.pdas import CodingResult, optimal_codes
+from widelimit.coding import CodingResult
+from widelimit.coding.fista import fista_codes as optimal_codes
 
 
 def _problem(rng, N=30, k=12, n=6, scale=True):
