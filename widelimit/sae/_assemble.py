@@ -19,10 +19,23 @@ from .metrics import DEFINITIONS
 __all__ = ["assemble", "storage_dtypes"]
 
 
-def storage_dtypes(acts, sae) -> tuple:
-    """The dtypes the activations and weights are *stored* in (what their rounding is), not what they are read as."""
-    a = getattr(acts, "storage_dtype", None) or getattr(acts, "dtype", np.float64)
-    return a, sae.dtype
+_KINDS = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
+
+
+def storage_dtypes(acts) -> tuple:
+    """The dtypes the activations are *stored* in (what their rounding is), not the wider one they are read as.
+
+    A shard folder or file (:class:`widelimit.data.source.ActivationSource`) reads float16 / bfloat16
+    as float32: its shards' kinds are the storage; a torch tensor keeps its own dtype (``bfloat16``);
+    a byte-swapped array (``>f2``) is stored in its native equivalent.
+    """
+    kinds = getattr(acts, "storage_dtypes", None)
+    if kinds:
+        return tuple(_KINDS.get(k, k) for k in kinds)
+    dt = getattr(acts, "dtype", np.float64)
+    if isinstance(dt, np.dtype):
+        return (dt.newbyteorder("="),)
+    return (dt,)
 
 
 def _tangent(ZR, Ut, N):
@@ -124,7 +137,7 @@ def _metrics(enc, firing, metrics, feats, coding, antipodal, absorbed, N, has_en
 
 
 def assemble(cls, parts, setup, flags, coding_opts, *, choice, med, h_bias, width_opt, pairs, acts, Xb_all, sample,
-             notes, tol, t0, n_total, stability, stability_witnesses, same_width_steps):
+             notes, storage, tol, t0, n_total, stability, stability_witnesses, same_width_steps):
     """The :class:`SAECertificate` (``cls``) from the merged parts and the wide-limit bound ``med``."""
     sae, lam, N, n, k = setup.sae, setup.lam, int(acts.shape[0]), setup.U.shape[1], setup.k
     has_enc = sae.has_encoder
@@ -142,7 +155,7 @@ def assemble(cls, parts, setup, flags, coding_opts, *, choice, med, h_bias, widt
     global_gap = sae_obj - lb
     feats = _features(setup, kkt, coding, firing, flags, N, has_enc)
     scale = float(np.linalg.norm(sample, axis=1).max() + np.linalg.norm(setup.b))  # size of the terms of r_i
-    dts = storage_dtypes(acts, sae)
+    dts = storage + (sae.dtype,)
     thr = violation_tolerance(lam, flags.kkt_tol, scale, dts)
     thr_t = violation_tolerance(lam, flags.kkt_tol, 2.0 * feats["mean_code"] * scale, dts)
     violations = _violations(feats, thr, thr_t) if has_enc else []

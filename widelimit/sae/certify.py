@@ -86,7 +86,7 @@ from ..engine.local import Progress, raise_nonfinite
 from ..exact.gap import relative_gap
 from ..exact.median import huber_median, huber_value
 from .formats import as_sae
-from ._assemble import assemble
+from ._assemble import assemble, storage_dtypes
 from ._pairs import decoder_pairs
 from ._util import Rows as _Rows, check_acts as _check_acts, sample_rows, violation_tolerance
 from .objective import resolve_lam, resolve_objective
@@ -386,6 +386,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     if lam is not None or l1_coefficient is not None:
         resolve_lam(lam, l1_coefficient)  # bad input fails before any work
     sae = as_sae(sae, architecture=architecture)
+    storage = storage_dtypes(acts)  # before any conversion: the rounding of the violation flags
     acts = _check_acts(acts, sae)
     n_total = int(acts.shape[0])
     acts = sample_rows(acts, max_tokens, seed) if max_tokens is not None else acts
@@ -404,5 +405,6 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     Xb_all, med, h_bias, width_opt = _wide_bound(acts, sae, setup.b, setup.lam, tol, run.batch_size, progress)
     return assemble(SAECertificate, parts, setup, flags, coding, choice=choice, med=med, h_bias=h_bias,
                     width_opt=width_opt, pairs=(pa, pb, pc), acts=acts, Xb_all=Xb_all, sample=sample, notes=notes,
+                    storage=storage,
                     tol=tol, t0=t0, n_total=n_total, stability=stability, stability_witnesses=stability_witnesses,
                     same_width_steps=same_width_steps)
