@@ -290,7 +290,9 @@ def _setup(sae, acts, lam, l1_coefficient, seed, coding: CodingOptions, run: Run
         raise ValueError(f"backend='numba' runs on the CPU only, got device {run.device!r}")
     sample = sae.preprocess(np.asarray(sample_rows(acts, 2048, seed), dtype=np.float64))  # calibration, scale
     choice = resolve_objective(sae, sample, lam, l1_coefficient, coding_tol=coding.coding_tol, device=dev)
-    algorithm = choose_algorithm(sae.d_sae, dev) if coding.coding_algorithm == "auto" else coding.coding_algorithm
+    algorithm = coding.coding_algorithm
+    if algorithm == "auto":  # the Gram coder where its k x k Gram fits on the CPU, else the screened coder
+        algorithm = "screened" if choose_algorithm(sae.d_sae, dev) == "fista" else choose_algorithm(sae.d_sae, dev)
     if algorithm == "cd" and dev.type != "cpu":
         raise ValueError(f"coding_algorithm='cd' runs on the CPU only, got device {run.device!r}")
     setup = Setup(sae=sae, lam=choice.lam, dev=dev, numba=dev.type == "cpu" and run.backend != "torch",

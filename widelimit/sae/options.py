@@ -16,7 +16,7 @@ __all__ = ["CodingOptions", "FlagOptions", "RunOptions", "BACKENDS", "CODING_ALG
 
 #: Where the products with the sparse codes run on the CPU: numba kernels, or the torch products every device runs.
 BACKENDS = ("auto", "numba", "torch")
-CODING_ALGORITHMS = ("auto", "cd", "working_set", "fista")
+CODING_ALGORITHMS = ("auto", "cd", "working_set", "fista", "screened")
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,10 @@ class CodingOptions:
     coding_tol : float
         Per-token target ``gap_i <= coding_tol * scale_i`` of the certified duality gap, ``scale_i`` the token's
         own objective scale (:func:`widelimit.sae.parts.coding_scale`).
-    coding_algorithm : {"auto", "cd", "working_set", "fista"}
-        :func:`widelimit.coding.optimal_codes`; ``"auto"``: :func:`widelimit.coding.choose_algorithm`.
+    coding_algorithm : {"auto", "cd", "working_set", "fista", "screened"}
+        :func:`widelimit.coding.optimal_codes`, or ``"screened"`` (:class:`widelimit.coding.screened.ScreenedCoder`,
+        no Gram matrix; ``"auto"`` takes it above :data:`widelimit.coding.GRAM_LIMIT` atoms and on CUDA, else
+        :func:`widelimit.coding.choose_algorithm`).
     optimal_codes_diagnostics : bool
         Also accumulate the atom tangent gradient at the optimal codes.
     keep_codes : bool

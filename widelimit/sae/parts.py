@@ -101,7 +101,11 @@ class Setup:
 
     @property
     def coder(self):
-        """The Gram coder (``coding_algorithm == "cd"``), made once where the setup lives."""
+        """The Gram coder (``"cd"``) or the screened coder (``"screened"``), made once where the setup lives."""
+        if self._coder is None and self.coding_algorithm == "screened":
+            from ..coding.screened import ScreenedCoder
+
+            self._coder = ScreenedCoder(self.U, lam=self.lam, tol=self.coding_tol, device=self.dev)
         if self._coder is None and self.coding_algorithm == "cd":
             from ..coding.cd import GramCoder
 
@@ -316,6 +320,12 @@ class CodingPart:
 
         s = self.s
         coder = s.coder
+        if s.coding_algorithm == "screened":
+            out = coder.solve(bt.xt, bt.Y0, bt.C)
+            if out["todo"].size:  # the full-dictionary solver finishes these tokens (float64, warm-started)
+                out["R"] = out["R"].cpu().numpy()
+                finish_codes(out, bt.Xb, s.U, s.b, s.lam, s.coding_tol)
+            return out["P"], out["gap"], out["codes"], torch.as_tensor(out["R"], device=s.dev), out["rounds"]
         if coder is not None:
             # (C and R0 are its workspace: R0 becomes the optimal codes' residuals)
             C0 = None if bt.C is None else bt.C.numpy()
