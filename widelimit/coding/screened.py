@@ -36,6 +36,8 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
+from .result import CodingResult
+
 __all__ = ["ScreenedCoder", "exact_max"]
 
 _U32 = 2.0 ** -24  # float32 unit roundoff
@@ -153,8 +155,7 @@ class ScreenedCoder:
     def solve(self, xt, Y0=None, C0=None):
         """Certified codes for ``xt`` (m, n) float64 tensor; warm start ``Y0`` (CSR, unit atoms), ``C0`` its correlations.
 
-        Returns a dict: ``codes`` (CSR), ``P``, ``gap`` (numpy), ``R`` (tensor), ``rounds``, ``todo`` (still
-        uncertified, numpy indices).
+        Returns a :class:`~widelimit.coding.result.CodingResult` in unit-atom units with ``residuals`` (float64).
         """
         import torch
 
@@ -204,5 +205,6 @@ class ScreenedCoder:
         r_, c_ = torch.nonzero(nz, as_tuple=True)
         codes = sp.csr_array((val[nz].cpu().numpy(), (r_.cpu().numpy(), idx[nz].cpu().numpy())), shape=(m, k))
         codes.sum_duplicates()
-        return {"codes": codes, "P": P.cpu().numpy(), "gap": gap.cpu().numpy(), "R": R, "rounds": rounds,
-                "todo": todo.cpu().numpy()}
+        return CodingResult.from_points(codes, P.cpu().numpy(), gap.cpu().numpy(),
+                                        penalty_sum=2.0 * self.lam * float(codes.sum()), n_iter=rounds,
+                                        device=self.dev, lam=self.lam, tol=self.tol, residuals=R.cpu().numpy())

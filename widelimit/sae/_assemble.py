@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from ..exact.gap import is_certified
+from ..exact.stationarity import tangent_norms
 from ..learn.same_width import same_width_witness
 from ._util import stability_columns, violation_tolerance
 from .metrics import DEFINITIONS
@@ -40,11 +41,7 @@ def storage_dtypes(acts) -> tuple:
 
 def _tangent(ZR, Ut, N):
     """Norm of the Riemannian atom gradient ``(2/N) (ZR_d - <ZR_d, u_d> u_d)`` per feature (theory.md §5.2)."""
-    import torch
-
-    zcm = (ZR * Ut).sum(1)
-    g = (ZR - zcm[:, None] * Ut) * (2.0 / N)
-    return torch.linalg.norm(g, dim=1).cpu().numpy()
+    return (tangent_norms(ZR, Ut) * (2.0 / N)).cpu().numpy()
 
 
 def _features(setup, kkt, coding, firing, flags, N, has_enc):

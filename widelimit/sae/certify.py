@@ -78,7 +78,7 @@ from typing import Callable
 import numpy as np
 
 from .._runtime import limit_threads, resolve_device
-from .._validation import check_tol
+from .._params import validate_params
 from ..coding import choose_algorithm
 from ..engine import engine_for
 from ..engine.dask_engine import DaskEngine, _client
@@ -90,7 +90,7 @@ from ._assemble import assemble, storage_dtypes
 from ._pairs import decoder_pairs
 from ._util import Rows as _Rows, check_acts as _check_acts, sample_rows, violation_tolerance
 from .objective import resolve_lam, resolve_objective
-from .options import CodingOptions, FlagOptions, RunOptions
+from .options import CERTIFY_CONSTRAINTS, CodingOptions, FlagOptions, RunOptions
 from .parts import Batch, Setup, default_parts
 from .report import flat_dict, plot_sae_certificate, write_sae_certificate  # noqa: F401  (re-exported)
 
@@ -189,6 +189,7 @@ class SAECertificate:
         return flat_dict(self, prefix=prefix)
 
 
+@validate_params(CERTIFY_CONSTRAINTS)
 def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str | None = None,
                 max_tokens: int | None = None, seed: int = 0, tol: float = 1e-6, coding_tol: float = 1e-6,
                 batch_size: int = 4096, device="auto", optimal_codes_diagnostics: bool = True,
@@ -276,7 +277,6 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
     flags = FlagOptions(kkt_tol, dead_threshold, dense_threshold, antipodal_cosine, absorb_cosine, containment,
                         max_pairs)
     run = RunOptions(batch_size, device, backend)
-    tol = check_tol(tol, "tol")
     with limit_threads(threads, blas_threads=1):  # products in torch; numpy's BLAS idle (limit_threads)
         return _certify(acts, sae, lam, l1_coefficient, architecture=architecture, max_tokens=max_tokens, seed=seed,
                         tol=tol, coding=coding, flags=flags, run=run, progress=progress, stability=stability,

@@ -10,13 +10,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._validation import check_int, check_real, check_tol
+from .._params import (DEVICE, LAM, NONNEG_INT, POSITIVE_INT, PROGRESS, SEED, THREADS, TOL, ArrayLike, Boolean,
+                       Interval, Lam, Passed, StrOptions, check_fields)
+from .model import ARCHITECTURES
 
-__all__ = ["CodingOptions", "FlagOptions", "RunOptions", "BACKENDS", "CODING_ALGORITHMS"]
+__all__ = ["CodingOptions", "FlagOptions", "RunOptions", "BACKENDS", "CODING_ALGORITHMS", "CERTIFY_CONSTRAINTS"]
 
 #: Where the products with the sparse codes run on the CPU: numba kernels, or the torch products every device runs.
 BACKENDS = ("auto", "numba", "torch")
+#: The optimal coding's algorithms (:func:`widelimit.coding.optimal_codes`, and the screened coder).
 CODING_ALGORITHMS = ("auto", "cd", "working_set", "fista", "screened")
+
+#: What each option of :func:`widelimit.certify_sae` accepts (:mod:`widelimit._params`), checked before any work.
+CERTIFY_CONSTRAINTS = {
+    "acts": ArrayLike(allowed="an array of activations (N, d_in)"),
+    "sae": Passed("widelimit.sae.formats.as_sae"),  # an SAE, a library's SAE object or a path: as_sae says which
+    "lam": [LAM, None], "l1_coefficient": [Lam(), None],
+    "architecture": [StrOptions(ARCHITECTURES), None],
+    "max_tokens": [POSITIVE_INT, None], "seed": SEED, "tol": TOL, "coding_tol": TOL, "batch_size": POSITIVE_INT,
+    "device": DEVICE, "optimal_codes_diagnostics": Boolean(),
+    "dead_threshold": Interval("real", 0, 1), "dense_threshold": Interval("real", 0, 1),
+    "antipodal_cosine": Interval("real", -1, 1), "absorb_cosine": Interval("real", -1, 1),
+    "containment": Interval("real", 0, 1), "kkt_tol": TOL, "max_pairs": NONNEG_INT,
+    "coding_algorithm": StrOptions(CODING_ALGORITHMS), "threads": THREADS, "backend": StrOptions(BACKENDS),
+    "progress": PROGRESS, "stability": Boolean(), "stability_witnesses": NONNEG_INT,
+    "same_width_steps": NONNEG_INT,
+}
+
+
+def _check(obj, names) -> None:
+    check_fields(obj, {name: CERTIFY_CONSTRAINTS[name] for name in names})
 
 
 @dataclass(frozen=True)
@@ -44,10 +67,8 @@ class CodingOptions:
     keep_codes: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "coding_tol", check_tol(self.coding_tol, "coding_tol"))
-        if self.coding_algorithm not in CODING_ALGORITHMS:
-            raise ValueError(f"coding_algorithm must be one of {', '.join(CODING_ALGORITHMS)}, "
-                             f"got {self.coding_algorithm!r}")
+        _check(self, ("coding_tol", "coding_algorithm", "optimal_codes_diagnostics"))
+        check_fields(self, {"keep_codes": Boolean()})
 
 
 @dataclass(frozen=True)
@@ -78,18 +99,8 @@ class FlagOptions:
     max_pairs: int = 200_000
 
     def __post_init__(self):
-        object.__setattr__(self, "kkt_tol", check_tol(self.kkt_tol, "kkt_tol"))
-        for name in ("dead_threshold", "dense_threshold", "containment"):
-            v = check_real(getattr(self, name), name, low=0.0)
-            if v > 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {v!r}")
-            object.__setattr__(self, name, v)
-        for name in ("antipodal_cosine", "absorb_cosine"):
-            v = check_real(getattr(self, name), name, low=-1.0)
-            if v > 1.0:
-                raise ValueError(f"{name} must be in [-1, 1], got {v!r}")
-            object.__setattr__(self, name, v)
-        object.__setattr__(self, "max_pairs", check_int(self.max_pairs, "max_pairs", low=0))
+        _check(self, ("kkt_tol", "dead_threshold", "dense_threshold", "antipodal_cosine", "absorb_cosine",
+                      "containment", "max_pairs"))
 
 
 @dataclass(frozen=True)
@@ -114,7 +125,5 @@ class RunOptions:
     pair_block: int = 2048
 
     def __post_init__(self):
-        object.__setattr__(self, "batch_size", check_int(self.batch_size, "batch_size", low=1))
-        object.__setattr__(self, "pair_block", check_int(self.pair_block, "pair_block", low=1))
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        _check(self, ("batch_size", "device", "backend"))
+        check_fields(self, {"pair_block": POSITIVE_INT})

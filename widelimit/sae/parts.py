@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from ..exact.stationarity import code_conditions
 from . import _kernels
 from ._util import _DENSE_K, csr_pair, diag, finish_codes
 from .metrics import ReconstructionStats
@@ -247,13 +248,10 @@ class KKTPart:
             _kernels.add_codes_t_residuals(bt.Y0, bt.R0, self.ZR.numpy())
         else:
             self.ZR += bt.ZsT @ bt.R
-        C, rows, cols = bt.C, bt.rows, bt.cols
-        cz = C[rows, cols]
-        self.viol_on = self.viol_on.scatter_reduce(0, cols, (cz - lam).abs(), reduce="amax")
-        C[rows, cols] = -math.inf  # silent tokens: the firing entries masked, then restored
-        self.viol_off = torch.maximum(self.viol_off, torch.relu(C.amax(0) - lam))
-        C[rows, cols] = cz
-        self.firing.add(cols, bt.zv, bt.R, math.sqrt(float(bt.tok[:, 3].max())))
+        on_err, off_max = code_conditions(bt.C, bt.rows, bt.cols, lam)  # the first-order kernel (exact/stationarity)
+        self.viol_on = torch.maximum(self.viol_on, on_err)
+        self.viol_off = torch.maximum(self.viol_off, torch.relu(off_max - lam))
+        self.firing.add(bt.cols, bt.zv, bt.R, math.sqrt(float(bt.tok[:, 3].max())))
 
     def merge(self, other: "KKTPart") -> "KKTPart":
         import torch
@@ -320,19 +318,15 @@ class CodingPart:
 
         s = self.s
         coder = s.coder
-        if s.coding_algorithm == "screened":
-            out = coder.solve(bt.xt, bt.Y0, bt.C)
-            if out["todo"].size:  # the full-dictionary solver finishes these tokens (float64, warm-started)
-                out["R"] = out["R"].cpu().numpy()
-                finish_codes(out, bt.Xb, s.U, s.b, s.lam, s.coding_tol)
-            return out["P"], out["gap"], out["codes"], torch.as_tensor(out["R"], device=s.dev), out["rounds"]
         if coder is not None:
-            # (C and R0 are its workspace: R0 becomes the optimal codes' residuals)
-            C0 = None if bt.C is None else bt.C.numpy()
-            out = coder.solve(bt.xt.cpu().numpy(), bt.Y0, C0, R0=bt.R0, overwrite_c0=True)
-            if out["todo"].size:  # the full-dictionary solver finishes these tokens (float64, warm-started)
-                finish_codes(out, bt.Xb, s.U, s.b, s.lam, s.coding_tol)
-            return out["P"], out["gap"], out["codes"], torch.as_tensor(out["R"], device=s.dev), out["rounds"]
+            if s.coding_algorithm == "screened":
+                res = coder.solve(bt.xt, bt.Y0, bt.C)
+            else:  # (C and R0 are its workspace: R0 becomes the optimal codes' residuals)
+                C0 = None if bt.C is None else bt.C.numpy()
+                res = coder.solve(bt.xt.cpu().numpy(), bt.Y0, C0, R0=bt.R0, overwrite_c0=True)
+            res = finish_codes(res, bt.Xb, s.U, s.b, s.lam, s.coding_tol)  # uncertified tokens: FISTA, float64
+            return res.point_values, res.point_gaps, res.codes, torch.as_tensor(res.residuals, device=s.dev), \
+                res.n_iter
         from ..coding import optimal_codes
 
         Z0 = None if bt.f is None else bt.f.cpu().numpy()
