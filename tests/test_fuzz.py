@@ -882,7 +882,7 @@ def test_dask_local_workers_above_the_cores_refused_without_starting(extra):
 def test_frontier_fits_or_skips_every_width(widths, limit):
     X = np.random.default_rng(len(widths)).standard_normal((12, 2))
     events = []
-    fr = wl.frontier(X, lam=0.5, widths=widths, n_restarts=1, max_steps=5, inits=("data",), time_limit=limit,
+    fr = wl.frontier(X, lam=0.5, widths=widths, n_restarts=1, max_iter=5, inits=("data",), time_limit=limit,
                      progress=events.append)
     want = sorted(set(widths))
     assert fr.widths + fr.skipped_widths == want and fr.widths[0] == want[0]
