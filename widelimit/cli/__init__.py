@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import sys
 import warnings
 
@@ -100,6 +101,9 @@ def _flags_of(parser, command: str | None) -> dict[str, str]:
 def flagify(msg: str, flags: dict[str, str]) -> str:
     """Name the CLI flag where a library message names the parameter: ``key=`` -> ``--key``."""
     for dest, flag in flags.items():
+        # a Python literal value (solver='SCS') becomes a shell word (--solver SCS), quoted only where the shell needs it
+        msg = re.sub(rf"(?<![\w.\-/]){re.escape(dest)}=(['\"])([^'\"]*)\1",
+                     lambda m, f=flag: f"{f} {shlex.quote(m.group(2))}", msg)
         msg = re.sub(rf"(?<![\w.\-/]){re.escape(dest)}=(?:\.\.\.)?(?=(\S?))",
                      lambda m, f=flag: f + (" " if m.group(1) else ""), msg)
         if "_" in dest:  # a parameter name with an underscore is unambiguous even without "="

@@ -138,6 +138,10 @@ def _dask_client(spec: str, timeout: float = 30.0):
             cluster.close()
         raise ValueError(f"--dask {spec}: could not reach the scheduler within {timeout:g} s "
                          f"({' '.join(str(e).split())[:200] or type(e).__name__})") from None
+    except Exception as e:  # noqa: BLE001 - a server that answers, but not in Dask's protocol
+        if cluster is not None:
+            cluster.close()
+        raise _not_dask(spec, e) from None
     try:
         client.wait_for_workers(1, timeout=left())
     except (OSError, TimeoutError):
@@ -145,7 +149,20 @@ def _dask_client(spec: str, timeout: float = 30.0):
         if cluster is not None:
             cluster.close()
         raise ValueError(f"--dask {spec}: the scheduler has no worker after {timeout:g} s") from None
+    except Exception as e:  # noqa: BLE001
+        client.close()
+        if cluster is not None:
+            cluster.close()
+        raise _not_dask(spec, e) from None
     return client, cluster
+
+
+def _not_dask(spec: str, e: Exception) -> ValueError:
+    """The one line for an address whose server answers in another protocol than Dask's: its reply, read as a
+    Dask message, gives any error (a frame length of exabytes: MemoryError; garbage: a decoding error)."""
+    return ValueError(f"--dask {spec}: the server at this address is not a Dask scheduler (its reply could not be "
+                      f"read as a Dask message: {type(e).__name__}); give a scheduler address such as "
+                      "tcp://host:8786, 'local' or 'local:N'")
 
 
 _NPZ_MAGIC = b"PK\x03\x04"

@@ -405,8 +405,6 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
         (:class:`widelimit._memory.MemoryBudgetError`) the solve's estimated memory is above the budget
         (Clarabel's dense PSD blocks grow like ``N^4``, SCS's work space like ``N^2``).
     """
-    import cvxpy as cp
-
     X = np.asarray(check_data(X), dtype=np.float64)
     lam = check_lam(lam)
     N, n = X.shape
@@ -424,6 +422,43 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
     b_fixed = None if b is None else check_vector(b, n, "b")
     kind = "outer" if cone in OUTER_CONES else "inner"
 
+    Q, q, bv, obj, cons = _model(X, lam, cone, b_fixed)
+    solver_opts = dict(solver_opts or {})
+    verbose = bool(solver_opts.pop("verbose", verbose))
+    if "solver" in solver_opts:
+        raise ValueError("choose the solver with solver=..., not inside solver_opts")
+    kw = _solver_kwargs(solver, float(tol), max_iters, solver_opts)
+    t0 = time.perf_counter()
+    status, sval, message, solve_time, cuts, rounds = _solve_with_cuts(
+        obj, cons, Q, cone, solver, verbose, kw, tol, horn_rounds, horn_cuts, horn_subsets)
+    elapsed = time.perf_counter() - t0
+    Qval = None
+    if cone == "diagonal":
+        if q.value is not None:
+            Qval = np.diag(np.asarray(q.value, dtype=np.float64))
+    elif Q.value is not None:
+        Qval = np.asarray(Q.value, dtype=np.float64)
+        Qval = 0.5 * (Qval + Qval.T)
+    bval = b_fixed if b_fixed is not None else None if bv.value is None else np.asarray(bv.value, dtype=np.float64)
+    info = {}
+    if cone == "dnn_horn":
+        info["horn_exhaustive"] = math.comb(N, 5) <= horn_subsets
+    return RelaxationResult(
+        cone=cone, kind=kind, solver=solver, status=status,
+        value=sval if status == _OK else float("nan"), solver_value=sval, Q=Qval, b=bval,
+        time_s=elapsed, solve_time_s=solve_time, tol=float(tol), N=N, n=n, lam=lam,
+        n_cuts=len(cuts), n_rounds=rounds, message=message, info=info,
+    )
+
+
+def _model(X, lam, cone, b_fixed):
+    """The cvxpy problem: ``Q`` over ``cone`` (``q`` its diagonal for the diagonal cone), the bias variable
+    ``bv`` (``None`` when fixed), the objective ``(lam/N)(tr(Xt^T (Q + lam I)^{-1} Xt) + sum Q)`` and the
+    cone's constraints."""
+    import cvxpy as cp
+
+    N, n = X.shape
+    q = None
     if cone == "diagonal":
         q = cp.Variable(N, nonneg=True)
         Q = cp.diag(q)
@@ -438,13 +473,14 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
         bv = None
         Xt = X - b_fixed[None, :]
     obj = (lam / N) * (cp.matrix_frac(Xt, Q + lam * np.eye(N)) + cp.sum(Q))
-    solver_opts = dict(solver_opts or {})
-    verbose = bool(solver_opts.pop("verbose", verbose))
-    if "solver" in solver_opts:
-        raise ValueError("choose the solver with solver=..., not inside solver_opts")
-    kw = _solver_kwargs(solver, float(tol), max_iters, solver_opts)
+    return Q, q, bv, obj, cons
 
-    t0 = time.perf_counter()
+
+def _solve_with_cuts(obj, cons, Q, cone, solver, verbose, kw, tol, horn_rounds, horn_cuts, horn_subsets):
+    """Solve, and for ``"dnn_horn"`` add the violated Horn cuts and solve again (at most ``horn_rounds`` times).
+    Returns ``(status, solver value, message, solve time, cuts, rounds)``."""
+    import cvxpy as cp
+
     solve_time = 0.0
     cuts: list = []
     rounds = 0
@@ -475,27 +511,4 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
         if not new:
             break
         cuts.extend(new)
-    elapsed = time.perf_counter() - t0
-
-    Qval = None
-    if cone == "diagonal":
-        if q.value is not None:
-            Qval = np.diag(np.asarray(q.value, dtype=np.float64))
-    elif Q.value is not None:
-        Qval = np.asarray(Q.value, dtype=np.float64)
-        Qval = 0.5 * (Qval + Qval.T)
-    if b_fixed is not None:
-        bval = b_fixed
-    elif bv.value is not None:
-        bval = np.asarray(bv.value, dtype=np.float64)
-    else:
-        bval = None
-    info = {}
-    if cone == "dnn_horn":
-        info["horn_exhaustive"] = math.comb(N, 5) <= horn_subsets
-    return RelaxationResult(
-        cone=cone, kind=kind, solver=solver, status=status,
-        value=sval if status == _OK else float("nan"), solver_value=sval, Q=Qval, b=bval,
-        time_s=elapsed, solve_time_s=solve_time, tol=float(tol), N=N, n=n, lam=lam,
-        n_cuts=len(cuts), n_rounds=rounds, message=message, info=info,
-    )
+    return status, sval, message, solve_time, cuts, rounds

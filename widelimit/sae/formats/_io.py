@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from ..._validation import LAM_MIN as _LAM_MIN
-from ...data.readers import unpickle_reason
-from ...data.shards import special_file, special_message
+from ...data.readers import plain_tensor, unpickle_reason
+from ...data.shards import DataError, special_file, special_message
 from ..model import SAEFormatError
 
 _MISSING = object()
@@ -81,6 +81,11 @@ def read_pt(p: Path) -> dict:
     for k, v in obj.items():
         if not isinstance(v, torch.Tensor):
             raise SAEFormatError(f"{p}: entry {k!r} is a {type(v).__name__}, expected a tensor")
+        if v.dtype != torch.bool:  # sparse, meta, quantized, nested, float8 ...: one line naming file and key
+            try:
+                plain_tensor(v, p, f"tensor {str(k)!r}")
+            except DataError as e:
+                raise SAEFormatError(str(e)) from None
         out[str(k)] = v
     return out
 
