@@ -122,38 +122,50 @@ def _dask_client(spec: str, timeout: float = 30.0):
     def left() -> float:
         return max(0.1, deadline - time.monotonic())
 
-    cluster = None
+    import dask
+
+    # a Client that fails while connecting has already made "dask.distributed" the process's scheduler:
+    # restored on every failure, so that later computations in the process do not go to a client that is not
+    had_scheduler, scheduler = "scheduler" in dask.config.config, dask.config.config.get("scheduler")
     try:
-        if local is not None:
-            cluster = _start_local_cluster(spec, nw, timeout)
-            client = Client(cluster, timeout=left())
+        cluster = None
+        try:
+            if local is not None:
+                cluster = _start_local_cluster(spec, nw, timeout)
+                client = Client(cluster, timeout=left())
+            else:
+                client = Client(spec, timeout=timeout)
+        except ValueError:
+            if cluster is not None:
+                cluster.close()
+            raise
+        except (OSError, TimeoutError) as e:
+            if cluster is not None:
+                cluster.close()
+            raise ValueError(f"--dask {spec}: could not reach the scheduler within {timeout:g} s "
+                             f"({' '.join(str(e).split())[:200] or type(e).__name__})") from None
+        except Exception as e:  # noqa: BLE001 - a server that answers, but not in Dask's protocol
+            if cluster is not None:
+                cluster.close()
+            raise _not_dask(spec, e) from None
+        try:
+            client.wait_for_workers(1, timeout=left())
+        except (OSError, TimeoutError):
+            client.close()
+            if cluster is not None:
+                cluster.close()
+            raise ValueError(f"--dask {spec}: the scheduler has no worker after {timeout:g} s") from None
+        except Exception as e:  # noqa: BLE001
+            client.close()
+            if cluster is not None:
+                cluster.close()
+            raise _not_dask(spec, e) from None
+    except BaseException:
+        if had_scheduler:
+            dask.config.config["scheduler"] = scheduler
         else:
-            client = Client(spec, timeout=timeout)
-    except ValueError:
-        if cluster is not None:
-            cluster.close()
+            dask.config.config.pop("scheduler", None)
         raise
-    except (OSError, TimeoutError) as e:
-        if cluster is not None:
-            cluster.close()
-        raise ValueError(f"--dask {spec}: could not reach the scheduler within {timeout:g} s "
-                         f"({' '.join(str(e).split())[:200] or type(e).__name__})") from None
-    except Exception as e:  # noqa: BLE001 - a server that answers, but not in Dask's protocol
-        if cluster is not None:
-            cluster.close()
-        raise _not_dask(spec, e) from None
-    try:
-        client.wait_for_workers(1, timeout=left())
-    except (OSError, TimeoutError):
-        client.close()
-        if cluster is not None:
-            cluster.close()
-        raise ValueError(f"--dask {spec}: the scheduler has no worker after {timeout:g} s") from None
-    except Exception as e:  # noqa: BLE001
-        client.close()
-        if cluster is not None:
-            cluster.close()
-        raise _not_dask(spec, e) from None
     return client, cluster
 
 
