@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -96,6 +97,9 @@ def _dask_client(spec: str, timeout: float = 30.0):
     """``(client, cluster)`` for ``--dask``: the address is checked, and the cluster must start (``local``), the
     scheduler answer and have at least one worker, all within ``timeout`` seconds together.
 
+    The client is not made the process's default (the command computes inside ``client.as_current()``): a
+    client that failed while connecting stayed the default, and later computations in the process went to it.
+
     ``local:N`` is at most the usable cores (:func:`usable_cores`): every worker is a process.
     """
     try:
@@ -122,50 +126,38 @@ def _dask_client(spec: str, timeout: float = 30.0):
     def left() -> float:
         return max(0.1, deadline - time.monotonic())
 
-    import dask
-
-    # a Client that fails while connecting has already made "dask.distributed" the process's scheduler:
-    # restored on every failure, so that later computations in the process do not go to a client that is not
-    had_scheduler, scheduler = "scheduler" in dask.config.config, dask.config.config.get("scheduler")
+    cluster = None
     try:
-        cluster = None
-        try:
-            if local is not None:
-                cluster = _start_local_cluster(spec, nw, timeout)
-                client = Client(cluster, timeout=left())
-            else:
-                client = Client(spec, timeout=timeout)
-        except ValueError:
-            if cluster is not None:
-                cluster.close()
-            raise
-        except (OSError, TimeoutError) as e:
-            if cluster is not None:
-                cluster.close()
-            raise ValueError(f"--dask {spec}: could not reach the scheduler within {timeout:g} s "
-                             f"({' '.join(str(e).split())[:200] or type(e).__name__})") from None
-        except Exception as e:  # noqa: BLE001 - a server that answers, but not in Dask's protocol
-            if cluster is not None:
-                cluster.close()
-            raise _not_dask(spec, e) from None
-        try:
-            client.wait_for_workers(1, timeout=left())
-        except (OSError, TimeoutError):
-            client.close()
-            if cluster is not None:
-                cluster.close()
-            raise ValueError(f"--dask {spec}: the scheduler has no worker after {timeout:g} s") from None
-        except Exception as e:  # noqa: BLE001
-            client.close()
-            if cluster is not None:
-                cluster.close()
-            raise _not_dask(spec, e) from None
-    except BaseException:
-        if had_scheduler:
-            dask.config.config["scheduler"] = scheduler
+        if local is not None:
+            cluster = _start_local_cluster(spec, nw, timeout)
+            client = Client(cluster, timeout=left(), set_as_default=False)
         else:
-            dask.config.config.pop("scheduler", None)
+            client = Client(spec, timeout=timeout, set_as_default=False)
+    except ValueError:
+        if cluster is not None:
+            cluster.close()
         raise
+    except (OSError, TimeoutError) as e:
+        if cluster is not None:
+            cluster.close()
+        raise ValueError(f"--dask {spec}: could not reach the scheduler within {timeout:g} s "
+                         f"({' '.join(str(e).split())[:200] or type(e).__name__})") from None
+    except Exception as e:  # noqa: BLE001 - a server that answers, but not in Dask's protocol
+        if cluster is not None:
+            cluster.close()
+        raise _not_dask(spec, e) from None
+    try:
+        client.wait_for_workers(1, timeout=left())
+    except (OSError, TimeoutError):
+        client.close()
+        if cluster is not None:
+            cluster.close()
+        raise ValueError(f"--dask {spec}: the scheduler has no worker after {timeout:g} s") from None
+    except Exception as e:  # noqa: BLE001
+        client.close()
+        if cluster is not None:
+            cluster.close()
+        raise _not_dask(spec, e) from None
     return client, cluster
 
 
@@ -246,7 +238,8 @@ def _run_bound(args) -> int:
         if client is not None:
             X = from_source(X if isinstance(X, ActivationSource) else ActivationSource.from_array(X), rows=args.rows)
         t0 = time.perf_counter()
-        with progress_display(err, enabled=not args.no_progress) as cb:
+        with progress_display(err, enabled=not args.no_progress) as cb, \
+                (client.as_current() if client is not None else contextlib.nullcontext()):
             if args.geometric:
                 res = geometric_median(X, progress=cb, checkpoint=args.checkpoint)
             else:
