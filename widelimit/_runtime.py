@@ -1,13 +1,16 @@
 """Runtime settings shared by the solvers: torch device selection and one thread limiter for torch, numba and BLAS."""
 
 from __future__ import annotations
+import contextlib
 import functools
 import os
 import signal
 import sys
 import threading
+import time
 
-__all__ = ["resolve_device", "torch_dtype", "default_threads", "limit_threads", "with_thread_limit"]
+__all__ = ["resolve_device", "torch_dtype", "usable_cores", "max_threads", "check_threads", "default_threads",
+           "limit_threads", "with_thread_limit", "stdout_to_stderr"]
 
 
 def resolve_device(device="auto"):
@@ -54,6 +57,39 @@ def torch_dtype(dtype):
 # --------------------------------------------------------------------------------------
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity; ``os.cpu_count()`` where that is unknown)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+#: Threads per usable core that a thread count may ask for: more only contend for the cores (and each BLAS
+#: thread allocates its own buffers: 1000 threads ended in MemoryError).
+THREADS_PER_CORE = 4
+
+
+def max_threads() -> int:
+    """The largest thread count accepted: :data:`THREADS_PER_CORE` times the usable cores."""
+    return THREADS_PER_CORE * usable_cores()
+
+
+def check_threads(threads, name: str = "threads") -> int:
+    """``threads`` as an int if it is an integer in ``1 .. max_threads()``; else one ``ValueError`` naming ``name``."""
+    try:
+        ok = not isinstance(threads, bool) and int(threads) == threads and int(threads) >= 1
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a positive integer, got {threads!r}")
+    top = max_threads()
+    if int(threads) > top:
+        raise ValueError(f"{name} must be at most {top} ({THREADS_PER_CORE} per usable core; this machine lets "
+                         f"the process use {usable_cores()}), got {int(threads)}")
+    return int(threads)
+
+
 def default_threads() -> int:
     """The thread count the solvers use: ``WIDELIMIT_THREADS`` if set, else the usable cores (at most 8),
     or 1 when the 1-minute load average is at least twice the usable cores (other processes
@@ -72,12 +108,8 @@ def default_threads() -> int:
             n = 0
         if n < 1:
             raise ValueError(f"WIDELIMIT_THREADS must be a positive integer, got {env!r}")
-        return n
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    cores = max(1, min(8, cores))
+        return check_threads(n, "WIDELIMIT_THREADS")
+    cores = min(8, usable_cores())
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # not available
@@ -133,13 +165,8 @@ class limit_threads:
         self.inherit = threads is None and limit_threads._depth > 0
         if threads is None:
             threads = default_threads()
-        if isinstance(threads, bool) or int(threads) != threads or int(threads) < 1:
-            raise ValueError(f"threads must be a positive integer, got {threads!r}")
-        self.threads = int(threads)
-        if blas_threads is not None and (isinstance(blas_threads, bool) or int(blas_threads) != blas_threads
-                                         or int(blas_threads) < 1):
-            raise ValueError(f"blas_threads must be a positive integer, got {blas_threads!r}")
-        self.blas_threads = None if blas_threads is None else int(blas_threads)
+        self.threads = check_threads(threads)
+        self.blas_threads = None if blas_threads is None else check_threads(blas_threads, "blas_threads")
         self._saved = None
 
     def __enter__(self):
@@ -198,39 +225,114 @@ def with_thread_limit(fn):
     return wrapper
 
 
+class stdout_to_stderr:
+    """Context manager: file descriptor 1 (the C libraries' ``printf``) goes to stderr while it is open.
+
+    A solver never prints (``--json`` must be the only thing on stdout), but C solvers write to fd 1
+    directly: SCS prints ``ERROR: work memory allocation failure`` there, past ``sys.stdout``. Python's
+    own ``sys.stdout`` is flushed before and after and left alone; fd 1 is restored on exit.
+    Where fd 1 or 2 is not a real descriptor (an embedding host), nothing is redirected.
+    """
+
+    def __enter__(self):
+        self._saved = None
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self._saved = os.dup(1)
+            os.dup2(2, 1)
+        except (OSError, ValueError, AttributeError):
+            if self._saved is not None:
+                os.close(self._saved)
+            self._saved = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(self._saved, 1)
+            os.close(self._saved)
+        return False
+
+
 _SIGINT_SEEN = False
+#: the interrupted line's prefix: ``widelimit fit`` as soon as the command line names its subcommand
+_LABEL = "widelimit"
+#: ``True`` while a command runs: Ctrl-C then unwinds it (its temporary outputs are removed on the way out);
+#: outside a command (start-up, the end) there is nothing to undo and the process ends at once
+_UNWIND = False
+_T0 = time.perf_counter()
 
 
 def _on_sigint(signum, frame):
     global _SIGINT_SEEN
     _SIGINT_SEEN = True
+    if not _UNWIND:
+        exit_interrupted(f"{_LABEL}: interrupted")
     raise KeyboardInterrupt
 
 
-def track_interrupts() -> None:
-    """Install a SIGINT handler that raises KeyboardInterrupt, as Python's does, and remembers it.
+def track_interrupts(label: str = "widelimit") -> None:
+    """Install the command line's SIGINT handler: Ctrl-C prints one line, ``LABEL: interrupted``, and ends the
+    process with status 130, wherever it lands.
 
-    For the command line only (a library does not touch signal handlers). Two ways an interrupt
-    can go astray are covered:
+    For the command line only (a library does not touch signal handlers). Outside a command's run (the
+    imports of start-up, argument parsing, the end) the handler ends the process at once: no Python code is
+    interrupted halfway, so no traceback can be printed and no ``ImportError`` can stand for the interrupt.
+    While :func:`unwinding_interrupts` is active (a command runs) it raises KeyboardInterrupt, as Python's
+    does, so the command removes its temporary outputs; two ways that interrupt can go astray are covered:
 
-    - a Ctrl-C inside a C extension's initialisation surfaces as ``ImportError: initialization
-      failed``, not KeyboardInterrupt: :func:`interrupted` lets the command line still report it
-      as an interrupt (status 130) instead of an error;
+    - a Ctrl-C inside a C extension's initialisation (a lazy import of torch) surfaces as ``ImportError:
+      initialization failed``, not KeyboardInterrupt: :func:`interrupted` lets the command line still report
+      it as an interrupt (status 130) instead of an error;
     - a KeyboardInterrupt raised while Python runs a callback or finaliser (an import lock's
       weakref callback, a ``__del__``) is printed as "Exception ignored" and dropped, and the
       command would run on: ``sys.unraisablehook`` then ends the process as interrupted.
+
+    Not covered: the interpreter's own start-up before any of widelimit's code runs (``site``, the
+    package's ``__init__``): there Python's default handler applies.
     """
+    global _LABEL
     if threading.current_thread() is not threading.main_thread():
         return
+    _LABEL = label
     signal.signal(signal.SIGINT, _on_sigint)
     previous = sys.unraisablehook
 
     def hook(unraisable):
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            exit_interrupted("widelimit: interrupted")
+            exit_interrupted(f"{_LABEL}: interrupted")
         previous(unraisable)
 
     sys.unraisablehook = hook
+
+
+@contextlib.contextmanager
+def unwinding_interrupts():
+    """While a command runs: Ctrl-C raises KeyboardInterrupt (caught by the command line, which prints the
+    line) instead of ending the process at once. Without :func:`track_interrupts` it changes nothing."""
+    global _UNWIND
+    before, _UNWIND = _UNWIND, True
+    try:
+        yield
+    finally:
+        _UNWIND = before
+
+
+def trace(stage: str) -> None:
+    """With ``WIDELIMIT_TRACE=1``, write ``widelimit trace: STAGE T s`` on stderr: how far the command line
+    has come (``handler``: Ctrl-C is handled; ``imported``: the solvers are imported; ``parsed``: the
+    arguments are read; ``running``: the command runs) and the seconds since it started, for a slow start-up
+    (and for the tests, which interrupt each stage when its line appears)."""
+    if os.environ.get("WIDELIMIT_TRACE") == "1":
+        try:
+            sys.stderr.write(f"widelimit trace: {stage} {time.perf_counter() - _T0:.3f} s\n")
+            sys.stderr.flush()
+        except (OSError, ValueError, RuntimeError):  # a closed pipe or stream is no reason to fail
+            pass
 
 
 def exit_interrupted(message: str | None = None) -> None:
@@ -239,15 +341,40 @@ def exit_interrupted(message: str | None = None) -> None:
     ``os._exit``: an interrupt that passed through C code running Python (``PyRun_String``, e.g.
     inside an extension's import) leaves CPython's "unhandled KeyboardInterrupt" flag set, and the
     interpreter would kill itself with SIGINT at a normal exit even though the interrupt was
-    handled. Outputs are written atomically, so exiting now loses nothing."""
+    handled. Outputs are written atomically, so exiting now loses nothing. The message goes straight to
+    the file descriptor: the signal may have landed while ``sys.stderr`` was itself writing."""
     for stream in (sys.stdout, sys.stderr):
         try:
-            if stream is sys.stderr and message:
-                stream.write(message + "\n")
             stream.flush()
-        except Exception:  # noqa: BLE001 - a closed pipe must not turn 130 into a traceback
+        except Exception:  # noqa: BLE001 - a closed pipe or a re-entered writer must not turn 130 into a traceback
+            pass
+    if message:
+        try:
+            os.write(2, (message + "\n").encode())
+        except OSError:
             pass
     os._exit(130)
+
+
+def exit_now(status: int) -> None:
+    """Flush stdout and stderr and end the process with ``status`` now (the command has finished).
+
+    The command line ends this way, not through the interpreter's shutdown: a Ctrl-C during the shutdown
+    (a second of atexit handlers and module teardown, after the JSON is printed) came after Python had
+    given SIGINT back to its default action, and the process died by the signal without a line. Nothing
+    is lost: outputs are written atomically, and the command's own resources (a Dask cluster, thread
+    pools) are closed before it returns. An interrupt landing here (outside a command, so the handler of
+    :func:`track_interrupts` ends the process itself) is the interrupt's one line and 130.
+    """
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe: nothing more can be written
+                pass
+    except KeyboardInterrupt:
+        exit_interrupted(f"{_LABEL}: interrupted")
+    os._exit(status)
 
 
 def interrupted() -> bool:

@@ -17,17 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DataError", "show", "check_path"]
+from .._files import show, special_file, special_message
+
+__all__ = ["DataError", "show", "check_path", "special_file"]
 
 
 class DataError(ValueError):
     """A data file is missing, unreadable, or does not hold what was asked for."""
-
-
-def show(p) -> str:
-    """A path for a one-line message: as is when printable, else ``repr`` (a newline reads as ``\\n``)."""
-    s = os.fspath(p) if isinstance(p, os.PathLike) else str(p)
-    return s if s.isprintable() else repr(s)
 
 
 def first_line(e: BaseException) -> str:
@@ -49,7 +45,7 @@ def check_path(path, what: str = "path") -> Path:
     if str(path) == "":
         raise DataError(f"{what} is an empty string")
     try:
-        os.stat(p)
+        st = os.stat(p)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise DataError(f"{show(p)}: symlink loop (too many levels of symbolic links)") from None
@@ -64,6 +60,9 @@ def check_path(path, what: str = "path") -> Path:
         raise DataError(f"{show(p)}: {e.strerror or first_line(e)}") from None
     except ValueError as e:  # embedded NUL byte
         raise DataError(f"{show(p)}: invalid path ({first_line(e)})") from None
+    kind = special_file(p, st)
+    if kind is not None:
+        raise DataError(special_message(p, kind))
     if not os.access(p, os.R_OK):
         raise DataError(f"{show(p)}: not readable (permission denied)")
     return p

@@ -32,14 +32,15 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from .._validation import check_lam, check_tol, row_norms
+from .._validation import check_code_block, check_lam, check_tol, row_norms
 from .gap import allowed_gap, is_certified, relative_gap  # noqa: F401 (is_certified is documented here)
-from .median import MedianResult, centered, huber_median
+from .median import MedianResult, huber_median
+from .median_pass import centered
 from .objective import _check_triple, _matmul_rows, code_mass, huber_h
 from ..engine import engine_for
 from ..engine.fingerprint import mismatch_error
-from ..engine.local import FloatOverflow, ScaledRows, is_dask_array, raise_nonfinite, scratch
-from .scaling import normaliser, scale_median, scaled_lam, unscale_certificate
+from ..engine.local import FloatOverflow, is_dask_array, raise_nonfinite, scratch
+from .scaling import on_scaled_data, scale_median, unscale_certificate
 from .median_bound import ETA, U, check_consistent, gamma, sum_depth
 
 __all__ = ["Certificate", "verify", "is_certified", "relative_gap"]
@@ -137,6 +138,8 @@ def _cert_chunk(c, s, W, b, lam, norms, count, slot, n_multi, Zc):
     for dense codes ``EtZ = E^T Z`` (k x n).
     """
     k, n = W.shape
+    if k:
+        check_code_block(Zc, s)  # dask blocks arrive unchecked: a bad code is named before it reaches a residual
     D = centered(c, b, "a")
     hub = float(huber_h(np.sqrt(np.einsum("ij,ij->i", D, D)), lam=lam).sum())
     E = np.subtract(D, _matmul_rows(Zc, 0, c.shape[0], W), out=scratch(c.shape, "b")) if k else D
@@ -148,9 +151,6 @@ def _cert_chunk(c, s, W, b, lam, norms, count, slot, n_multi, Zc):
     if not k:
         return rec, esum, emax, np.zeros((0, n)), hub, 0.0
     if isinstance(Zc, np.ndarray):
-        if Zc.size and not (Zc.min() >= 0 and np.isfinite(Zc).all()):  # dask blocks arrive unchecked
-            i = int(np.flatnonzero(~((Zc >= 0) & np.isfinite(Zc)).all(axis=1))[0])
-            raise ValueError(f"Z must be finite and >= 0 (nonnegative codes); row {s + i} is not")
         return rec, esum, emax, Zc.T @ E, hub, 0.0
     z = Zc.tocoo()
     c_row, c_col, c_val = z.row, z.col, z.data * norms[z.col]
@@ -335,15 +335,12 @@ def verify(X, W, Z, b, *, lam, tol: float = 1e-9, atol: float = 0.0, median: Med
     tol, atol = check_tol(tol, "tol"), check_tol(atol, "atol")
     if median is not None:
         check_given_median(median, lam=check_lam(lam), n=X.shape[1])
-    f = normaliser(X)  # data far from unit magnitude: certified as f X (f an exact power of two)
-    if f == 1.0:
-        if median is None:
-            median = huber_median(X, lam=lam, progress=progress, checkpoint=checkpoint)
-        return _certificate(X, W, Z, b, lam, median, tol, atol, progress)
-    lam_f = scaled_lam(lam, f)
-    Xf = ScaledRows(X, f)
-    median = (huber_median(Xf, lam=lam_f, progress=progress, checkpoint=checkpoint) if median is None
-              else scale_median(median, f, lam_f))
-    atol_f = min(atol * f * f, float(np.finfo(np.float64).max))
-    cert = _certificate(Xf, W, Z * f, b * f, lam_f, median, tol, atol_f, progress)
-    return unscale_certificate(cert, f, lam, atol)
+    def run(Xf, lam_f, f):  # data far from unit magnitude: certified as f X (f an exact power of two)
+        med = (huber_median(Xf, lam=lam_f, progress=progress, checkpoint=checkpoint) if median is None
+               else median if f == 1.0 else scale_median(median, f, lam_f))
+        if f == 1.0:
+            return _certificate(X, W, Z, b, lam, med, tol, atol, progress)
+        atol_f = min(atol * f * f, float(np.finfo(np.float64).max))
+        return _certificate(Xf, W, Z * f, b * f, lam_f, med, tol, atol_f, progress)
+
+    return on_scaled_data(X, lam, run, lambda cert, f: unscale_certificate(cert, f, lam, atol), one_blas=False)

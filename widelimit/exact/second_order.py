@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ..coding.pdas import optimal_codes
+from ..coding.fista import fista_codes as optimal_codes
 from .objective import sae_objective
 
 __all__ = ["JointCurvature", "joint_curvature", "joint_witness", "merge_parallel", "tangent_bases"]

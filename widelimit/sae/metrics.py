@@ -16,7 +16,7 @@ and ``f`` the codes (definitions as in ``sae_lens.evals``; means over tokens):
 
 ``sae_lens.evals`` computes ``relative_reconstruction_bias`` per eval batch and
 averages the batch ratios; here it is the ratio of the means over all tokens
-(the two coincide on one batch; tests/test_sae_formats.py runs SAELens' own code
+(the two coincide on one batch; tests/sae/test_libraries.py runs SAELens' own code
 for the comparison). The other metrics are token means in both.
 
 The same numbers for the optimal codes of the SAE's decoder and bias
@@ -87,6 +87,17 @@ class ReconstructionStats:
             self.opt_l0_known = False
         else:
             self.opt_l0 += float(nnz)
+
+    def merge(self, other: "ReconstructionStats") -> "ReconstructionStats":
+        """Add the sums of another row range (in place; associative, for Dask blocks)."""
+        self.n += other.n
+        if other.sum_x is not None:
+            self.sum_x = other.sum_x.copy() if self.sum_x is None else self.sum_x + other.sum_x
+        for a in ("sum_x2", "rss", "cos", "ratio", "xhat2", "dot", "l0", "l1", "opt_n", "opt_rss", "opt_l0"):
+            setattr(self, a, getattr(self, a) + getattr(other, a))
+        self.fired |= other.fired
+        self.opt_l0_known = self.opt_l0_known and other.opt_l0_known
+        return self
 
     def result(self) -> dict:
         """The metrics (``None`` where undefined)."""
