@@ -21,6 +21,7 @@ from ...exact.solve import solve
 from ...exact.stability import feature_stability
 from ...exact.stationarity import first_order_conditions
 from ...learn.gradient import fit_dictionary
+from ...relax.families import make_bench_instance
 from . import register
 from ._common import save_figure, subplots, write_json
 
@@ -91,8 +92,6 @@ def spurious_data(quick: bool = False):
     Widths from ``R`` (where the wide-limit optimum is first reachable, theory.md §7) up to ``N``
     (``fit_dictionary`` refuses more: the optimum at width ``N`` is the wide limit).
     """
-    from ...relax.families import make_bench_instance
-
     N, R = (12, 4) if quick else (60, 10)
     inst = make_bench_instance("rays", N, seed=0, dim=3, lam=0.3, n_rays=R)
     return inst.X, inst.lam, R
