@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from ..coding.lasso import gap_floor
 from ..exact.stationarity import code_conditions
 from . import _kernels
 from ._util import _DENSE_K, csr_pair, diag, finish_codes
@@ -43,16 +44,13 @@ __all__ = ["Batch", "Setup", "EncoderPart", "KKTPart", "PairPart", "CodingPart",
            "coding_scale"]
 
 
-def coding_scale(P, xx, lam):
-    r"""The per-token objective scale a coding gap is compared with: ``max(P_i, ||x_i - b||^2, lam^2 eps)``.
+def coding_scale(P, lam):
+    r"""The per-token objective scale a coding gap is compared with: ``max(P_i, gap_floor(lam))``.
 
-    ``P_i`` is the token's objective at its codes; ``||x_i - b||^2 = P_i(0)`` is the objective of
-    the empty code, an upper bound on the optimum that does not depend on ``lam``, so that a ``lam``
-    far above the data's scale cannot make a large gap look small (the former floor ``lam^2``
-    did: theory.md §8.6). ``lam^2 eps`` (``eps`` = float64's) only keeps the scale positive for a
-    token at the bias.
+    Relative to the token's own objective (:func:`widelimit.coding.lasso.gap_floor`; the former floor
+    ``lam^2`` let a ``lam`` far above the data's scale pass the SAE's codes as optimal: theory.md §8.6).
     """
-    return np.maximum(np.maximum(P, xx), lam * lam * np.finfo(np.float64).eps)
+    return np.maximum(P, gap_floor(lam))
 
 
 @dataclass
@@ -347,8 +345,7 @@ class CodingPart:
         self.val += float(np.sum(P))
         self.gap += float(np.sum(gap_t))
         self.max_gap = max(self.max_gap, float(np.max(gap_t)))
-        xx = _t((bt.xt * bt.xt).sum(1))
-        self.converged = self.converged and bool(np.all(gap_t <= s.coding_tol * coding_scale(P, xx, s.lam)))
+        self.converged = self.converged and bool(np.all(gap_t <= s.coding_tol * coding_scale(P, s.lam)))
         self.n_iter = max(self.n_iter, int(n_it))
         if self.ZRo is not None and s.numba:
             _kernels.add_codes_t_residuals(Yo, Ro.numpy(), self.ZRo.numpy())
