@@ -19,7 +19,7 @@ regime -- many atoms, few active per token, a warm start (the SAE's own codes) t
 3. **Certificate, float64**: residuals ``r = xt - y_W U_W`` in float64; correlations for the whole
    batch as one matrix product ``R U^T`` in float32 (the one ``O(n k)`` cost per token and round);
    its maximum made exact: every entry within ``2 e_i`` of the float32 maximum is recomputed in
-   float64, where ``e_i = gamma_{n+2} ||r_i||`` (``gamma_m = m u / (1 - m u)``, ``u = 2^-24``)
+   float64, where ``e_i = 1.01 gamma_{n+3} ||r_i||`` (``gamma_m = m u / (1 - m u)``, ``u = 2^-24``)
    bounds the float32 error of every entry (inputs rounded to float32 and any summation order,
    ``||u_d|| = 1``), so no entry outside that window can be the maximum. The gap then uses the
    exact ``max_d <u_d, r_i>`` (to float64 rounding), as the other coders do.
@@ -50,7 +50,7 @@ def exact_max(R, U64, U32):
 
     n = R.shape[1]
     C32 = R.to(torch.float32) @ U32.T
-    g = (n + 2) * _U32 / (1.0 - (n + 2) * _U32) * 1.01
+    g = 1.01 * (n + 3) * _U32 / (1.0 - (n + 3) * _U32)  # docs/theory.md §8.6
     e = g * torch.linalg.norm(R, dim=1)
     m32 = C32.amax(1).to(torch.float64)
     ri, di = torch.nonzero(C32.to(torch.float64) >= (m32 - 2.0 * e - 1e-300)[:, None], as_tuple=True)
