@@ -38,6 +38,7 @@ import scipy.sparse as sp
 
 from .lasso import gap_floor, lasso_gap
 from .result import CodingResult
+from .working_set import _pdas
 
 __all__ = ["ScreenedCoder", "exact_max"]
 
@@ -123,8 +124,6 @@ class ScreenedCoder:
         removes the float32 rounding of ``G`` from the solution (the certificate is linear in it).
         """
         import torch
-
-        from .working_set import _pdas
 
         out = torch.empty_like(y)
         S = W.shape[1]

@@ -34,7 +34,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from ..coding import optimal_codes
+from ..coding.cd import GramCoder
 from ..coding.lasso import gap_floor
+from ..coding.screened import ScreenedCoder
 from ..exact.stationarity import code_conditions
 from . import _kernels
 from ._util import _DENSE_K, csr_pair, diag, finish_codes
@@ -102,12 +105,8 @@ class Setup:
     def coder(self):
         """The Gram coder (``"cd"``) or the screened coder (``"screened"``), made once where the setup lives."""
         if self._coder is None and self.coding_algorithm == "screened":
-            from ..coding.screened import ScreenedCoder
-
             self._coder = ScreenedCoder(self.U, lam=self.lam, tol=self.coding_tol, device=self.dev)
         if self._coder is None and self.coding_algorithm == "cd":
-            from ..coding.cd import GramCoder
-
             # forms G = U U^T once (float64); float32 products (made exact) pay off for wide dictionaries
             self._coder = GramCoder(self.U, lam=self.lam, tol=self.coding_tol, fast_products=self.k > _DENSE_K)
         return self._coder
@@ -325,8 +324,6 @@ class CodingPart:
             res = finish_codes(res, bt.Xb, s.U, s.b, s.lam, s.coding_tol)  # uncertified tokens: FISTA, float64
             return res.point_values, res.point_gaps, res.codes, torch.as_tensor(res.residuals, device=s.dev), \
                 res.n_iter
-        from ..coding import optimal_codes
-
         Z0 = None if bt.f is None else bt.f.cpu().numpy()
         res = optimal_codes(bt.Xb, s.sae.W_dec, s.b, lam=s.lam, algorithm=s.coding_algorithm, tol=s.coding_tol,
                             device=s.dev, Z0=Z0, return_codes=True)
