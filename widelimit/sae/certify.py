@@ -94,6 +94,9 @@ from .options import CERTIFY_CONSTRAINTS, CodingOptions, FlagOptions, RunOptions
 from .parts import Batch, Setup, default_parts
 from .report import flat_dict, plot_sae_certificate, write_sae_certificate  # noqa: F401  (re-exported)
 
+#: Most bytes of one batch's ``batch x d_sae`` float64 correlations (the batch shrinks for wide SAEs).
+BATCH_BYTES = 1 << 28
+
 __all__ = ["SAECertificate", "certify_sae", "plot_sae_certificate", "write_sae_certificate", "resolve_lam",
            "violation_tolerance", "sample_rows", "run_parts"]
 
@@ -225,7 +228,8 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
         Relative per-token duality gap of the optimal coding: ``gap_i <= coding_tol * scale_i`` with
         ``scale_i`` the token's own objective scale (:func:`widelimit.sae.parts.coding_scale`).
     batch_size : int
-        Tokens per batch (memory ~ ``batch_size * d_sae`` float64 several times).
+        Most tokens per batch (memory ~ ``batch_size * d_sae`` float64 several times; fewer tokens when
+        ``batch_size * d_sae`` float64 exceeds :data:`BATCH_BYTES`).
     device : {"auto", "cpu", "cuda"}
         Where the encoder, diagnostics and optimal coding run.
     backend : {"auto", "numba", "torch"}
@@ -403,7 +407,9 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
                                block_rows=None)
     absorb = pc >= flags.absorb_cosine
     make = partial(default_parts, coding=coding, pairs=(pa[absorb], pb[absorb]))
-    parts = run_parts(acts, make, setup, run.batch_size, progress)
+    # a batch's (batch x d_sae) float64 correlations within BATCH_BYTES: memory bounded by the batch at any width
+    rows = max(64, min(run.batch_size, BATCH_BYTES // (8 * setup.k)))
+    parts = run_parts(acts, make, setup, rows, progress)
     Xb_all, med, h_bias, width_opt = _wide_bound(acts, sae, setup.b, setup.lam, tol, run.batch_size, progress)
     return assemble(SAECertificate, parts, setup, flags, coding, choice=choice, med=med, h_bias=h_bias,
                     width_opt=width_opt, pairs=(pa, pb, pc), acts=acts, Xb_all=Xb_all, sample=sample, notes=notes,
