@@ -9,7 +9,7 @@ every atom's cap of angle ``theta`` centred on ``W*``, this script measures side
 * the objective's own rise ``(V(W) - L*) / L*`` at dictionaries tilted by ``theta`` in random tangent
   directions (median and minimum of ``--tilts``), ``V(W)`` the exact optimum over codes and bias;
 * at the same tilts, the value ``q(u(W))`` of the second-order bound's dual point itself (built
-  explicitly, as in tests/test_finite_taylor.py, with every point that is not on ``n`` atoms carrying):
+  explicitly, as in tests/finite/test_taylor.py, with every point that is not on ``n`` atoms carrying):
   the largest loss ``(L* - q(u(W))) / L*`` over the tilts where ``u(W)`` is feasible. The gap between
   this and the bound's loss is what the bound's norm estimates give away;
 * the robust affine dual bound of docs/theory.md §7.7 (``--no-affine`` skips it): the best dual point
@@ -40,6 +40,7 @@ from _common import write  # noqa: E402
 
 import widelimit as wl  # noqa: E402
 from widelimit.finite import _taylor as T  # noqa: E402
+from widelimit.coding.fixed_dictionary import fixed_dictionary_optimum  # noqa: E402
 from widelimit.finite.bnb import _polish, node_lower_bound  # noqa: E402
 
 THETAS = (0.3, 0.1, 0.05, 0.03, 0.02, 0.01, 0.005, 0.002, 0.001)
@@ -174,7 +175,7 @@ def value_at(X, lam, W):
     """Exact optimum over codes and bias at a fixed dictionary (coordinate descent to 1e-15)."""
     b = np.zeros(X.shape[1])
     Z = np.zeros((X.shape[0], W.shape[0]))
-    return float(T.fixed_dictionary(X, lam, W, b, Z, 200000, 1e-15)), Z, b
+    return float(fixed_dictionary_optimum(X, lam, W, b, Z, 200000, 1e-15)), Z, b
 
 
 def construction_value(X, lam, C, Z0, b0, W):

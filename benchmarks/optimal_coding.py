@@ -54,12 +54,12 @@ def make_problem(N, k=4096, n=384, active=20, noise=0.05, seed=0):
 
 
 def certified_gap(X, U, b, Z, lam):
-    """Per-token (P, gap) of codes Z with the duality-gap certificate of widelimit.coding.pdas."""
+    """Per-token (P, gap) of codes Z with the duality-gap certificate of widelimit.coding.lasso."""
     import torch
 
-    from widelimit.coding.pdas import _evaluate
+    from widelimit.coding.lasso import point_gaps
 
-    P, g, _ = _evaluate(torch.as_tensor(np.asarray(X, np.float64) - b), torch.as_tensor(U), torch.as_tensor(Z), lam)
+    P, g, _ = point_gaps(torch.as_tensor(np.asarray(X, np.float64) - b), torch.as_tensor(U), torch.as_tensor(Z), lam)
     return P.numpy(), g.numpy()
 
 
@@ -78,7 +78,7 @@ def main():
     import torch
     from sklearn.decomposition import SparseCoder
 
-    from widelimit.coding.pdas import optimal_codes
+    from widelimit.coding.fista import fista_codes as optimal_codes
     from widelimit.sae.model import SAE
     from widelimit.sae.certify import certify_sae
     from widelimit.coding.working_set import optimal_codes_working_set

@@ -21,7 +21,8 @@ Internals live in the subpackages: ``data``, ``engine``, ``exact``, ``coding``, 
 """
 
 import importlib as _importlib
-from typing import TYPE_CHECKING
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: less start-up before the CLI's Ctrl-C handler
 
 _LAZY = {  # public name -> module that defines it; imported on first use (PEP 562)
     "datasets": ".data.datasets",  # a module

@@ -1,24 +1,38 @@
 """``python -m widelimit`` and the ``widelimit`` console script.
 
-Everything, the imports included, runs inside one handler: Ctrl-C at any moment prints one
-line and exits with status 130, never a traceback."""
+The Ctrl-C handler is installed before anything else is imported: from then on, Ctrl-C at any moment
+prints one line, ``widelimit SUBCOMMAND: interrupted`` (the subcommand named as soon as the command
+line has one), and exits with status 130, never a traceback. ``WIDELIMIT_TRACE=1`` prints the start-up
+stages on stderr (:func:`widelimit._runtime.trace`)."""
 
 import sys
 
-from ._runtime import exit_interrupted, interrupted, track_interrupts
+from ._runtime import exit_interrupted, interrupted, trace, track_interrupts
+
+#: the subcommands, known before the solvers are imported (tests/cli/test_interrupt.py checks this
+#: against widelimit.cli.COMMANDS)
+SUBCOMMANDS = ("solve", "demo", "experiment", "bound", "certify", "fit", "frontier", "relax", "relax-bench")
+
+
+def label(argv) -> str:
+    """``widelimit SUBCOMMAND`` where the command line starts with a subcommand, else ``widelimit``."""
+    return f"widelimit {argv[0]}" if argv and argv[0] in SUBCOMMANDS else "widelimit"
 
 
 def entry() -> None:
     """Run the command line and exit with its status (0 ok, 2 error, 130 interrupted)."""
-    track_interrupts()
+    prefix = label(sys.argv[1:])
+    track_interrupts(prefix)
+    trace("handler")
     try:
-        from .cli import main  # inside the handler: importing the solvers takes a second
+        from .cli import main  # importing the solvers takes a second
 
+        trace("imported")
         status = main()
-    except BaseException as e:  # noqa: BLE001 - Ctrl-C while starting up or between the command's handlers
+    except BaseException as e:  # noqa: BLE001 - an interrupt that escaped the command's own handler
         if not (isinstance(e, KeyboardInterrupt) or interrupted()):
             raise
-        exit_interrupted("widelimit: interrupted")
+        exit_interrupted(f"{prefix}: interrupted")
     if status == 130:
         exit_interrupted()  # the line is written; past CPython's unhandled-interrupt flag
     sys.exit(status)

@@ -1,11 +1,13 @@
 """Runtime settings shared by the solvers: torch device selection and one thread limiter for torch, numba and BLAS."""
 
 from __future__ import annotations
+import contextlib
 import functools
 import os
 import signal
 import sys
 import threading
+import time
 
 __all__ = ["resolve_device", "torch_dtype", "default_threads", "limit_threads", "with_thread_limit"]
 
@@ -199,38 +201,80 @@ def with_thread_limit(fn):
 
 
 _SIGINT_SEEN = False
+#: the interrupted line's prefix: ``widelimit fit`` as soon as the command line names its subcommand
+_LABEL = "widelimit"
+#: ``True`` while a command runs: Ctrl-C then unwinds it (its temporary outputs are removed on the way out);
+#: outside a command (start-up, the end) there is nothing to undo and the process ends at once
+_UNWIND = False
+_T0 = time.perf_counter()
 
 
 def _on_sigint(signum, frame):
     global _SIGINT_SEEN
     _SIGINT_SEEN = True
+    if not _UNWIND:
+        exit_interrupted(f"{_LABEL}: interrupted")
     raise KeyboardInterrupt
 
 
-def track_interrupts() -> None:
-    """Install a SIGINT handler that raises KeyboardInterrupt, as Python's does, and remembers it.
+def track_interrupts(label: str = "widelimit") -> None:
+    """Install the command line's SIGINT handler: Ctrl-C prints one line, ``LABEL: interrupted``, and ends the
+    process with status 130, wherever it lands.
 
-    For the command line only (a library does not touch signal handlers). Two ways an interrupt
-    can go astray are covered:
+    For the command line only (a library does not touch signal handlers). Outside a command's run (the
+    imports of start-up, argument parsing, the end) the handler ends the process at once: no Python code is
+    interrupted halfway, so no traceback can be printed and no ``ImportError`` can stand for the interrupt.
+    While :func:`unwinding_interrupts` is active (a command runs) it raises KeyboardInterrupt, as Python's
+    does, so the command removes its temporary outputs; two ways that interrupt can go astray are covered:
 
-    - a Ctrl-C inside a C extension's initialisation surfaces as ``ImportError: initialization
-      failed``, not KeyboardInterrupt: :func:`interrupted` lets the command line still report it
-      as an interrupt (status 130) instead of an error;
+    - a Ctrl-C inside a C extension's initialisation (a lazy import of torch) surfaces as ``ImportError:
+      initialization failed``, not KeyboardInterrupt: :func:`interrupted` lets the command line still report
+      it as an interrupt (status 130) instead of an error;
     - a KeyboardInterrupt raised while Python runs a callback or finaliser (an import lock's
       weakref callback, a ``__del__``) is printed as "Exception ignored" and dropped, and the
       command would run on: ``sys.unraisablehook`` then ends the process as interrupted.
+
+    Not covered: the interpreter's own start-up before any of widelimit's code runs (``site``, the
+    package's ``__init__``): there Python's default handler applies.
     """
+    global _LABEL
     if threading.current_thread() is not threading.main_thread():
         return
+    _LABEL = label
     signal.signal(signal.SIGINT, _on_sigint)
     previous = sys.unraisablehook
 
     def hook(unraisable):
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            exit_interrupted("widelimit: interrupted")
+            exit_interrupted(f"{_LABEL}: interrupted")
         previous(unraisable)
 
     sys.unraisablehook = hook
+
+
+@contextlib.contextmanager
+def unwinding_interrupts():
+    """While a command runs: Ctrl-C raises KeyboardInterrupt (caught by the command line, which prints the
+    line) instead of ending the process at once. Without :func:`track_interrupts` it changes nothing."""
+    global _UNWIND
+    before, _UNWIND = _UNWIND, True
+    try:
+        yield
+    finally:
+        _UNWIND = before
+
+
+def trace(stage: str) -> None:
+    """With ``WIDELIMIT_TRACE=1``, write ``widelimit trace: STAGE T s`` on stderr: how far the command line
+    has come (``handler``: Ctrl-C is handled; ``imported``: the solvers are imported; ``parsed``: the
+    arguments are read; ``running``: the command runs) and the seconds since it started, for a slow start-up
+    (and for the tests, which interrupt each stage when its line appears)."""
+    if os.environ.get("WIDELIMIT_TRACE") == "1":
+        try:
+            sys.stderr.write(f"widelimit trace: {stage} {time.perf_counter() - _T0:.3f} s\n")
+            sys.stderr.flush()
+        except (OSError, ValueError, RuntimeError):  # a closed pipe or stream is no reason to fail
+            pass
 
 
 def exit_interrupted(message: str | None = None) -> None:
@@ -239,13 +283,17 @@ def exit_interrupted(message: str | None = None) -> None:
     ``os._exit``: an interrupt that passed through C code running Python (``PyRun_String``, e.g.
     inside an extension's import) leaves CPython's "unhandled KeyboardInterrupt" flag set, and the
     interpreter would kill itself with SIGINT at a normal exit even though the interrupt was
-    handled. Outputs are written atomically, so exiting now loses nothing."""
+    handled. Outputs are written atomically, so exiting now loses nothing. The message goes straight to
+    the file descriptor: the signal may have landed while ``sys.stderr`` was itself writing."""
     for stream in (sys.stdout, sys.stderr):
         try:
-            if stream is sys.stderr and message:
-                stream.write(message + "\n")
             stream.flush()
-        except Exception:  # noqa: BLE001 - a closed pipe must not turn 130 into a traceback
+        except Exception:  # noqa: BLE001 - a closed pipe or a re-entered writer must not turn 130 into a traceback
+            pass
+    if message:
+        try:
+            os.write(2, (message + "\n").encode())
+        except OSError:
             pass
     os._exit(130)
 

@@ -431,32 +431,59 @@ def _show(v) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
+def shown(v) -> str:
+    """A refused value as the messages show it: a number as itself (``-1``, ``2.5``, ``nan``), anything
+    else with its type (``str 'abc'``, ``bool True``, ``NoneType None``)."""
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)):
+        return _show(v.item() if isinstance(v, np.generic) else v)
+    return f"{type(v).__name__} {_show(v)}"
+
+
+def interval_words(kind: str, low=None, high=None, *, low_strict: bool = False, high_strict: bool = False,
+                   finite: bool = True) -> str:
+    """What an interval option allows, in words: ``"an integer >= 0"``, ``"a finite number in (0, 1)"``.
+
+    The one wording of :func:`check_int`, :func:`check_real` and :class:`widelimit._params.Interval`
+    (so that a Python call and the command line say the same)."""
+    what = "an integer" if kind == "int" else f"a{' finite' if finite else ''} number"
+    fmt = (lambda x: f"{x}") if kind == "int" else (lambda x: f"{x:g}")
+    if low is not None and high is not None:
+        return f"{what} in {'(' if low_strict else '['}{fmt(low)}, {fmt(high)}{')' if high_strict else ']'}"
+    if low is not None:
+        return f"{what} {'>' if low_strict else '>='} {fmt(low)}"
+    if high is not None:
+        return f"{what} {'<' if high_strict else '<='} {fmt(high)}"
+    return what
+
+
 def check_int(v, name: str, *, low: int | None = None, high: int | None = None, none_ok: bool = False):
     """An integer option (Python or NumPy int, not a bool) in ``[low, high]``; ``None`` if ``none_ok``."""
     if v is None and none_ok:
         return None
-    rng = (f" >= {low}" if low is not None else "") + (f" and <= {high}" if high is not None else "")
+    what = f"{name} must be {interval_words('int', low, high)}"
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer{rng}, got {type(v).__name__} {_show(v)}")
+        raise ValueError(f"{what}, got {shown(v)}")
     v = int(v)
     if (low is not None and v < low) or (high is not None and v > high):
-        raise ValueError(f"{name} must be an integer{rng}, got {v}")
+        raise ValueError(f"{what}, got {v}")
     return v
 
 
 def check_real(v, name: str, *, low: float | None = None, strict: bool = False, none_ok: bool = False,
-               finite: bool = True):
-    """A real option (not a bool), finite unless ``finite=False``, ``> low`` (``strict``) or ``>= low``."""
+               finite: bool = True, high: float | None = None, high_strict: bool = False):
+    """A real option (not a bool), finite unless ``finite=False``, ``> low`` (``strict``) or ``>= low``,
+    and ``< high`` (``high_strict``) or ``<= high``."""
     if v is None and none_ok:
         return None
-    bound = "" if low is None else f" {'>' if strict else '>='} {low:g}"
-    what = f"{name} must be a{' finite' if finite else ''} number{bound}"
+    what = f"{name} must be {interval_words('real', low, high, low_strict=strict, high_strict=high_strict, finite=finite)}"
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{what}, got {type(v).__name__} {_show(v)}")
+        raise ValueError(f"{what}, got {shown(v)}")
     v = float(v)
     if math.isnan(v) or (finite and not math.isfinite(v)):
         raise ValueError(f"{what}, got {v}")
     if low is not None and (v <= low if strict else v < low):
+        raise ValueError(f"{what}, got {v:g}")
+    if high is not None and (v >= high if high_strict else v > high):
         raise ValueError(f"{what}, got {v:g}")
     return v
 

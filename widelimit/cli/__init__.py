@@ -23,7 +23,7 @@ from .relax import _add_relax, _run_relax
 from .relax_bench import _add_relax_bench, _run_relax_bench
 from .solve import _add_solve, _run_solve
 from .. import __version__
-from .._runtime import interrupted
+from .._runtime import interrupted, trace, unwinding_interrupts
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -99,12 +99,15 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("widelimit: interrupted", file=sys.stderr)
         return 130
+    trace("parsed")
     run = {name: fn for name, _, fn in COMMANDS}[args.command]
     prefix = f"widelimit {args.command}"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # recorded, printed once each below
         try:
-            status = int(run(args) or 0)
+            trace("running")
+            with unwinding_interrupts():  # Ctrl-C unwinds the command: its temporary outputs are removed
+                status = int(run(args) or 0)
         except KeyboardInterrupt:
             print(f"{prefix}: interrupted", file=sys.stderr)
             return 130

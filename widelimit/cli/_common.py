@@ -5,22 +5,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .._json import dumps as _dumps
 from .._runtime import resolve_device
-from .._validation import LAM_MIN
+from .._params import LAM, NONNEG, NONNEG_INT, POSITIVE, POSITIVE_INT, UNIT_OPEN, cli_type
 from ..data import datasets
-from ..data.shards import first_line, show
+from ..data.shards import show
 from ..data.source import check_values, open_activations
 from ..exact.gap import allowed_gap
 from ..plot import plot_solution
+from ._output import atomic_outputs, check_out_dir, check_out_file, moved  # noqa: F401 (the subcommands' imports)
 
 
 
@@ -29,58 +27,14 @@ from ..plot import plot_solution
 # --------------------------------------------------------------------------------------
 
 
-def _number(text: str, kind, low, strict: bool):
-    """``kind(text)`` if it is a finite number ``> low`` (``strict``) or ``>= low``; else one message."""
-    what = (f"must be an integer {'>' if strict else '>='} {low}" if kind is int
-            else f"must be a finite number {'>' if strict else '>='} {low:g}")
-    try:
-        v = kind(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"{what}, got {text!r}") from None
-    if (kind is float and not math.isfinite(v)) or (v <= low if strict else v < low):
-        raise argparse.ArgumentTypeError(f"{what}, got {text!r}")
-    return v
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0 (``nan``, ``inf``, 0 and negatives refused)."""
-    return _number(text, float, 0, True)
-
-
-def nonneg_float(text: str) -> float:
-    """argparse type: a finite number >= 0 (``nan``, ``inf`` and negatives refused)."""
-    return _number(text, float, 0, False)
-
-
-def lam_float(text: str) -> float:
-    """argparse type for ``--lam``: a finite number >= the smallest normal float64 (subnormal values refused)."""
-    v = _number(text, float, 0, True)
-    if v < LAM_MIN:
-        raise argparse.ArgumentTypeError(f"must be at least {LAM_MIN!r} (the smallest normal float64; the "
-                                         "certificate's rounding bounds do not hold for subnormal numbers), "
-                                         f"got {text!r}")
-    return v
-
-
-def unit_interval_float(text: str) -> float:
-    """argparse type: a number strictly between 0 and 1 (a relative tolerance)."""
-    try:
-        v = float(text)
-    except (TypeError, ValueError):
-        v = math.nan
-    if not 0 < v < 1:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1), got {text!r}")
-    return v
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    return _number(text, int, 1, False)
-
-
-def nonneg_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    return _number(text, int, 0, False)
+# built from the constraints of the Python parameters (widelimit/_params.py), so that a flag and its
+# parameter are refused with the same words: ``argument --tol: must be a finite number >= 0, got -1.0``
+positive_float = cli_type(POSITIVE)  #: a finite number > 0
+nonneg_float = cli_type(NONNEG)  #: a finite number >= 0 (``nan``, ``inf`` and negatives refused)
+lam_float = cli_type(LAM)  #: ``--lam``: a finite number >= the smallest normal float64
+unit_interval_float = cli_type(UNIT_OPEN)  #: a number strictly between 0 and 1
+positive_int = cli_type(POSITIVE_INT)  #: an integer >= 1
+nonneg_int = cli_type(NONNEG_INT)  #: an integer >= 0
 
 
 class Parser(argparse.ArgumentParser):
@@ -122,102 +76,6 @@ def in_memory(X) -> np.ndarray:
     """The rows of ``X`` as one writable NumPy array (for the in-memory solvers: torch, cvxpy)."""
     a = np.asarray(X)
     return a if a.flags.writeable else a.copy()
-
-
-def _cannot_write(flag: str, path, e: OSError) -> ValueError:
-    return ValueError(f"{flag} {show(path)}: cannot write here ({e.strerror or first_line(e)})")
-
-
-def check_out_dir(out, flag: str = "--out"):
-    """Refuse an output folder that cannot be created or written, before any computation.
-
-    ``out`` may exist (a folder) or not (its nearest existing parent must be a writable folder).
-    """
-    if out is None:
-        return None
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{flag} {show(out)}: is a file, a folder is needed")
-    probe = out
-    while not probe.exists():
-        if probe.is_symlink():
-            raise ValueError(f"{flag} {show(out)}: {show(probe)} is a broken symlink")
-        parent = probe.parent
-        if parent == probe:
-            break
-        probe = parent
-    if probe.exists() and not probe.is_dir():
-        raise ValueError(f"{flag} {show(out)}: {show(probe)} is a file, a folder is needed")
-    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {show(out)}: {show(probe)} is not writable")
-    try:  # permissions do not tell everything (/proc, /sys, read-only mounts): create and remove a folder
-        os.rmdir(tempfile.mkdtemp(prefix=".widelimit-probe.", dir=probe))
-    except OSError as e:
-        raise _cannot_write(flag, out, e) from None
-    return out
-
-
-def check_out_file(path, flag: str):
-    """Refuse an output *file* (a checkpoint) that cannot be written, before any computation.
-
-    Its folder must exist and be writable (tested by creating and removing a file there); ``path`` must
-    not be a folder. Every message names ``flag`` and ``path`` as given.
-    """
-    if path is None:
-        return None
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{flag} {show(path)}: is a folder, a file is needed")
-    parent = path.parent
-    probe = parent
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise ValueError(f"{flag} {show(path)}: its parent {show(probe)} is a file, not a folder")
-    if not parent.exists():
-        raise ValueError(f"{flag} {show(path)}: cannot write here (its folder {show(parent)} does not exist)")
-    try:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
-        os.close(fd)
-        os.unlink(name)
-    except OSError as e:
-        raise _cannot_write(flag, path, e) from None
-    return path
-
-
-@contextlib.contextmanager
-def atomic_outputs(out, flag: str = "--out"):
-    """Yield a temporary folder next to ``out``; on success move its files into ``out``.
-
-    Each file appears in ``out`` by one ``os.replace`` (never half-written); on an error or
-    Ctrl-C the temporary folder is removed and ``out`` is left as it was. A folder that cannot be
-    made or written is one ``ValueError`` naming ``flag`` and ``out`` as given (never the temporary name).
-    """
-    given = out
-    out = Path(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    except OSError as e:
-        raise _cannot_write(flag, given, e) from None
-    try:
-        yield tmp
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            for f in sorted(tmp.rglob("*")):
-                if f.is_file():
-                    dest = out / f.relative_to(tmp)
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(f, dest)
-        except OSError as e:
-            raise _cannot_write(flag, given, e) from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def moved(files, tmp, out) -> list[Path]:
-    """The final paths in ``out`` of ``files`` written under ``tmp`` by :func:`atomic_outputs`."""
-    return [Path(out) / Path(f).relative_to(tmp) for f in files]
 
 
 def _console():

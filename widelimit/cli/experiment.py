@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from ._common import _console, check_out_dir, print_json
+from ._common import _console, atomic_outputs, check_out_dir, print_json
 from ..lab import experiments
 
 
@@ -22,6 +22,17 @@ def _add_experiment(sub):
     p.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
 
 
+def _retarget(obj, tmp: str, out: str):
+    """``obj`` (an experiment's result) with the paths under the temporary folder ``tmp`` moved to ``out``."""
+    if isinstance(obj, dict):
+        return {k: _retarget(v, tmp, out) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_retarget(v, tmp, out) for v in obj)
+    if isinstance(obj, str) and (obj == tmp or obj.startswith(tmp + "/")):
+        return out + obj[len(tmp):]
+    return obj
+
+
 def _run_experiment(args) -> int:
 
     if args.name is None:
@@ -31,7 +42,8 @@ def _run_experiment(args) -> int:
     fn = experiments.get(args.name)
     out = args.out if args.out is not None else Path("experiments") / args.name
     check_out_dir(out)
-    result = fn(out, quick=args.quick)
+    with atomic_outputs(out) as tmp:  # all files of one run appear together, or none
+        result = _retarget(fn(tmp, quick=args.quick), str(tmp), str(out))
     if args.json:
         print_json(result)
     else:

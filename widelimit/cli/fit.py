@@ -7,6 +7,7 @@ from pathlib import Path
 
 
 from .._json import dumps as _dumps
+from .._runtime import trace
 from ._common import (_console, _fmt, atomic_outputs, certificate_table, check_device, check_out_dir, in_memory,
                       load_data, moved, no_duplicates, nonneg_float, nonneg_int, only_with, positive_float, positive_int,
                       print_json, split_list)
@@ -145,6 +146,9 @@ def _run_fit(args) -> int:
         run = {"i": 0}
 
         def cb(ev):
+            if not run.get("computing"):  # the first step is done: the solver runs
+                trace("computing")
+                run["computing"] = True
             prog.say(f"run {run['i'] + 1}/{args.restarts}: step {ev.rows_done}  objective {ev.value:.8g}")
 
         kw = _fit_kwargs(args)

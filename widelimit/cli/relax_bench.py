@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..relax.export import EXPORT_CONES, FORMATS, export_instances
 from ..relax.families import FAMILIES, FAMILY_PARAMS, MIN_N, check_params, make_bench_instance
-from ._common import _console, check_out_dir, no_duplicates, nonneg_int, only_with, print_json, split_list
+from ._common import _console, atomic_outputs, check_out_dir, no_duplicates, nonneg_int, only_with, print_json, split_list
 
 __all__ = ["_add_relax_bench", "_run_relax_bench", "parse_N", "parse_params", "MAX_N", "MAX_DIM"]
 
@@ -125,8 +125,9 @@ def _run_relax_bench(args: argparse.Namespace) -> int:
     insts = [make_bench_instance(f, N, seed=args.seed, **{k: v for k, v in params.items() if k in FAMILY_PARAMS[f]})
              for f in fams for N in Ns]
     records = None
-    if out is not None:
-        records = export_instances(insts, out, fmt=fmt, cone=cone)
+    if out is not None:  # written in a temporary folder, renamed at the end: never half-written
+        with atomic_outputs(out, "--export") as tmp:
+            records = export_instances(insts, tmp, fmt=fmt, cone=cone)
     rows = [{"family": i.family, "N": i.N, "n": i.n, "lam": i.lam, "optimum": i.optimum,
              "certified_gap": i.certified_gap, "width": i.truth["width"], "n_within_lam": i.truth["n_within_lam"],
              "params": i.params} for i in insts]

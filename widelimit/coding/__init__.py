@@ -1,8 +1,8 @@
 r"""Optimal codes for a fixed dictionary and bias, with a certified duality gap (theory.md §8.6).
 
 One entry point, :func:`optimal_codes`, over three algorithms with the same
-problem and the same float64 certificate (the per-token lasso dual point, see
-:mod:`widelimit.coding.pdas`):
+problem, the same float64 certificate (the per-token lasso dual point, :mod:`widelimit.coding.lasso`)
+and the same result type (:class:`~widelimit.coding.result.CodingResult`):
 
 * ``"cd"`` -- working-set coordinate descent on the Gram matrix, with gap-safe
   screening, BLAS-3 correlations and Newton polishing (:mod:`widelimit.coding.cd`;
@@ -10,7 +10,7 @@ problem and the same float64 certificate (the per-token lasso dual point, see
 * ``"working_set"`` -- torch working sets with batched active-set Newton steps
   (:mod:`widelimit.coding.working_set`; CPU or CUDA);
 * ``"fista"`` -- accelerated projected gradient on the whole dictionary, float32
-  batches with float64 polishing (:mod:`widelimit.coding.pdas`; CPU or CUDA).
+  batches with float64 polishing (:mod:`widelimit.coding.fista`; CPU or CUDA).
 
 ``algorithm="auto"`` (:func:`choose_algorithm`) takes ``"cd"`` on the CPU when the
 ``k x k`` Gram fits (``k <= 8192``) and ``"fista"`` on a GPU or for wider
@@ -20,11 +20,10 @@ dictionaries; the choice was measured by ``benchmarks/certify_speed.py``
 
 from __future__ import annotations
 
-from .._runtime import with_thread_limit
-from .pdas import CodingResult
-from .._runtime import resolve_device
-from .pdas import optimal_codes as fista_codes
+from .._runtime import resolve_device, with_thread_limit
 from .cd import cd_codes
+from .fista import fista_codes
+from .result import CodingResult
 from .working_set import optimal_codes_working_set
 
 __all__ = ["optimal_codes", "choose_algorithm", "CodingResult", "ALGORITHMS", "GRAM_LIMIT"]

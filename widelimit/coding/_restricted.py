@@ -15,7 +15,9 @@ import math
 import numba as nb
 import numpy as np
 
-__all__ = ["solve_token", "token_gap"]
+from .lasso import token_gap
+
+__all__ = ["solve_token"]
 
 _JIT = dict(nogil=True, cache=True)
 
@@ -73,20 +75,6 @@ def _restricted_gap(xx, q, y, c, w, lam):  # pragma: no cover - compiled
 
 
 @nb.njit(**_JIT)
-def token_gap(rr, rx, mx, l1, lam):  # pragma: no cover - compiled
-    """``(P, gap)`` of one token from ``||r||^2``, ``<r, xt>``, ``max_d c_d`` and ``sum y``: the scaled
-    residual ``s r`` as dual point (:mod:`widelimit.coding.cd`; vectorised: ``cd._gap_from``)."""
-    P = rr + 2.0 * lam * l1
-    s = rx / rr if rr > 0.0 else 0.0
-    if s < 0.0:
-        s = 0.0
-    if mx > 0.0 and s > lam / mx:
-        s = lam / mx
-    gap = P - (2.0 * s * rx - s * s * rr)
-    return P, (gap if gap > 0.0 else 0.0)
-
-
-@nb.njit(**_JIT)
 def _gather_row(G, w_idx, a, Gw):  # pragma: no cover - compiled
     """``Gw[a, :] = G[w_idx[a], w_idx]``."""
     row = w_idx[a]
@@ -129,48 +117,9 @@ def solve_token(G, c, xx, w_idx, y, lam, tol, floor, max_sweeps, newton_every): 
             tried = False
         if newton_every > 0 and sweep > 0 and (sweep % newton_every == 0 if newton_every > 1 else not (changed or tried)):
             tried = True
-            na = 0
-            for a in range(w):
-                if y[a] > 0.0:
-                    na += 1
-            if na > 0:
-                act = np.empty(na, np.int64)
-                j = 0
-                for a in range(w):
-                    if y[a] > 0.0:
-                        act[j] = a
-                        j += 1
-                GA = np.empty((na, na))
-                rhs = np.empty(na)
-                for i in range(na):
-                    rhs[i] = q[act[i]] - lam
-                    for jj in range(na):
-                        GA[i, jj] = Gw[act[i], act[jj]]
-                z, ok = _cholesky_solve(GA, rhs)
-                if ok:
-                    pos = True
-                    for i in range(na):
-                        if not (z[i] > 0.0):
-                            pos = False
-                            break
-                    if pos:
-                        y2 = np.zeros(w)
-                        for i in range(na):
-                            y2[act[i]] = z[i]
-                        c2 = q.copy()
-                        for i in range(na):
-                            zi = z[i]
-                            row = act[i]
-                            for bb in range(w):
-                                c2[bb] -= zi * Gw[row, bb]
-                        P2, gap2 = _restricted_gap(xx, q, y2, c2, w, lam)
-                        if gap2 < gap:
-                            for a in range(w):
-                                y[a] = y2[a]
-                                c[a] = c2[a]
-                            if gap2 <= tol * max(P2, floor):
-                                sweeps = sweep + 1
-                                break
+            if _newton_step(Gw, q, c, y, xx, gap, lam, tol, floor):
+                sweeps = sweep + 1
+                break
         changed = False
         for a in range(w):
             new = y[a] + (c[a] - lam) / diag[a]
@@ -188,3 +137,53 @@ def solve_token(G, c, xx, w_idx, y, lam, tol, floor, max_sweeps, newton_every): 
                     c[bb] -= delta * Gw[a, bb]
         sweeps = sweep + 1
     return sweeps
+
+
+@nb.njit(**_JIT)
+def _newton_step(Gw, q, c, y, xx, gap, lam, tol, floor):  # pragma: no cover - compiled
+    """Newton step on the current support ``A``: solve ``G_AA y_A = q_A - lam`` (Cholesky) and accept the
+    solution (``y``, ``c`` in place) when it is positive and its restricted gap is below ``gap``.
+
+    ``q = c + G_WW y`` (the correlations at ``y = 0``). Returns True when the accepted step certifies.
+    """
+    w = y.shape[0]
+    na = 0
+    for a in range(w):
+        if y[a] > 0.0:
+            na += 1
+    if na == 0:
+        return False
+    act = np.empty(na, np.int64)
+    j = 0
+    for a in range(w):
+        if y[a] > 0.0:
+            act[j] = a
+            j += 1
+    GA = np.empty((na, na))
+    rhs = np.empty(na)
+    for i in range(na):
+        rhs[i] = q[act[i]] - lam
+        for jj in range(na):
+            GA[i, jj] = Gw[act[i], act[jj]]
+    z, ok = _cholesky_solve(GA, rhs)
+    if not ok:
+        return False
+    for i in range(na):
+        if not (z[i] > 0.0):
+            return False
+    y2 = np.zeros(w)
+    for i in range(na):
+        y2[act[i]] = z[i]
+    c2 = q.copy()
+    for i in range(na):
+        zi = z[i]
+        row = act[i]
+        for bb in range(w):
+            c2[bb] -= zi * Gw[row, bb]
+    P2, gap2 = _restricted_gap(xx, q, y2, c2, w, lam)
+    if not (gap2 < gap):
+        return False
+    for a in range(w):
+        y[a] = y2[a]
+        c[a] = c2[a]
+    return gap2 <= tol * max(P2, floor)

@@ -1,6 +1,6 @@
 r"""Certified optimal codes by working-set coordinate descent on the Gram matrix (CPU, numba).
 
-Same problem and the same certificate as :func:`widelimit.coding.pdas.optimal_codes` (FISTA)
+Same problem and the same certificate as :func:`widelimit.coding.fista.fista_codes` (FISTA)
 (theory.md §8.6): per token, on unit atoms ``u_d`` (rows of ``U``) and ``xt = x - b``,
 
 .. math:: P(y) = \|xt - y U\|^2 + 2\lambda \textstyle\sum_d y_d, \qquad y \ge 0 ,
@@ -31,23 +31,25 @@ and few active per token (``L0 << k``), and warm starts that are already good
    product ``R U^T`` (float32, its maximum made exact in float64). Tokens meeting
    ``gap <= tol max(P, lam^2)`` are done; the others go back to step 2.
 
-Tokens still uncertified after ``max_rounds`` go to :func:`widelimit.coding.pdas.optimal_codes`
+Tokens still uncertified after ``max_rounds`` go to :func:`widelimit.coding.fista.fista_codes`
 (float64, warm-started), so every returned gap is certified the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numba as nb
 import numpy as np
 import scipy.sparse as sp
 import time
-from ._restricted import solve_token as _solve_token, token_gap as _token_gap
-from .pdas import CodingResult, _check_problem
-from .pdas import finish_rows
+from ._restricted import solve_token as _solve_token
+from .fista import finish_rows
+from .lasso import check_problem, dual_scale, lasso_gap, token_gap as _token_gap, unit_atoms
+from .result import CodingResult
 from .._runtime import matmul
-from .._validation import check_codes, row_norms
+from .._validation import check_codes
 from ..engine.local import Progress
 
 __all__ = ["cd_codes", "GramCoder"]
@@ -83,57 +85,11 @@ def _round(G, U, xt, R, C, crow, cerr, xx, P, rr, rx, gaps, todo, idx, val, cnt,
     """
     k = C.shape[1]
     n = R.shape[1]
-    cap = idx.shape[1]
     used = np.zeros(todo.shape[0], np.int64)
     for t in nb.prange(todo.shape[0]):
         i = todo[t]
         ct = crow[t]
-        # dual scaling of the current residual, for the gap-safe rule
-        mx = -np.inf
-        for d in range(k):
-            if C[ct, d] > mx:
-                mx = C[ct, d]
-        s = rx[i] / rr[i] if rr[i] > 0.0 else 0.0
-        if s < 0.0:
-            s = 0.0
-        if mx > 0.0 and s > lam / mx:
-            s = lam / mx
-        radius = math.sqrt(gaps[i]) * (1.0 + 1e-6) + 1e-6 * lam  # slack for the precision of C
-        thr = (1.0 - margin) * lam
-        # keep the support, drop zeros
-        inw = np.zeros(k, np.bool_)
-        nw = 0
-        for a in range(cnt[i]):
-            if val[i, a] > 0.0:
-                idx[i, nw] = idx[i, a]
-                val[i, nw] = val[i, a]
-                inw[idx[i, nw]] = True
-                nw += 1
-        # candidates: atoms near dual feasibility's boundary that survive the gap-safe rule
-        nc = 0
-        for d in range(k):
-            cd = C[ct, d]
-            if not inw[d] and cd > thr and s * cd + radius >= lam:
-                nc += 1
-        if nc > 0:
-            cand = np.empty(nc, np.int64)
-            cv = np.empty(nc)
-            j = 0
-            for d in range(k):
-                cd = C[ct, d]
-                if not inw[d] and cd > thr and s * cd + radius >= lam:
-                    cand[j] = d
-                    cv[j] = -cd
-                    j += 1
-            take = min(nc, ws_extra, cap - nw)
-            if take < nc:
-                order = np.argsort(cv)
-            else:
-                order = np.arange(nc)
-            for j in range(take):
-                idx[i, nw] = cand[order[j]]
-                val[i, nw] = 0.0
-                nw += 1
+        nw = _grow_working_set(C[ct], rr[i], rx[i], gaps[i], idx[i], val[i], cnt[i], lam, ws_extra, margin)
         cnt[i] = nw
         if nw == 0:
             continue
@@ -151,47 +107,112 @@ def _round(G, U, xt, R, C, crow, cerr, xx, P, rr, rx, gaps, todo, idx, val, cnt,
         y = val[i, :nw].copy()
         used[t] = _solve_token(G, cw, xx[i], w_idx, y, lam, tol, floor, max_sweeps, newton_every)
         if update:
-            # c <- c - sum_a delta_a G[w_a, :]  (float64), and the bound on its rounding
-            cmax = 0.0
-            for d in range(k):
-                if abs(C[ct, d]) > cmax:
-                    cmax = abs(C[ct, d])
-            sd = 0.0
-            nd = 0
-            for a in range(nw):
-                delta = y[a] - val[i, a]
-                if delta != 0.0:
-                    nd += 1
-                    sd += abs(delta)
-                    row = w_idx[a]
-                    for d in range(k):
-                        C[ct, d] -= delta * G[row, d]
-            cerr[i] += _update_error(n, nd, cmax, sd)
+            cerr[i] += _update_correlations(C[ct], G, w_idx, y, val[i], n)
         for a in range(nw):
             val[i, a] = y[a]
         if update:
-            l1 = 0.0
-            for j in range(n):
-                R[i, j] = xt[i, j]
-            for a in range(nw):
-                v = val[i, a]
-                l1 += v
-                if v != 0.0:
-                    d = w_idx[a]
-                    for j in range(n):
-                        R[i, j] -= v * U[d, j]
-            r2 = 0.0
-            r1 = 0.0
-            for j in range(n):
-                r2 += R[i, j] * R[i, j]
-                r1 += R[i, j] * xt[i, j]
-            mx = -np.inf
-            for d in range(k):
-                if C[ct, d] > mx:
-                    mx = C[ct, d]
-            rr[i], rx[i] = r2, r1
-            P[i], gaps[i] = _token_gap(r2, r1, mx + cerr[i], l1, lam)
+            P[i], gaps[i], rr[i], rx[i] = _token_certificate(xt[i], U, R[i], C[ct], w_idx, val[i], nw, cerr[i], lam)
     return used
+
+
+@nb.njit(**_JIT)
+def _grow_working_set(c, rr, rx, gap, idx, val, cnt, lam, ws_extra, margin):  # pragma: no cover - compiled
+    """One token's working set for the next solve, in place on its row ``idx, val`` (``cnt`` entries).
+
+    Keeps the support (drops zero codes) and adds at most ``ws_extra`` atoms with
+    ``c_d > (1 - margin) lam`` that survive the gap-safe rule (``s c_d + sqrt(gap) >= lam``, ``s`` the
+    dual scaling of the current residual), most correlated first. Returns the new size.
+    """
+    k = c.shape[0]
+    cap = idx.shape[0]
+    mx = -np.inf
+    for d in range(k):
+        if c[d] > mx:
+            mx = c[d]
+    s = dual_scale(rr, rx, mx, lam)
+    radius = math.sqrt(gap) * (1.0 + 1e-6) + 1e-6 * lam  # slack for the precision of C
+    thr = (1.0 - margin) * lam
+    # keep the support, drop zeros
+    inw = np.zeros(k, np.bool_)
+    nw = 0
+    for a in range(cnt):
+        if val[a] > 0.0:
+            idx[nw] = idx[a]
+            val[nw] = val[a]
+            inw[idx[nw]] = True
+            nw += 1
+    # candidates: atoms near dual feasibility's boundary that survive the gap-safe rule
+    nc = 0
+    for d in range(k):
+        if not inw[d] and c[d] > thr and s * c[d] + radius >= lam:
+            nc += 1
+    if nc == 0:
+        return nw
+    cand = np.empty(nc, np.int64)
+    cv = np.empty(nc)
+    j = 0
+    for d in range(k):
+        if not inw[d] and c[d] > thr and s * c[d] + radius >= lam:
+            cand[j] = d
+            cv[j] = -c[d]
+            j += 1
+    take = min(nc, ws_extra, cap - nw)
+    order = np.argsort(cv) if take < nc else np.arange(nc)
+    for j in range(take):
+        idx[nw] = cand[order[j]]
+        val[nw] = 0.0
+        nw += 1
+    return nw
+
+
+@nb.njit(**_JIT)
+def _update_correlations(c, G, w_idx, y, y_old, n):  # pragma: no cover - compiled
+    """``c <- c - sum_a delta_a G[w_a, :]`` (float64, ``delta_a = y_a - y_old_a``), in place; returns the bound
+    on the rounding it adds (:func:`_update_error`)."""
+    k = c.shape[0]
+    cmax = 0.0
+    for d in range(k):
+        if abs(c[d]) > cmax:
+            cmax = abs(c[d])
+    sd = 0.0
+    nd = 0
+    for a in range(w_idx.shape[0]):
+        delta = y[a] - y_old[a]
+        if delta != 0.0:
+            nd += 1
+            sd += abs(delta)
+            row = w_idx[a]
+            for d in range(k):
+                c[d] -= delta * G[row, d]
+    return _update_error(n, nd, cmax, sd)
+
+
+@nb.njit(**_JIT)
+def _token_certificate(xt, U, r, c, w_idx, val, nw, cerr, lam):  # pragma: no cover - compiled
+    """The residual ``r = xt - sum_a val_a u_(w_a)`` recomputed from the codes (in place) and the token's
+    certified ``(P, gap, ||r||^2, <r, xt>)`` with ``max_d c_d + cerr`` as the largest correlation."""
+    n = xt.shape[0]
+    l1 = 0.0
+    for j in range(n):
+        r[j] = xt[j]
+    for a in range(nw):
+        v = val[a]
+        l1 += v
+        if v != 0.0:
+            d = w_idx[a]
+            for j in range(n):
+                r[j] -= v * U[d, j]
+    r2 = 0.0
+    r1 = 0.0
+    for j in range(n):
+        r2 += r[j] * r[j]
+        r1 += r[j] * xt[j]
+    mx = -np.inf
+    for d in range(c.shape[0]):
+        if c[d] > mx:
+            mx = c[d]
+    P, gap = _token_gap(r2, r1, mx + cerr, l1, lam)
+    return P, gap, r2, r1
 
 
 @nb.njit(**_JIT)
@@ -310,15 +331,6 @@ def _unpad(idx, val, cnt):  # pragma: no cover - compiled
     return data, indices, indptr
 
 
-def _gap_from(rr, rx, mx, l1, lam):
-    """Per-token ``(P, gap)`` of the scaled-residual dual point (module docstring), float64."""
-    P = rr + 2.0 * lam * l1
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s = np.where(rr > 0, rx / np.where(rr > 0, rr, 1.0), 0.0)
-        s = np.minimum(np.maximum(s, 0.0), np.where(mx > 0, lam / np.where(mx > 0, mx, 1.0), np.inf))
-    return P, np.maximum(P - (2.0 * s * rx - s * s * rr), 0.0)
-
-
 def _certify(xt, U, U32, idx, val, cnt, todo, lam, R):
     """Residuals (into ``R``), correlations ``c = r U^T`` and the certified per-token ``(P, gap, rr, rx)``.
 
@@ -340,7 +352,7 @@ def _certify(xt, U, U32, idx, val, cnt, todo, lam, R):
     rr = np.einsum("ij,ij->i", Rt, Rt)
     rx = np.einsum("ij,ij->i", Rt, xt[todo])
     l1 = np.where(np.arange(idx.shape[1])[None, :] < cnt[todo, None], val[todo], 0.0).sum(1)
-    P, gap = _gap_from(rr, rx, mx, l1, lam)
+    P, gap = lasso_gap(rr, rx, mx, l1, lam)
     return C, P, gap, rr, rx
 
 
@@ -380,26 +392,60 @@ class GramCoder:
         self.ws_extra, self.margin, self.max_rounds = int(ws_extra), float(margin), int(max_rounds)
         self.max_sweeps, self.newton_every = int(max_sweeps), int(newton_every)
 
-    def solve(self, xt, Y0=None, C0=None, deadline: float | None = None, *, R0=None, overwrite_c0=False):
-        """Certified codes for the rows of ``xt = X - b`` (float64, (m, n)).
+    def solve(self, xt, Y0=None, C0=None, deadline: float | None = None, *, R0=None,
+              overwrite_c0=False) -> CodingResult:
+        """Certified codes for the rows of ``xt = X - b`` (float64, (m, n)), on the unit atoms ``U``.
 
         ``Y0``: warm start (CSR (m, k), unit-atom units); ``C0``: ``(xt - Y0 U) U^T`` in
         float64 if already computed (saves one matrix product; used for its maximum, so it
         must be float64); ``R0``: the residuals ``xt - Y0 U`` (float64, C-contiguous) if already
-        computed, overwritten with the final ones (the returned ``R``); ``overwrite_c0``: the rounds may
-        update ``C0`` in place (float64, C-contiguous) instead of a copy. Returns a dict with ``codes`` (CSR, unit-atom units), per-token
-        ``P``, ``gap``, ``rr`` (``||r||^2``), the final residuals ``R``, ``rounds``, ``sweeps``
-        and ``todo`` (tokens still uncertified); with ``gram_updates`` also ``C`` (m, k), the
-        correlations ``<u_d, r_i>`` of the final residuals, each within ``cerr[i]`` of the exact value. After ``deadline`` (a ``time.perf_counter()``
-        value) no further round starts: the codes reached so far come back, still certified.
-        """
+        computed, overwritten with the final ones (the result's ``residuals``); ``overwrite_c0``: the rounds
+        may update ``C0`` in place (float64, C-contiguous) instead of a copy. After ``deadline`` (a
+        ``time.perf_counter()`` value) no further round starts: the codes reached so far come back, still
+        certified.
 
+        Returns a :class:`~widelimit.coding.result.CodingResult` (codes in unit-atom units, ``n_iter`` the
+        rounds, :meth:`~widelimit.coding.result.CodingResult.unconverged_rows` the tokens still uncertified)
+        with the final ``residuals``; with ``gram_updates`` also ``correlations`` (m, k), the
+        ``<u_d, r_i>`` of the final residuals, each within ``correlation_error[i]`` of the exact value.
+        """
         lam, tol = self.lam, self.tol
         floor = lam * lam
         U, G = self.U, self.G
         xt = np.ascontiguousarray(xt, dtype=np.float64)
         m, n = xt.shape
         k = U.shape[0]
+        idx, val, cnt = self._working_sets(Y0, m, n)
+        cap = idx.shape[1]
+        R, C, P, gap, rr, rx, cerr = self._start(xt, Y0, C0, R0, overwrite_c0, idx, val, cnt)
+        xx = np.einsum("ij,ij->i", xt, xt)
+        update = self.gram_updates
+        todo = np.flatnonzero(gap > tol * np.maximum(P, floor))
+        crow = todo.copy()  # row of C of each token in todo
+        rounds = 0
+        while todo.size and rounds < self.max_rounds and (deadline is None or time.perf_counter() < deadline):
+            rounds += 1
+            if int(cnt[todo].max()) + self.ws_extra > cap:  # working sets may grow: widen the state
+                add = self.ws_extra
+                idx = np.concatenate([idx, np.zeros((m, add), np.int64)], 1)
+                val = np.concatenate([val, np.zeros((m, add))], 1)
+                cap += add
+            _round(G, U, xt, R, C, crow, cerr, xx, P, rr, rx, gap, todo, idx, val, cnt, lam, 0.1 * tol, floor,
+                   self.ws_extra, self.margin, self.max_sweeps, self.newton_every, update)
+            if not update:
+                C, Pt, gt, rrt, rxt = _certify(xt, U, self.U32, idx, val, cnt, todo, lam, R)
+                P[todo], gap[todo], rr[todo], rx[todo] = Pt, gt, rrt, rxt
+                crow = np.arange(todo.size)
+            bad = gap[todo] > tol * np.maximum(P[todo], floor)
+            todo, crow = todo[bad], crow[bad]
+        codes = sp.csr_array(_unpad(idx, val, cnt), shape=(m, k))
+        extra = dict(correlations=C, correlation_error=cerr) if update else {}
+        return CodingResult.from_points(codes, P, gap, penalty_sum=2.0 * lam * float(codes.sum()), n_iter=rounds,
+                                        device="cpu", lam=lam, tol=tol, residuals=R, **extra)
+
+    def _working_sets(self, Y0, m, n):
+        """The padded working sets ``(idx, val, cnt)`` (m, cap) the rounds start from (``Y0`` or empty)."""
+        k = self.U.shape[0]
         cap = int(min(k, max(n + self.ws_extra, 2 * self.ws_extra)))
         cnt = np.zeros(m, np.int64)
         if Y0 is not None:
@@ -411,74 +457,51 @@ class GramCoder:
         val = np.zeros((m, cap))
         if Y0 is not None:
             _pad(Y0.indptr.astype(np.int64), Y0.indices.astype(np.int64), Y0.data.astype(np.float64), idx, val, cnt)
-        all_rows = np.arange(m)
+        return idx, val, cnt
+
+    def _start(self, xt, Y0, C0, R0, overwrite_c0, idx, val, cnt):
+        """The certificate of the start: ``(R, C, P, gap, rr, rx, cerr)`` (residuals, correlations, per-token
+        primal value, gap, ``||r||^2``, ``<r, xt>`` and the bound on the rounding of ``C``)."""
+        m, n = xt.shape
+        k = self.U.shape[0]
         have_r = R0 is not None and Y0 is not None and C0 is not None
         R = R0 if have_r else np.empty((m, n))
-        update = self.gram_updates
         if C0 is None or Y0 is None:
-            C, P, gap, rr, rx = _certify(xt, U, None if update else self.U32, idx, val, cnt, all_rows, lam, R)
+            C, P, gap, rr, rx = _certify(xt, self.U, None if self.gram_updates else self.U32, idx, val, cnt,
+                                         np.arange(m), self.lam, R)
         else:
             C = np.asarray(C0, dtype=np.float64) if overwrite_c0 else np.array(C0, dtype=np.float64)
             if not have_r:
-                _residuals(xt, U, idx, val, cnt, all_rows, R)
+                _residuals(xt, self.U, idx, val, cnt, np.arange(m), R)
             rr = np.einsum("ij,ij->i", R, R)
             rx = np.einsum("ij,ij->i", R, xt)
-            P, gap = _gap_from(rr, rx, C.max(1) if k else np.full(m, -np.inf), val.sum(1), lam)
-        xx = np.einsum("ij,ij->i", xt, xt)
+            P, gap = lasso_gap(rr, rx, C.max(1) if k else np.full(m, -np.inf), val.sum(1), self.lam)
         # rounding of the float64 products C = fl(fl(xt - Y U) U^T) (Higham Thm 3.5, n + k terms)
-        cerr = _gamma(n + k + 2) * 1.01 * (np.sqrt(xx) + 1.01 * val.sum(1))
-        todo = np.flatnonzero(gap > tol * np.maximum(P, floor))
-        crow = todo.copy()  # row of C of each token in todo
-        rounds = 0
-        sweeps = 0
-        while todo.size and rounds < self.max_rounds and (deadline is None or time.perf_counter() < deadline):
-            rounds += 1
-            if int(cnt[todo].max()) + self.ws_extra > cap:  # working sets may grow: widen the state
-                add = self.ws_extra
-                idx = np.concatenate([idx, np.zeros((m, add), np.int64)], 1)
-                val = np.concatenate([val, np.zeros((m, add))], 1)
-                cap += add
-            used = _round(G, U, xt, R, C, crow, cerr, xx, P, rr, rx, gap, todo, idx, val, cnt, lam, 0.1 * tol, floor,
-                          self.ws_extra, self.margin, self.max_sweeps, self.newton_every, update)
-            sweeps = max(sweeps, int(used.max()) if used.size else 0)
-            if not update:
-                C, Pt, gt, rrt, rxt = _certify(xt, U, self.U32, idx, val, cnt, todo, lam, R)
-                P[todo], gap[todo], rr[todo], rx[todo] = Pt, gt, rrt, rxt
-                crow = np.arange(todo.size)
-            bad = gap[todo] > tol * np.maximum(P[todo], floor)
-            todo, crow = todo[bad], crow[bad]
-        codes = sp.csr_array(_unpad(idx, val, cnt), shape=(m, k))
-        out = {"codes": codes, "P": P, "gap": gap, "rr": rr, "R": R, "rounds": rounds, "sweeps": sweeps, "todo": todo}
-        if update:  # row i: <u_d, r_i> for the returned codes, every entry within cerr[i]
-            out.update(C=C, cerr=cerr)
-        return out
+        cerr = _gamma(n + k + 2) * 1.01 * (np.sqrt(np.einsum("ij,ij->i", xt, xt)) + 1.01 * val.sum(1))
+        return R, C, P, gap, rr, rx, cerr
 
 
 def cd_codes(X, W, b, *, lam, tol: float = 1e-6, Z0=None, return_codes: bool = True, batch_size: int | None = None,
-             ws_extra: int = 128, max_rounds: int = 20, max_time: float | None = None, progress=None):
+             ws_extra: int = 128, max_rounds: int = 20, max_time: float | None = None, progress=None) -> CodingResult:
     r"""Certified optimal nonnegative codes by working-set coordinate descent (module docstring); CPU.
 
     Parameters and result as :func:`widelimit.coding.optimal_codes` (``algorithm="cd"``);
     ``max_time`` (seconds) stops the rounds (and the float64 fallback) when it is spent: every
     gap returned is still certified, ``converged`` says whether all met ``tol``.
     """
-
     deadline = None if max_time is None else time.perf_counter() + float(max_time)
-
-    X, W, b, lam, tol = _check_problem(X, W, b, lam, tol)
+    X, W, b, lam, tol = check_problem(X, W, b, lam, tol)
     N, n = X.shape
     k = W.shape[0]
     if Z0 is not None:
         Z0 = check_codes(Z0, N, k, name="Z0")
-    norms = row_norms(W)
-    live = np.flatnonzero(norms > 0)
-    coder = GramCoder(W[live] / norms[live, None], lam=lam, tol=tol, ws_extra=ws_extra, max_rounds=max_rounds)
+    norms, live, U = unit_atoms(W)
+    coder = GramCoder(U, lam=lam, tol=tol, ws_extra=ws_extra, max_rounds=max_rounds)
     if batch_size is None:
         batch_size = int(max(256, min(4096, (1 << 27) // (8 * max(1, live.size)))))
     batch_size = int(batch_size)
-    floor = lam * lam
     P_all, gap_all = np.empty(N), np.empty(N)
-    blocks, leftovers = [], []
+    blocks = []
     n_iter = 0
     Dn = sp.diags(norms[live])
     Dinv = sp.diags(1.0 / norms[live]) if live.size else sp.diags(np.zeros(0))
@@ -491,26 +514,17 @@ def cd_codes(X, W, b, *, lam, tol: float = 1e-6, Z0=None, return_codes: bool = T
             z0 = sp.csr_array(z0) if sp.issparse(z0) else sp.csr_array(np.asarray(z0))
             Y0 = sp.csr_array(z0[:, live] @ Dn)
         out = coder.solve(xt, Y0, deadline=deadline)
-        n_iter = max(n_iter, out["rounds"])
-        P_all[s:e], gap_all[s:e] = out["P"], out["gap"]
-        if out["todo"].size:
-            leftovers.append(s + out["todo"])
-        Zb = sp.csr_array(out["codes"] @ Dinv)
+        n_iter = max(n_iter, out.n_iter)
+        P_all[s:e], gap_all[s:e] = out.point_values, out.point_gaps
+        Zb = sp.csr_array(out.codes @ Dinv)
         blocks.append(sp.csr_array((Zb.data, live[Zb.indices], Zb.indptr), shape=(e - s, k)) if live.size
                       else sp.csr_array((e - s, k)))
         if progress is not None:
             progress(Progress(stage="optimal codes", pass_index=1, rows_done=e, rows_total=N, done=e == N))
     codes = sp.csr_array(sp.vstack(blocks, format="csr")) if blocks else sp.csr_array((N, k))
-    if leftovers and (deadline is None or time.perf_counter() < deadline):
-        # the full-dictionary solver finishes these tokens, warm-started, float64
-        codes, res = finish_rows(X, W, b, codes, np.concatenate(leftovers), P_all, gap_all, lam=lam, tol=tol,
-                                 dtype="float64", max_iter=20000)
-        n_iter += res.n_iter
-    n_bad = int(np.sum(gap_all > tol * np.maximum(P_all, floor)))
-    value = float(P_all.mean())
-    pen = 2.0 * lam * float(np.asarray(codes @ norms).sum()) / N
-    return CodingResult(
-        codes=codes if return_codes else None, value=value, reconstruction=value - pen, penalty=pen,
-        gap=float(gap_all.mean()), max_gap=float(gap_all.max()), point_values=P_all, point_gaps=gap_all,
-        n_iter=int(n_iter), converged=n_bad == 0, n_unconverged=n_bad, device="cpu", lam=lam, tol=tol,
-    )
+    res = CodingResult.from_points(codes, P_all, gap_all, n_iter=n_iter, device="cpu", lam=lam, tol=tol,
+                                   penalty_sum=2.0 * lam * float(np.asarray(codes @ norms).sum()))
+    if deadline is None or time.perf_counter() < deadline:
+        # the full-dictionary solver finishes uncertified tokens, warm-started, float64
+        res = finish_rows(X, W, b, res, dtype="float64", max_iter=20000)
+    return res if return_codes else dataclasses.replace(res, codes=None)

@@ -1,35 +1,127 @@
-r"""Optimal codes, and the optimal bias, for a fixed dictionary: value with a certified gap.
+r"""The fixed-dictionary optimum: optimal codes and the optimal bias for a fixed dictionary, certified.
 
-Used to compare dictionaries exactly (e.g. the absorption experiment, theory.md §6): the objective
-of theory.md §1 minimised over ``Z >= 0`` (and ``b``) with ``W`` held fixed, which is convex.
+The objective of theory.md §1 minimised over ``Z >= 0`` and ``b`` with ``W`` held fixed (a convex
+problem). One algorithm, compiled: coordinate descent on the codes alternated with the exact bias step
+``b = mean(x - z W)`` (:func:`fixed_dictionary_optimum`; the finite-width branch and bound runs it at the
+caps' centres without the GIL, :mod:`widelimit.finite._taylor`). :func:`fixed_dictionary_objective`
+adds the exact step on the final supports and the certified joint dual bound, to compare dictionaries
+exactly (e.g. the absorption experiment, theory.md §6).
 """
 
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 import scipy.sparse as sp
 
-from .pdas import optimal_codes
+from .fista import fista_codes
+from .lasso import dictionary_codes, token_gap, unit_atoms
 
-__all__ = ["fixed_dictionary_objective"]
+__all__ = ["fixed_dictionary_objective", "fixed_dictionary_optimum", "codes_then_bias", "residual",
+           "objective_from_residual"]
+
+_JIT = dict(nogil=True, cache=True)
+
+
+@nb.njit(**_JIT)
+def residual(X, W, b, Z, R):  # pragma: no cover - compiled
+    """``R = X - b - Z W`` in place."""
+    N, n = X.shape
+    k = W.shape[0]
+    for i in range(N):
+        for d in range(n):
+            s = X[i, d] - b[d]
+            for j in range(k):
+                s -= Z[i, j] * W[j, d]
+            R[i, d] = s
+
+
+@nb.njit(**_JIT)
+def codes_then_bias(X, lam, W, b, Z, R, code_sweeps):  # pragma: no cover - compiled
+    """Coordinate-descent sweeps on the codes (``z_ij = max(0, <r_i + z_ij w_j, w_j> - lam)``, exact for
+    unit atoms), then the optimal bias, in place on ``b, Z`` and the residual ``R``.
+
+    Returns the largest change of a code or a bias coordinate.
+    """
+    N, n = X.shape
+    k = W.shape[0]
+    move = 0.0
+    for _ in range(code_sweeps):
+        for i in range(N):
+            for j in range(k):
+                a = 0.0
+                for d in range(n):
+                    a += (R[i, d] + Z[i, j] * W[j, d]) * W[j, d]
+                z = a - lam if a > lam else 0.0
+                dz = z - Z[i, j]
+                if dz != 0.0:
+                    for d in range(n):
+                        R[i, d] -= dz * W[j, d]
+                    Z[i, j] = z
+                    move = max(move, abs(dz))
+    for d in range(n):
+        m = 0.0
+        for i in range(N):
+            m += R[i, d]
+        m /= N
+        b[d] += m
+        move = max(move, abs(m))
+        for i in range(N):
+            R[i, d] -= m
+    return move
+
+
+@nb.njit(**_JIT)
+def objective_from_residual(lam, Z, R):  # pragma: no cover - compiled
+    """``(1/N) (sum ||r_i||^2 + 2 lam sum z_ij)``."""
+    N, n = R.shape
+    val = 0.0
+    for i in range(N):
+        for d in range(n):
+            val += R[i, d] * R[i, d]
+        for j in range(Z.shape[1]):
+            val += 2.0 * lam * Z[i, j]
+    return val / N
+
+
+@nb.njit(**_JIT)
+def fixed_dictionary_optimum(X, lam, W, b, Z, max_sweeps, tol):  # pragma: no cover - compiled
+    """Exact minimisation over ``(Z >= 0, b)`` at a fixed dictionary ``W`` of unit atoms, in place on ``b``, ``Z``.
+
+    Coordinate descent on the codes alternated with the optimal bias (:func:`codes_then_bias`),
+    until nothing moves by more than ``tol`` times the largest code (at least 1), or ``max_sweeps``.
+    Returns the objective.
+    """
+    R = np.empty(X.shape)
+    residual(X, W, b, Z, R)
+    for _ in range(max_sweeps):
+        move = codes_then_bias(X, lam, W, b, Z, R, 1)
+        zmax = 1.0
+        for i in range(Z.shape[0]):
+            for j in range(Z.shape[1]):
+                zmax = max(zmax, Z[i, j])
+        if move <= tol * zmax:
+            break
+    return objective_from_residual(lam, Z, R)
 
 
 def fixed_dictionary_objective(X, W, b=None, *, lam: float, tol: float = 1e-9, max_rounds: int = 20,
                                device: str = "cpu") -> dict:
     r"""Objective of a fixed dictionary with optimal codes (and optimal bias when ``b`` is None), certified.
 
-    With ``b`` given this is :func:`widelimit.coding.pdas.optimal_codes` (per-point
-    duality gaps). With ``b = None`` the convex problem ``min_{Z >= 0, b}`` is
-    first solved by cvxpy (Clarabel), then polished by rounds of optimal codes
-    and the exact bias step ``b = mean(x - z W)``. The certified lower bound is
-    the joint dual: for residuals ``r_i`` with ``sum_i r_i = 0`` (true after the
-    bias step) and a scale ``s >= 0`` with ``s <w_d, r_i> <= lam ||w_d||``,
+    With ``b`` given this is :func:`widelimit.coding.fista.fista_codes` (per-point
+    duality gaps). With ``b = None`` the convex problem ``min_{Z >= 0, b}`` is solved by
+    :func:`fixed_dictionary_optimum` (warm-started from the last round), then made exact on
+    the final supports (:func:`_polish_support`). The certified lower bound is the joint dual:
+    for residuals ``r_i`` with ``sum_i r_i = 0`` (true after the bias step) and a scale ``s >= 0``
+    with ``s <w_d, r_i> <= lam ||w_d||``,
 
     .. math:: \min_{Z\ge0,b} N L \ \ge\ \sum_i 2 s\langle r_i, x_i\rangle - s^2\|r_i\|^2
 
     (``||a||^2 >= 2<theta, a> - ||theta||^2`` per point with ``theta_i = s r_i``; the
     penalty dominates ``2 sum_d z_d <w_d, theta_i>``; the ``b`` terms cancel
-    because ``sum_i theta_i = 0``), maximised over ``s``.
+    because ``sum_i theta_i = 0``), maximised over ``s``: the lasso dual gap of
+    :mod:`widelimit.coding.lasso` on the sums over points.
 
     Parameters
     ----------
@@ -42,9 +134,9 @@ def fixed_dictionary_objective(X, W, b=None, *, lam: float, tol: float = 1e-9, m
     tol : float
         Relative target of the certified gap.
     max_rounds : int
-        Polishing rounds (free bias).
+        Rounds of the compiled solver and the exact step (free bias).
     device : str
-        For the code solver.
+        For the code solver (fixed bias).
 
     Returns
     -------
@@ -55,41 +147,37 @@ def fixed_dictionary_objective(X, W, b=None, *, lam: float, tol: float = 1e-9, m
     W = np.asarray(W, dtype=np.float64)
     N, n = X.shape
     if b is not None:
-        res = optimal_codes(X, W, np.asarray(b, dtype=np.float64), lam=lam, tol=tol, device=device, dtype="float64")
+        res = fista_codes(X, W, np.asarray(b, dtype=np.float64), lam=lam, tol=tol, device=device, dtype="float64")
         return {"value": res.value, "gap": res.gap, "bias": np.asarray(b, dtype=np.float64), "codes": res.codes,
                 "rounds": 0}
-    import cvxpy as cp
-
-    norms = np.linalg.norm(W, axis=1)
-    Zv = cp.Variable((N, W.shape[0]), nonneg=True)
-    bv = cp.Variable(n)
-    obj = cp.sum_squares(Zv @ W + np.ones((N, 1)) @ cp.reshape(bv, (1, n), order="C") - X) \
-        + 2 * lam * cp.sum(Zv @ norms)
-    cp.Problem(cp.Minimize(obj / N)).solve(solver=cp.CLARABEL)
-    b = np.asarray(bv.value, dtype=np.float64)
-    Z = None
+    norms, live, U = unit_atoms(W)
+    U = np.ascontiguousarray(U)
+    Y = np.zeros((N, live.size))  # codes of the unit atoms
+    bias = X.mean(axis=0)
     best = None
-    unit = W / np.where(norms > 0, norms, 1.0)[:, None]
     for rounds in range(1, max_rounds + 1):
-        res = optimal_codes(X, W, b, lam=lam, tol=tol * 1e-2, device=device, dtype="float64", Z0=Z)
-        Z = res.codes
-        b = (X - Z @ W).mean(axis=0)
-        polished = _polish_support(X, W, norms, Z, lam)
+        fixed_dictionary_optimum(X, lam, U, bias, Y, 100_000, 1e-15)
+        Z, bb = dictionary_codes(Y, live, norms, W.shape[0]), bias.copy()
+        polished = _polish_support(X, W, norms, sp.csr_array(Z), lam)
         if polished is not None:
-            Z, b = polished
-        R = X - b - Z @ W  # sums to zero
-        rr, rx = float(np.einsum("ij,ij->", R, R)), float(np.einsum("ij,ij->", R, X))
-        value = (rr + 2 * lam * float(np.asarray(Z.sum(axis=0)).ravel() @ norms)) / N
-        C = R @ unit[norms > 0].T
-        cmax = float(C.max()) if C.size else 0.0
-        smax = lam / cmax if cmax > 0 else np.inf
-        s = float(np.clip(rx / rr, 0.0, smax)) if rr > 0 else 0.0
-        gap = max(0.0, value - (2 * s * rx - s * s * rr) / N)
+            Z, bb = polished[0].toarray(), polished[1]
+        value, gap = _joint_gap(X, W, U, Z, bb, lam, norms)
         if best is None or gap < best["gap"]:
-            best = {"value": value, "gap": gap, "bias": b.copy(), "codes": Z, "rounds": rounds}
+            best = {"value": value, "gap": gap, "bias": bb, "codes": sp.csr_array(Z), "rounds": rounds}
         if gap <= tol * max(value, lam * lam):
             break
     return best
+
+
+def _joint_gap(X, W, U, Z, b, lam, norms):
+    """``(value, gap)`` of ``(Z, b)``: the objective and the joint dual bound's gap (docstring above), per point."""
+    N = X.shape[0]
+    R = X - b - Z @ W  # sums to zero over the points (the optimal bias for Z)
+    rr, rx = float(np.einsum("ij,ij->", R, R)), float(np.einsum("ij,ij->", R, X))
+    C = R @ U.T
+    cmax = float(C.max()) if C.size else 0.0
+    P, gap = token_gap(rr, rx, cmax, float(Z.sum(axis=0) @ norms), lam)
+    return P / N, gap / N
 
 
 def _polish_support(X, W, norms, Z, lam):

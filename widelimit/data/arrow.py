@@ -9,7 +9,7 @@ import numpy as np
 
 from .shards import DataError, Shard, first_line, natural_key, show, widen
 
-__all__ = ["ArrowShard", "arrow_files", "is_datasets_folder"]
+__all__ = ["ArrowShard", "arrow_files"]
 
 
 class ArrowShard(Shard):
@@ -82,7 +82,7 @@ class ArrowShard(Shard):
         return None
 
     def _row_shape(self, tp):
-        """``(vectors per dataset row, vector length)`` from the column's first row."""
+        """``(vectors per dataset row, vector length)`` from the column's first row (every row must match it)."""
         vt = self._value_type(tp)
         if vt is None:
             raise DataError(f"{show(self.path)}: column {self.column!r} is not a float array column")
@@ -93,17 +93,41 @@ class ArrowShard(Shard):
         arr = _unwrap(t.column(self.column).slice(0, 1).combine_chunks())
         if not _is_list(arr):
             raise DataError(f"{show(self.path)}: column {self.column!r} holds scalars, not vectors")
-        vectors = arr
-        while _is_list(_unwrap(vectors.flatten())):  # down to the list of vectors
-            vectors = _unwrap(vectors.flatten())
-        total = self._flat(0, 1).size
-        per_row = 1 if vectors is arr else len(vectors)
-        return per_row, total // max(1, per_row)
+        shape = []  # the first row's length at each nesting level: (d,) or (context, d)
+        while _is_list(arr):
+            if arr.null_count:
+                raise DataError(f"{show(self.path)}: column {self.column!r} has missing values in row 0")
+            if len(arr) == 0:
+                raise DataError(f"{show(self.path)}: column {self.column!r}: row 0 holds an empty list")
+            shape.append(int(_lengths(arr)[0]))
+            arr = _unwrap(arr.flatten())
+        self._shape = tuple(shape)
+        self._flat(0, 1)  # checks the first row's values
+        return int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
 
     def _flat(self, r0: int, r1: int) -> np.ndarray:
+        """The values of dataset rows ``r0 .. r1 - 1``, after checking that each has the first row's shape.
+
+        A row of another length (a ragged column: vectors of 4, 2, 6 values) is one :class:`DataError` naming
+        the row; a check of the total alone would re-cut such rows into vectors that are not in the data.
+        """
         arr = _unwrap(self._open().column(self.column).slice(r0, r1 - r0).combine_chunks())
-        while _is_list(arr):
+        per = 1  # entries of this nesting level per dataset row
+        for want in self._shape:
+            if not _is_list(arr):
+                raise DataError(f"{show(self.path)}: column {self.column!r}: row {r0} is not nested like row 0")
+            if arr.null_count:
+                raise DataError(f"{show(self.path)}: column {self.column!r} has missing values in rows {r0}..{r1}")
+            bad = np.flatnonzero(_lengths(arr) != want)
+            if bad.size:
+                j = int(bad[0])
+                raise DataError(f"{show(self.path)}: ragged rows in column {self.column!r}: row {r0 + j // per} "
+                                f"holds a list of {int(_lengths(arr)[j])} values where row 0 holds {want}; every "
+                                "row must have the same shape")
+            per *= want
             arr = _unwrap(arr.flatten())
+        if _is_list(arr):
+            raise DataError(f"{show(self.path)}: column {self.column!r}: rows {r0}..{r1} are nested deeper than row 0")
         if arr.null_count:
             raise DataError(f"{show(self.path)}: column {self.column!r} has missing values in rows {r0}..{r1}")
         return arr.to_numpy(zero_copy_only=False)
@@ -137,12 +161,6 @@ def _is_list(arr) -> bool:
     return pa.types.is_list(tp) or pa.types.is_large_list(tp) or pa.types.is_fixed_size_list(tp)
 
 
-def is_datasets_folder(p: Path) -> bool:
-    """Whether folder ``p`` looks like a ``datasets`` cache (``state.json`` or ``.arrow`` files, here or one level down)."""
-    return (p / "state.json").exists() or any(p.glob("*.arrow")) or any(
-        (d / "state.json").exists() for d in p.iterdir() if d.is_dir())
-
-
 def arrow_files(p: Path) -> list[Path]:
     """The ``.arrow`` files of a ``datasets.save_to_disk`` folder (or of its ``shard_*`` sub-folders).
 
@@ -173,3 +191,10 @@ def arrow_files(p: Path) -> list[Path]:
     if subs:
         return [f for d in subs for f in arrow_files(d)]
     return sorted(p.glob("*.arrow"), key=natural_key)
+
+
+def _lengths(arr) -> np.ndarray:
+    """The length of every list of the list array ``arr`` (int64)."""
+    import pyarrow.compute as pc
+
+    return np.asarray(pc.list_value_length(arr).to_numpy(zero_copy_only=False), dtype=np.int64)

@@ -15,14 +15,13 @@ import numpy as np
 
 from .._validation import bad_row, chunk_rows, exact_float64, to_numpy, too_large
 from . import readers
-from .arrow import ArrowShard, arrow_files, is_datasets_folder
+from .arrow import ArrowShard, arrow_files
 from .csv import TableShard, read_table_shard
 from .shards import ArrayShard, DataError, FileShard, Shard, check_path, natural_key, show
 
 __all__ = ["ActivationSource", "DataError", "open_activations", "check_values"]
 
 _NP_FLOATS = {np.dtype("float16"), np.dtype("float32"), np.dtype("float64")}
-_SHARD_EXTS = (".npy", ".safetensors")
 _FILE_EXTS = (".npy", ".npz", ".safetensors", ".csv", ".txt", ".pt", ".pth", ".arrow")
 _KEY_EXTS = (".npz", ".safetensors", ".pt", ".pth")  # formats holding several named arrays
 _TEXT_EXTS = (".csv", ".txt")
@@ -239,6 +238,57 @@ def _file_shards(p: Path, key, column, header) -> list[Shard]:
                     f"(use {', '.join(_FILE_EXTS)}, a folder of shards or a datasets cache)")
 
 
+#: What each kind of entry of a folder is called in messages (:func:`folder_kind`).
+_FOLDER_KINDS = {".npy": ".npy shards", ".safetensors": ".safetensors shards",
+                 "datasets": "a datasets / Arrow cache (.arrow files, state.json)",
+                 "datasets-sub": "datasets cache sub-folders (holding state.json)"}
+
+
+def folder_kind(p: Path) -> str:
+    """What folder ``p`` holds: ``".npy"``, ``".safetensors"``, ``"datasets"`` (``.arrow`` files or a
+    ``state.json`` here) or ``"datasets-sub"`` (sub-folders holding ``state.json``).
+
+    A folder holding more than one kind of data -- those four, and single data files of another format
+    (``.npz``, ``.pt``, ``.csv``, ...) -- is one :class:`DataError` naming every kind with an example file:
+    reading one kind and ignoring the others would answer for data other than the folder's. Entries of no
+    data format (``dataset_info.json``, a README, other sub-folders) are ignored.
+    """
+    kinds: dict[str, Path] = {}
+    for f in sorted(p.iterdir(), key=natural_key):
+        ext = f.suffix.lower()
+        if f.is_dir():
+            kind = "datasets-sub" if (f / "state.json").exists() else None
+        elif f.name == "state.json" or ext == ".arrow":
+            kind = "datasets"
+        elif ext in _FILE_EXTS:
+            kind = ext
+        else:
+            kind = None
+        if kind is not None:
+            kinds.setdefault(kind, f)
+    if len(kinds) > 1:
+        listed = "; ".join(f"{_FOLDER_KINDS.get(k, k + ' files')} (e.g. {show(f.name)})" for k, f in kinds.items())
+        raise DataError(f"{show(p)}: holds more than one kind of data: {listed}; keep one kind per folder")
+    if not kinds:
+        raise DataError(f"{show(p)}: no .npy, .safetensors or Arrow shards in this folder")
+    kind, example = next(iter(kinds.items()))
+    if kind not in _FOLDER_KINDS:
+        raise DataError(f"{show(p)}: holds {kind} files (e.g. {show(example.name)}); a folder is read as .npy or "
+                        ".safetensors shards or a datasets cache: give the file itself")
+    return kind
+
+
+def _folder_shards(p: Path, key, column, header) -> list[Shard]:
+    """The shards of folder ``p``, one kind of data (:func:`folder_kind`)."""
+    kind = folder_kind(p)
+    if kind in ("datasets", "datasets-sub"):
+        _unused_options(p, "datasets", key, column, header)
+        return [ArrowShard(f, column) for f in arrow_files(p)]
+    files = sorted((f for f in p.iterdir() if f.suffix.lower() == kind and not f.is_dir()), key=natural_key)
+    _unused_options(p, "npyfolder" if kind == ".npy" else "stfolder", key, column, header)
+    return [sh for f in files for sh in _file_shards(check_path(f), key, column, header)]
+
+
 def open_activations(path, *, key: str | None = None, column: str | None = None,
                      header: bool | None = None) -> ActivationSource:
     """Open activations ``X`` (N, n) at ``path`` as an :class:`ActivationSource` (nothing read up front
@@ -289,19 +339,7 @@ def open_activations(path, *, key: str | None = None, column: str | None = None,
     _check_option(header, "header", (bool,), "True, False")
     p = check_path(path)
     if p.is_dir():
-        if is_datasets_folder(p):
-            _unused_options(p, "datasets", key, column, header)
-            src = ActivationSource([ArrowShard(f, column) for f in arrow_files(p)], str(p))
-        else:
-            files = sorted((f for f in p.iterdir() if f.suffix.lower() in _SHARD_EXTS), key=natural_key)
-            if not files:
-                raise DataError(f"{show(p)}: no .npy, .safetensors or Arrow shards in this folder")
-            if len({f.suffix.lower() for f in files}) > 1:
-                raise DataError(f"{show(p)}: mixes .npy and .safetensors shards; keep one kind per folder")
-            _unused_options(p, "npyfolder" if files[0].suffix.lower() == ".npy" else "stfolder", key, column,
-                            header)
-            src = ActivationSource([sh for f in files for sh in _file_shards(check_path(f), key, column, header)],
-                                   str(p))
+        src = ActivationSource(_folder_shards(p, key, column, header), str(p))
     elif p.is_file():
         src = ActivationSource(_file_shards(p, key, column, header), str(p))
     else:

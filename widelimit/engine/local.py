@@ -25,18 +25,16 @@ solvers never print.
 from __future__ import annotations
 
 import copy
-import json
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from .._runtime import default_threads  # noqa: F401  (re-exported: the engine's thread count)
+from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401 (re-exported)
 from .fingerprint import _hashed_chunk
 import hashlib
 from .fingerprint import finish, hashed
@@ -449,38 +447,3 @@ def data_fingerprint(X) -> list:
     for idx in (slice(0, 64), slice(max(0, N - 64), N)):
         h.update(np.ascontiguousarray(np.asarray(X[idx], dtype=np.float64)).tobytes())
     return ["array", list(X.shape), str(X.dtype), h.hexdigest()]
-
-
-# --------------------------------------------------------------------------------------
-# checkpoints: O(n) state, written atomically after every completed pass
-# --------------------------------------------------------------------------------------
-
-
-def save_checkpoint(path, meta: dict, arrays: dict) -> None:
-    """Write ``meta`` (JSON-able) and small float arrays to ``path`` (.npz) atomically."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-                 **{k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path) -> tuple[dict, dict] | None:
-    """``(meta, arrays)`` from a checkpoint written by :func:`save_checkpoint`, or ``None`` if absent."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(bytes(z["__meta__"]).decode())
-            arrays = {k: z[k] for k in z.files if k != "__meta__"}
-    except Exception as e:  # noqa: BLE001
-        raise ValueError(f"{path}: not a readable widelimit checkpoint ({type(e).__name__})") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path}: not a widelimit checkpoint (its __meta__ is a JSON {type(meta).__name__}, "
-                         "not an object); delete it or choose another path")
-    return meta, arrays
-

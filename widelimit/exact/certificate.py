@@ -38,8 +38,8 @@ from .median import MedianResult, centered, huber_median
 from .objective import _check_triple, _matmul_rows, code_mass, huber_h
 from ..engine import engine_for
 from ..engine.fingerprint import mismatch_error
-from ..engine.local import FloatOverflow, ScaledRows, is_dask_array, raise_nonfinite, scratch
-from .scaling import normaliser, scale_median, scaled_lam, unscale_certificate
+from ..engine.local import FloatOverflow, is_dask_array, raise_nonfinite, scratch
+from .scaling import on_scaled_data, scale_median, unscale_certificate
 from .median_bound import ETA, U, check_consistent, gamma, sum_depth
 
 __all__ = ["Certificate", "verify", "is_certified", "relative_gap"]
@@ -335,15 +335,12 @@ def verify(X, W, Z, b, *, lam, tol: float = 1e-9, atol: float = 0.0, median: Med
     tol, atol = check_tol(tol, "tol"), check_tol(atol, "atol")
     if median is not None:
         check_given_median(median, lam=check_lam(lam), n=X.shape[1])
-    f = normaliser(X)  # data far from unit magnitude: certified as f X (f an exact power of two)
-    if f == 1.0:
-        if median is None:
-            median = huber_median(X, lam=lam, progress=progress, checkpoint=checkpoint)
-        return _certificate(X, W, Z, b, lam, median, tol, atol, progress)
-    lam_f = scaled_lam(lam, f)
-    Xf = ScaledRows(X, f)
-    median = (huber_median(Xf, lam=lam_f, progress=progress, checkpoint=checkpoint) if median is None
-              else scale_median(median, f, lam_f))
-    atol_f = min(atol * f * f, float(np.finfo(np.float64).max))
-    cert = _certificate(Xf, W, Z * f, b * f, lam_f, median, tol, atol_f, progress)
-    return unscale_certificate(cert, f, lam, atol)
+    def run(Xf, lam_f, f):  # data far from unit magnitude: certified as f X (f an exact power of two)
+        med = (huber_median(Xf, lam=lam_f, progress=progress, checkpoint=checkpoint) if median is None
+               else median if f == 1.0 else scale_median(median, f, lam_f))
+        if f == 1.0:
+            return _certificate(X, W, Z, b, lam, med, tol, atol, progress)
+        atol_f = min(atol * f * f, float(np.finfo(np.float64).max))
+        return _certificate(Xf, W, Z * f, b * f, lam_f, med, tol, atol_f, progress)
+
+    return on_scaled_data(X, lam, run, lambda cert, f: unscale_certificate(cert, f, lam, atol), one_blas=False)

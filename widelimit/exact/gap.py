@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-__all__ = ["is_certified", "allowed_gap", "relative_gap"]
+__all__ = ["is_certified", "allowed_gap", "relative_gap", "check_consistent", "InconsistentBound"]
 
 _TINY = float(np.finfo(np.float64).tiny)  # 2^-1022, the smallest normal float64
 
@@ -47,3 +47,20 @@ def relative_gap(gap: float, value: float) -> float:
     if gap == 0.0:
         return 0.0
     return gap / abs(value) if value != 0.0 else math.inf
+
+
+class InconsistentBound(ValueError):
+    """An objective below a certified lower bound by more than its rounding error: the bound is not of these data."""
+
+
+def check_consistent(value: float, value_error: float, lower_bound: float, what: str, hint: str = "") -> None:
+    """Raise :class:`InconsistentBound` if ``value + value_error < lower_bound``.
+
+    ``value`` is a computed objective whose exact value lies within ``value_error`` of it and
+    is >= the exact minimum >= ``lower_bound`` (rigorous): a larger bound proves that the bound
+    belongs to other data (or a bug), and is reported, never clipped.
+    """
+    if value + value_error < lower_bound:
+        raise InconsistentBound(
+            f"inconsistent certificate: {what} {value:.17g} is below the certified lower bound "
+            f"{lower_bound:.17g} by more than its rounding error {value_error:.3g}{hint}")

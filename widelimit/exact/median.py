@@ -38,20 +38,21 @@ set can then be a segment (e.g. ``{-5, 5}`` with ``lam = 1``: every
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
-import hashlib
-import json
 
 from .._validation import _finite_chunk, check_data, check_int, check_lam, check_seed, check_tol, check_vector, check_weights
 from .collinear import collinear_fit, project_chunk, solve_1d
 from .newton import line_min, newton_direction
 from .gap import relative_gap
 from .median_bound import ETA, check_consistent, gamma, lower_bound, norm, sum_depth
-from .scaling import full_normaliser, normaliser, scaled_lam, unscale_median
+from .median_checkpoint import load_problem_state, saved_state, verified_mean
+from .scaling import full_normaliser, normaliser, on_scaled_data, unscale_median
+from ..engine.checkpoint import checkpoint_lock
 from ..engine.fingerprint import mismatch_error
 from ..engine.kernels import median_rows
 from ..engine import engine_for
@@ -59,9 +60,6 @@ from ..engine.local import (
     FloatOverflow,
     LocalEngine,
     Progress,
-    ScaledRows,
-    load_checkpoint,
-    one_blas_thread,
     raise_nonfinite,
     save_checkpoint,
     scratch,
@@ -239,7 +237,6 @@ def _grad(p: _Pass, kind) -> np.ndarray:
 # --------------------------------------------------------------------------------------
 
 
-_CKPT_VERSION = 2
 
 #: Secant pairs of the last iterations that correct the subsample Newton matrix (BFGS updates).
 SECANT_PAIRS = 2
@@ -255,22 +252,19 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
     max_iter, hess_rows, seed = check_int(max_iter, "max_iter", low=1), check_int(hess_rows, "hess_rows", low=1), \
         check_seed(seed)
     def run(f):
-        Xf, lam_f = (X, lam) if f == 1.0 else (ScaledRows(X, f), None if lam is None else scaled_lam(lam, f))
-        if getattr(engine_for(X), "threads", 1) > 1:
-            with one_blas_thread():
-                res = _solve_passes(Xf, lam_f, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap)
-        else:
-            res = _solve_passes(Xf, lam_f, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap)
-        return res if f == 1.0 else unscale_median(res, f, lam)
+        return on_scaled_data(X, lam, lambda Xf, lam_f, _: _solve_passes(
+            Xf, lam_f, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap),
+            lambda res, f_: unscale_median(res, f_, lam), f=f)
 
     f = normaliser(X)
-    try:
-        res = run(f)
-    except FloatOverflow:  # the sampled rows missed the largest: scale from all of them, once
-        f_all = full_normaliser(X)
-        if f_all == f:
-            raise
-        res = run(f_all)
+    with contextlib.nullcontext() if checkpoint is None else checkpoint_lock(checkpoint):  # one writer at a time
+        try:
+            res = run(f)
+        except FloatOverflow:  # the sampled rows missed the largest: scale from all of them, once
+            f_all = full_normaliser(X)
+            if f_all == f:
+                raise
+            res = run(f_all)
     return res if w is None or bool(np.all(w == 1.0)) else dataclasses.replace(res, weighted=True)
 
 
@@ -296,18 +290,9 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
         if progress is not None:
             progress(Progress(stage, engine.passes, N, N, value=val, lower_bound=lb, done=True))
 
-    problem = None
-    state = None
+    problem = state = None
     if checkpoint is not None:
-        problem = {
-            "version": _CKPT_VERSION, "kind": kind, "lam": lam, "tol": tol, "xtol": xtol, "max_iter": max_iter,
-            "hess_rows": hess_rows, "seed": seed, "shape": [N, n],
-            "weights": None if w is None else hashlib.sha1(w.tobytes()).hexdigest(),
-        }
-        state = load_checkpoint(checkpoint)
-        if state is not None and state[0].get("problem") != json.loads(json.dumps(problem)):
-            raise ValueError(f"{checkpoint}: checkpoint of a different problem (data, lam, weights or "
-                             "settings changed); delete it or choose another path")
+        problem, state = load_problem_state(checkpoint, kind, lam, tol, xtol, max_iter, hess_rows, seed, N, n, w)
 
     eps_r = 0.0
     if not isinstance(engine, LocalEngine):
@@ -372,14 +357,16 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
         line = collinear_fit(engine, sub, tol_abs)
         report("mean", val, lb)
     else:
-        # resume: one certifying pass at the saved point re-reads (and hashes) every row, so
-        # nothing saved is trusted unless the data are the very data it was computed on
+        # resume: one certifying pass at the saved point re-reads (and hashes) every row; nothing saved is
+        # trusted for what certifies: the bound is this pass's, the saved mean is checked against the
+        # mean this pass computes (docs/theory.md §8.5)
         meta, arr = state
-        b = arr["b"]
+        b = saved_state(checkpoint, meta, arr, n, lambda v: 4.0 * gK * abs(v) + 4.0 * N * ETA / W)
         p, val, lb = certify(b, "resume", stats=True)
         if engine.fingerprint != meta["fingerprint"]:
             raise mismatch_error(f"{checkpoint}: the checkpoint", meta["fingerprint"], engine.fingerprint)
-        mean, e_mean = arr["mean"], float(meta["e_mean"])
+        mean, e_mean = verified_mean(checkpoint, arr["mean"], meta["e_mean"], b + p.dsum / W,
+                                     4.0 * gK * (p.rmax + norm(b)))
         line = None
     fingerprint = engine.fingerprint
 
@@ -417,10 +404,9 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
         prev_step = 0.0
         passes0 = 0
         pairs = np.zeros((0, 2, n))  # secant pairs (step, change of the gradient) of the last iterations
-    else:  # the saved bound is valid: it was computed on these data (same fingerprint)
-        lb = max(lb, meta["lb"])
+    else:  # the saved trajectory (iterations, secant pairs, history) steers the iterations; it certifies nothing
         it, small_step = meta["it"], meta["small_step"]
-        prev_step = float(meta.get("prev_step", 0.0))
+        prev_step = float(meta["prev_step"])
         pairs = arr["pairs"] if "pairs" in arr else np.zeros((0, 2, n))
         history = [tuple(h) for h in arr["history"].tolist()]
         passes0 = meta["passes"]
@@ -432,6 +418,7 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
             "problem": problem, "fingerprint": fingerprint, "e_mean": e_mean, "lb": lb, "it": it,
             "small_step": bool(small_step), "prev_step": prev_step, "passes": passes0 + engine.passes,
         }, {"mean": mean, "b": b, "history": np.asarray(history, dtype=np.float64), "pairs": pairs})
+        # ("lb" is kept for people reading the file; a resume recomputes the bound, never reads it)
 
     save()
     report("newton", val, lb)
@@ -509,6 +496,7 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
         report("newton", val, lb)
     gap = val - lb
     converged = converged or done(gap, val)
+    check_consistent(val, 4.0 * gK * val + 4.0 * N * ETA / W, lb, "the median's objective")
     return MedianResult(
         point=b, value=val, lower_bound=lb, gap=gap, segment=np.stack([b, b]), n_passes=passes0 + engine.passes,
         n_iter=it, converged=converged, method="newton", kind=kind, lam=lam_out, history=history,

@@ -30,6 +30,7 @@ import math
 import numpy as np
 
 from ..engine.local import chunk_rows
+from .gap import InconsistentBound, check_consistent  # noqa: F401 (re-exported; defined with "certified")
 
 __all__ = ["U", "ETA", "gamma", "sum_depth", "lower_bound", "norm"]
 
@@ -124,20 +125,3 @@ def lower_bound(p, W: float, mb: np.ndarray, e_mb: float, lam, kind: str, K: int
     # underflow: each product or quotient of the pass may be off by ETA absolutely (subnormal sums are exact)
     err = (err + 64.0 * K * ETA * (p.rmax + 1.0)) / W + 4.0 * g * abs(out)  # + the weights' sum, the division
     return out - err, err
-
-
-class InconsistentBound(ValueError):
-    """An objective below a certified lower bound by more than its rounding error: the bound is not of these data."""
-
-
-def check_consistent(value: float, value_error: float, lower_bound: float, what: str, hint: str = "") -> None:
-    """Raise :class:`InconsistentBound` if ``value + value_error < lower_bound``.
-
-    ``value`` is a computed objective whose exact value lies within ``value_error`` of it and
-    is >= the exact minimum >= ``lower_bound`` (rigorous): a larger bound proves that the bound
-    belongs to other data (or a bug), and is reported, never clipped.
-    """
-    if value + value_error < lower_bound:
-        raise InconsistentBound(
-            f"inconsistent certificate: {what} {value:.17g} is below the certified lower bound "
-            f"{lower_bound:.17g} by more than its rounding error {value_error:.3g}{hint}")

@@ -15,15 +15,17 @@ overflow, so tiny and huge ``lam`` work too.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
 import numpy as np
 
 from ..engine import engine_for
-from ..engine.local import ScaledRows, is_dask_array
+from ..engine.local import ScaledRows, is_dask_array, one_blas_thread
 
-__all__ = ["normaliser", "unscale_median", "unscale_certificate", "unscale_finite", "scaled_lam", "unscaled_value"]
+__all__ = ["normaliser", "on_scaled_data", "unscale_median", "unscale_certificate", "unscale_finite", "scaled_lam",
+           "unscaled_value"]
 
 #: Data whose largest sampled |entry| lies in [2^-LIMIT, 2^LIMIT] are used as they are.
 LIMIT = 64
@@ -53,6 +55,24 @@ def normaliser(X, *, limit: int = LIMIT, centre=None) -> float:
     if -limit <= e <= limit:
         return 1.0
     return math.ldexp(1.0, max(-1022, min(1022, -e)))
+
+
+def on_scaled_data(X, lam, run, unscale, *, f: float | None = None, one_blas: bool = True):
+    """``run(Xf, lam_f, f)`` on the data read as ``Xf = f X`` at ``lam_f = f lam``, its result mapped back.
+
+    The one place of the solvers' normalisation (module docstring): ``f`` is :func:`normaliser`'s power
+    of two unless given; for ``f = 1`` the data and ``lam`` pass unchanged and nothing is mapped back,
+    else ``Xf`` is a :class:`~widelimit.engine.local.ScaledRows` (``Xf[:]`` the scaled array),
+    ``lam_f = scaled_lam(lam, f)`` (``None`` stays ``None``) and the result is ``unscale(result, f)``.
+    With ``one_blas`` and a data engine on several threads, BLAS runs on one thread meanwhile
+    (:func:`~widelimit.engine.local.one_blas_thread`: the passes' threads use the cores).
+    """
+    f = normaliser(X) if f is None else f
+    Xf, lam_f = (X, lam) if f == 1.0 else (ScaledRows(X, f), None if lam is None else scaled_lam(lam, f))
+    threaded = one_blas and getattr(engine_for(X), "threads", 1) > 1
+    with one_blas_thread() if threaded else contextlib.nullcontext():
+        res = run(Xf, lam_f, f)
+    return res if f == 1.0 else unscale(res, f)
 
 
 def _absmax_chunk(c, s):

@@ -30,9 +30,9 @@ from .median import MedianResult
 from .median import _solve as _median
 from .rays import KeysTap, RayGroups, _group_rays, default_ray_tol
 from ..engine import engine_for
-from ..engine.local import LocalEngine, ScaledRows, one_blas_thread, raise_nonfinite
+from ..engine.local import LocalEngine, raise_nonfinite
 from ..engine.fingerprint import mismatch_error
-from .scaling import (normaliser, scale_median, scaled_lam, unscale_certificate, unscale_finite, unscale_median,
+from .scaling import (on_scaled_data, scale_median, unscale_certificate, unscale_finite, unscale_median,
                       unscaled_value)
 from ..finite import solve_finite
 
@@ -262,16 +262,11 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     lam = check_lam(lam)
     tol = check_tol(tol, "tol")
     tol_dir = None if ray_tol is None else check_tol(ray_tol, "ray_tol")
-    f = normaliser(X)  # data far from unit magnitude: solved as f X, f an exact power of two
-    Xf, lam_f = (X, lam) if f == 1.0 else (ScaledRows(X, f), scaled_lam(lam, f))
-    if median is not None and f != 1.0:
-        median = scale_median(median, f, lam_f)
-    if getattr(engine_for(X), "threads", 1) > 1:  # the passes' threads use the cores; BLAS in between one
-        with one_blas_thread():
-            sol = _solve_exact(Xf, lam_f, tol_dir, tol, signed, progress, checkpoint, median)
-    else:
-        sol = _solve_exact(Xf, lam_f, tol_dir, tol, signed, progress, checkpoint, median)
-    return sol if f == 1.0 else _rescaled(sol, f, lam)
+    def run(Xf, lam_f, f):  # data far from unit magnitude: solved as f X, f an exact power of two
+        med = median if median is None or f == 1.0 else scale_median(median, f, lam_f)
+        return _solve_exact(Xf, lam_f, tol_dir, tol, signed, progress, checkpoint, med)
+
+    return on_scaled_data(X, lam, run, lambda sol, f: _rescaled(sol, f, lam))
 
 
 def _rescaled(sol: WideLimitSolution, f: float, lam: float) -> WideLimitSolution:
@@ -312,17 +307,19 @@ def _solve_width(X, lam, width, *, ray_tol, tol, signed, progress, checkpoint, m
     lam = check_lam(lam)
     wide = solve(X, lam=lam, ray_tol=ray_tol, tol=tol, progress=progress, checkpoint=checkpoint, median=median)
     X = np.asarray(X, dtype=np.float64)
-    f = normaliser(X)
-    if f == 1.0:
-        return solve_finite(X, lam, int(width), wide=wide, progress=progress, **options)
+
     # the search's tolerances, kernels and squared norms work near unit scale: it runs on f X (f an exact power of
     # two; data near 1e-153 were judged against an absolute 1e-300, data near 1e154 overflowed the atoms' norms)
-    lam_f = scaled_lam(lam, f)
-    events = None if progress is None else (lambda ev: progress(dataclasses.replace(
-        ev, value=None if ev.value is None else unscaled_value(ev.value, f),
-        lower_bound=None if ev.lower_bound is None else ev.lower_bound / f / f)))
-    sol = solve_finite(X * f, lam_f, int(width), wide=_rescaled(wide, 1.0 / f, lam_f), progress=events, **options)
-    return unscale_finite(sol, f, lam)
+    def run(Xf, lam_f, f):
+        if f == 1.0:
+            return solve_finite(X, lam, int(width), wide=wide, progress=progress, **options)
+        events = None if progress is None else (lambda ev: progress(dataclasses.replace(
+            ev, value=None if ev.value is None else unscaled_value(ev.value, f),
+            lower_bound=None if ev.lower_bound is None else ev.lower_bound / f / f)))
+        return solve_finite(Xf[:], lam_f, int(width), wide=_rescaled(wide, 1.0 / f, lam_f), progress=events,
+                            **options)
+
+    return on_scaled_data(X, lam, run, lambda sol, f: unscale_finite(sol, f, lam), one_blas=False)
 
 
 def _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median=None) -> WideLimitSolution:

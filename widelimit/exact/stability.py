@@ -12,7 +12,10 @@ For a triple ``(W, Z, b)`` with residuals ``r_i = x_i - b - z_i W`` and active s
   lower bound and the residual of the weights ``nu_id = 1 - <w_d, r_i>/lam`` from above, and
   settled by an LP (HiGHS) where the bracket straddles the tolerance;
 - a **second-order** test (§5.4): the curvature of turning ``w_d`` with its codes re-optimised,
-  ``(2/N)(sum_{A_d} z(z + lam) - lambda_max(M_d))``, and, with a dead atom available, the longest
+  ``(2/N)(sum_{A_d} z(z + lam) - lambda_max(M_d))``; the **joint** test, the least eigenvalue of the
+  Hessian of the reduced objective in all atoms and the bias together
+  (:func:`widelimit.exact.second_order.joint_curvature`), which finds descent directions that no single
+  atom's turn shows; and, with a dead atom available, the longest
   residual (a dead atom re-aimed at ``r_i`` lowers ``N L`` by ``(||r_i|| - lam)^2``) and the
   split test (a live feature whose active residuals are not parallel to its atom).
 
@@ -33,6 +36,8 @@ from scipy.optimize import linprog, nnls
 
 from .._validation import row_norms
 from .objective import _check_triple, sae_objective
+from .second_order import joint_curvature, joint_witness
+from .stationarity import first_order_chunk, tangent_norms
 from .witness import candidates, recode
 
 __all__ = ["FeatureStability", "StabilityOptions", "feature_stability", "stability_rows"]
@@ -68,6 +73,9 @@ class StabilityOptions:
         ``lambda_max(M_d)`` is computed exactly when ``n`` is at most this; else its lower bound.
     coding_tol : float
         Tolerance of the code re-optimisation of a witness (:func:`widelimit.optimal_codes`).
+    joint_curvature_dim : int
+        Largest Hessian of the joint second-order test (theory.md §5.4): ``K (n - 1) + n`` for ``K``
+        covered atoms; with more live atoms those with the least own curvature are covered. 0: no joint test.
     """
 
     tol: float = 1e-6
@@ -80,6 +88,7 @@ class StabilityOptions:
     nnls_max_size: int = 4_000_000
     exact_curvature_dim: int = 64
     coding_tol: float = 1e-9
+    joint_curvature_dim: int = 400
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,12 @@ class FeatureStability:
         Upper bound on the least second derivative of turning ``w_d`` with its codes
         re-optimised (exact when ``ff`` dimension allows, see ``curvature_exact``); NaN for dead.
     curvature_exact : bool
+    joint_curvature : float
+        Least eigenvalue of the Hessian of the reduced objective in the atoms and the bias together
+        (theory.md §5.4; NaN when not computed). Negative beyond ``tol lam^2``: a joint descent direction,
+        followed by a witness (move ``"joint"``) credited to the atoms that carry it.
+    joint_curvature_complete : bool
+        Every live atom was covered by the joint test (else only those with the least own curvature).
     orth_residual : ndarray (k,)
         ``max_{i in A_d} ||r_i - <r_i, w_d> w_d||`` (the split test; 0 at the wide-limit optimum).
     max_residual : float
@@ -125,7 +140,7 @@ class FeatureStability:
         Recomputed objective of each feature's witness (strictly below ``value``).
     witness_moves : dict int -> str
         The move that produced it (``"code"``, ``"atom"``, ``"absorb"``, ``"curvature"``,
-        ``"reaim"``, ``"split"``).
+        ``"joint"``, ``"reaim"``, ``"split"``).
     witnesses : dict int -> (W, Z, b)
         The witnesses themselves (unit-norm ``W``, sparse ``Z``) when kept.
     tol : float
@@ -151,6 +166,8 @@ class FeatureStability:
     witness_moves: dict
     witnesses: dict = field(repr=False)
     tol: float = 1e-6
+    joint_curvature: float = math.nan
+    joint_curvature_complete: bool = False
 
     @property
     def unstable(self) -> np.ndarray:
@@ -185,7 +202,8 @@ class FeatureStability:
             "value": self.value, "lam": self.lam, "tol": self.tol, "counts": counts,
             "unstable": [int(d) for d in self.unstable[:max_listed]],
             "max_residual": self.max_residual, "bias_residual": self.bias_residual,
-            "curvature_exact": self.curvature_exact,
+            "curvature_exact": self.curvature_exact, "joint_curvature": _f(self.joint_curvature),
+            "joint_curvature_complete": self.joint_curvature_complete,
             "witnesses": [{"feature": int(d), "move": self.witness_moves[d], "value": self.witness_values[d],
                            "decrease": self.value - self.witness_values[d]} for d in wl],
         }
@@ -231,18 +249,18 @@ def _pass(X, Wu, Zs, b, lam, exact_curv):
         e = min(N, s + rows)
         Zc = Zs[s:e]
         E = np.asarray(X[s:e], dtype=np.float64) - b - Zc @ Wu
-        rsum += E.sum(axis=0)
+        fo = first_order_chunk(E, Zc, Wu, lam)  # the first-order conditions (exact/stationarity.py)
+        C, ii, dd = fo["C"], fo["rows"], fo["cols"]
+        rsum += fo["rsum"]
+        np.maximum(inact_max, fo["inactive_max"], out=inact_max)
+        np.maximum(act_err, fo["active_error"], out=act_err)
+        EtZ += fo["EtZ"]
         rn2 = np.einsum("ij,ij->i", E, E)
         rmax = max(rmax, float(np.sqrt(rn2.max())))
-        C = E @ Wu.T
         Zd = Zc.toarray()
         on = Zd > 0
-        Cm = np.where(on, -np.inf, C)
-        np.maximum(inact_max, Cm.max(axis=0), out=inact_max)
-        ii, dd = Zc.nonzero()
         if ii.size:
             c_act = C[ii, dd]
-            np.maximum.at(act_err, dd, np.abs(c_act - lam))
             po2 = np.maximum(rn2[ii] - c_act * c_act, 0.0)
             np.maximum.at(orth, dd, np.sqrt(po2))
             np.maximum.at(lmax_lb, dd, po2)
@@ -250,7 +268,6 @@ def _pass(X, Wu, Zs, b, lam, exact_curv):
             np.add.at(zz, dd, zv * (zv + lam))
             if exact_curv:
                 np.add.at(R2, dd, E[ii, :, None] * E[ii, None, :])
-        EtZ += Zc.T @ E
         V = np.maximum(1.0 - C / lam, 0.0)
         V[on] = 0.0
         M += Zc.T @ V
@@ -393,7 +410,7 @@ def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = Non
     n_active = np.diff(sp.csc_array(Zs).indptr)
     code_margin = lam - st["inact_max"]
     act_err = np.where(live, st["act_err"], 0.0)
-    gnorm = np.linalg.norm(st["EtZ"] - np.einsum("dj,dj->d", st["EtZ"], Wu)[:, None] * Wu, axis=1)
+    gnorm = tangent_norms(st["EtZ"], Wu)
     atom_res = np.where(live, gnorm / np.where(live, lam * S, 1.0), 0.0)
     # feature-feature (§5.3)
     Gm = Wu @ Wu.T
@@ -434,6 +451,9 @@ def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = Non
     else:
         lmax = st["lmax_lb"]
     curvature = np.where(live, (2.0 / N) * (st["zz"] - lmax), np.nan)
+    jc = (joint_curvature(X, Wu, Zs, b, lam, own_curvature=curvature, max_dim=options.joint_curvature_dim)
+          if options.joint_curvature_dim > 0 and live.any() else None)
+    joint_neg = jc is not None and jc.value < -tol * lam * lam
     dead = np.flatnonzero(~live)
     orth = np.where(live, st["orth"], 0.0)
     rmax = st["rmax"]
@@ -452,12 +472,14 @@ def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = Non
     undecided_ff = live & (ff_up > tol) & (np.nan_to_num(ff_low) <= tol) & ~exact
 
     witnesses, wvals, wmoves = {}, {}, {}
+    n_searched = 0
     if options.witnesses and failed.any():
         order = np.flatnonzero(failed)
         order = order[np.argsort(-sev[order], kind="stable")]
         if options.max_witnesses is not None:
             order = order[: options.max_witnesses]
         rnorm_cache = {}
+        n_searched = order.size
         for d in order:
             for move, cand in candidates(X, Wu, Zs, b, lam, d, tol, code_margin, act_err, atom_res, ff_low,
                                           partner, curvature, live, dead, rmax, orth, st, rnorm_cache):
@@ -472,6 +494,9 @@ def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = Non
                     if options.keep_witnesses:
                         witnesses[int(d)] = (W2, Z2, b.copy())
                     break
+    if joint_neg:  # one more search, within the witness budget
+        search = options.witnesses and (options.max_witnesses is None or n_searched < options.max_witnesses)
+        _joint_witness(X, Wu, Zs, b, lam, jc, options, search, failed, witnesses, wvals, wmoves)
     verdict = []
     for d in range(k):
         if d in wvals:
@@ -489,7 +514,33 @@ def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = Non
         atom_residual=atom_res, ff_lower=ff_low, ff_upper=ff_up, ff_exact=exact & live, ff_partner=partner,
         curvature=curvature, curvature_exact=bool(exact_curv), orth_residual=orth, max_residual=rmax,
         bias_residual=st["bias"], verdict=tuple(verdict), witness_values=wvals, witness_moves=wmoves,
-        witnesses=witnesses, tol=tol)
+        witnesses=witnesses, tol=tol, joint_curvature=math.nan if jc is None else jc.value,
+        joint_curvature_complete=bool(jc is not None and jc.complete))
+
+
+def _joint_witness(X, Wu, Zs, b, lam, jc, options, search, failed, witnesses, wvals, wmoves):
+    """Follow the joint negative-curvature direction (theory.md §5.4); credit the atoms that carry it.
+
+    The atoms whose block of the direction holds at least a tenth of the largest block are marked failed;
+    a verified witness (recomputed objective strictly lower) is recorded for those without one.
+    """
+    wts = jc.feature_weights()
+    if wts.size == 0 or wts.max() <= 0:
+        return
+    carriers = jc.features[wts >= 0.1 * wts.max()]
+    failed[carriers] = True
+    if not search:
+        return
+    found = joint_witness(X, Wu, Zs, b, lam, jc, coding_tol=options.coding_tol)
+    if found is None:
+        return
+    (W2, Z2, b2), v2 = found
+    for d in carriers:
+        if int(d) not in wvals:
+            wvals[int(d)] = v2
+            wmoves[int(d)] = "joint"
+            if options.keep_witnesses:
+                witnesses[int(d)] = (W2, Z2, b2)
 
 
 def stability_rows(X, W, Z, b, *, lam, max_witnesses: int = 8, tol: float = 1e-6) -> tuple[list[dict], dict]:

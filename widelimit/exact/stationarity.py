@@ -22,18 +22,28 @@ For a triple ``(W, Z, b)`` with unit atoms and residuals ``r_i = x_i - b - z_i W
 Rows of ``W`` that are not unit are normalised and their norms folded into the
 codes (as in :func:`widelimit.sae_objective`). Everything is computed in
 float64, one chunk of rows at a time.
+
+The per-feature quantities are computed by one kernel, shared by every user of these conditions:
+:func:`code_conditions` (the code errors and margins of a chunk from its correlations ``<w_d, r_i>``),
+:func:`first_order_chunk` (those, ``Z^T E`` and ``sum_i r_i`` of a chunk of residuals) and
+:func:`tangent_norms` (``||g_d||`` from ``Z^T E``). :func:`first_order_conditions` reduces them to the
+worst feature, :func:`widelimit.exact.stability.feature_stability` keeps them per feature, and
+:func:`widelimit.certify_sae` accumulates them over its torch batches (the kernels take numpy arrays or
+torch tensors).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
 from .._validation import row_norms
 from .objective import _check_triple, residual_pass
 
-__all__ = ["Stationarity", "first_order_conditions"]
+__all__ = ["Stationarity", "first_order_conditions", "code_conditions", "first_order_chunk", "tangent_norms"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,61 @@ class Stationarity:
         return asdict(self)
 
 
+def _is_torch(a) -> bool:
+    return type(a).__module__.startswith("torch")
+
+
+def code_conditions(C, rows, cols, lam):
+    r"""Per feature, the code conditions of a chunk: ``(active_error, inactive_max)``, both ``(k,)``.
+
+    ``active_error[d] = max |C_id - lam|`` over the active entries ``(rows, cols)`` of column ``d``
+    (0 when there is none) and ``inactive_max[d] = max C_id`` over the other entries (``-inf`` when
+    there is none); ``C`` (m, k) holds ``<w_d, r_i>``. numpy arrays or torch tensors; ``C`` is
+    modified during the call and restored.
+    """
+    k = C.shape[1]
+    cz = C[rows, cols]
+    if _is_torch(C):
+        import torch
+
+        act = torch.zeros(k, dtype=C.dtype, device=C.device).scatter_reduce(0, cols, (cz - lam).abs(), reduce="amax")
+        C[rows, cols] = -math.inf  # the active entries masked, then restored
+        inact = C.amax(0) if C.shape[0] else torch.full((k,), -math.inf, dtype=C.dtype, device=C.device)
+    else:
+        act = np.zeros(k)
+        np.maximum.at(act, cols, np.abs(cz - lam))
+        C[rows, cols] = -np.inf
+        inact = C.max(axis=0) if C.shape[0] else np.full(k, -np.inf)
+    C[rows, cols] = cz
+    return act, inact
+
+
+def first_order_chunk(E, Zc, Wu, lam):
+    """The first-order quantities of a chunk of residuals ``E`` (m, n) with codes ``Zc`` of the unit atoms ``Wu``.
+
+    Returns a dict: ``C = E Wu^T`` (the correlations ``<w_d, r_i>``), the active entries ``rows``,
+    ``cols`` of ``Zc``, the per-feature ``active_error`` and ``inactive_max`` of
+    :func:`code_conditions`, ``EtZ = Zc^T E`` (k, n) and ``rsum = sum_i r_i`` (n,). numpy, float64.
+    """
+    C = E @ Wu.T
+    if sp.issparse(Zc):
+        Zo = sp.coo_array(Zc)
+        keep = Zo.data > 0
+        rows, cols = Zo.row[keep].astype(np.int64), Zo.col[keep].astype(np.int64)
+    else:
+        rows, cols = np.nonzero(np.asarray(Zc) > 0)
+    act, inact = code_conditions(C, rows, cols, lam)
+    return dict(C=C, rows=rows, cols=cols, active_error=act, inactive_max=inact, EtZ=np.asarray(Zc.T @ E),
+                rsum=E.sum(axis=0))
+
+
+def tangent_norms(EtZ, Wu):
+    r"""``||g_d||`` with ``g_d = (Z^T E)_d - <(Z^T E)_d, w_d> w_d``: the atom gradient projected on the sphere's
+    tangent space at ``w_d``, up to the factor ``-2/N`` (module docstring). numpy arrays or torch tensors."""
+    g = EtZ - (EtZ * Wu).sum(1)[:, None] * Wu
+    return ((g * g).sum(1)) ** 0.5
+
+
 def first_order_conditions(X, W, Z, b, *, lam) -> Stationarity:
     r"""Evaluate the first-order conditions of ``L(W, Z, b)`` (theory.md §5).
 
@@ -93,28 +158,19 @@ def first_order_conditions(X, W, Z, b, *, lam) -> Stationarity:
     norms = row_norms(W)  # float64 even for float32 atoms
     W64 = np.asarray(W, dtype=np.float64)
     Wu = np.divide(W64, norms[:, None], out=np.zeros_like(W64), where=norms[:, None] > 0)
+
     def chunk(E, s, Zc):
-        out = [E.sum(axis=0), 0.0, -np.inf, np.zeros((k, n))]
-        if k:
-            Zc = Zc if isinstance(Zc, np.ndarray) else Zc.toarray()
-            Zc = np.asarray(Zc, dtype=np.float64) * norms  # codes of the unit atoms
-            C = E @ Wu.T  # <w_d, r_i>
-            on = Zc > 0
-            if on.any():
-                out[1] = float(np.max(np.abs(C[on] - lam)))
-            if (~on).any():
-                out[2] = float(np.max(C[~on]))
-            out[3] = Zc.T @ E
-        return out
+        if not k:
+            return [E.sum(axis=0), np.zeros(0), np.zeros(0), np.zeros((0, n))]
+        Zc = Zc if isinstance(Zc, np.ndarray) else Zc.toarray()
+        q = first_order_chunk(E, np.asarray(Zc, dtype=np.float64) * norms, Wu, lam)  # codes of the unit atoms
+        return [q["rsum"], q["active_error"], q["inactive_max"], q["EtZ"]]
 
     def merge(a, c):
-        return [a[0] + c[0], max(a[1], c[1]), max(a[2], c[2]), a[3] + c[3]]
+        return [a[0] + c[0], np.maximum(a[1], c[1]), np.maximum(a[2], c[2]), a[3] + c[3]]
 
     rsum, act_err, inact_max, EtZ = residual_pass(X, W, Z, b, chunk, merge, stage="first-order conditions")
-    if k:
-        tang = EtZ - np.einsum("dj,dj->d", EtZ, Wu)[:, None] * Wu
-        atom_res = 2.0 * float(np.max(np.linalg.norm(tang, axis=1))) / N  # the tangent gradient's norm
-    else:
-        atom_res = 0.0
-    return Stationarity(code_active_error=act_err, code_margin=float(lam - inact_max), atom_residual=atom_res,
+    atom_res = 2.0 * float(tangent_norms(EtZ, Wu).max()) / N if k else 0.0
+    return Stationarity(code_active_error=float(act_err.max(initial=0.0)),
+                        code_margin=float(lam - inact_max.max(initial=-np.inf)), atom_residual=atom_res,
                         bias_residual=float(np.linalg.norm(rsum / N)), lam=lam)

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
-from ..coding.pdas import optimal_codes
+from ..coding.fista import fista_codes as optimal_codes
 
 __all__ = ["candidates", "recode"]
 

@@ -24,6 +24,8 @@ import math
 import numba as nb
 import numpy as np
 
+from ..coding.fixed_dictionary import codes_then_bias, objective_from_residual, residual
+
 _JIT = dict(nogil=True, cache=True)
 
 
@@ -182,67 +184,6 @@ def node_solve(X, lam, C, cth, sth, free, Y, target, tol_abs, max_sweeps, check_
         if primal < target < np.inf and g <= 0.5 * (target - primal):
             break
     return dual, primal, sweeps
-
-
-@nb.njit(**_JIT)
-def residual(X, W, b, Z, R):  # pragma: no cover - compiled
-    """``R = X - b - Z W`` in place."""
-    N, n = X.shape
-    k = W.shape[0]
-    for i in range(N):
-        for d in range(n):
-            s = X[i, d] - b[d]
-            for j in range(k):
-                s -= Z[i, j] * W[j, d]
-            R[i, d] = s
-
-
-@nb.njit(**_JIT)
-def codes_then_bias(X, lam, W, b, Z, R, code_sweeps):  # pragma: no cover - compiled
-    """Coordinate-descent sweeps on the codes (``z_ij = max(0, <r_i + z_ij w_j, w_j> - lam)``, exact for
-    unit atoms), then the optimal bias, in place on ``b, Z`` and the residual ``R``.
-
-    Returns the largest change of a code or a bias coordinate.
-    """
-    N, n = X.shape
-    k = W.shape[0]
-    move = 0.0
-    for _ in range(code_sweeps):
-        for i in range(N):
-            for j in range(k):
-                a = 0.0
-                for d in range(n):
-                    a += (R[i, d] + Z[i, j] * W[j, d]) * W[j, d]
-                z = a - lam if a > lam else 0.0
-                dz = z - Z[i, j]
-                if dz != 0.0:
-                    for d in range(n):
-                        R[i, d] -= dz * W[j, d]
-                    Z[i, j] = z
-                    move = max(move, abs(dz))
-    for d in range(n):
-        m = 0.0
-        for i in range(N):
-            m += R[i, d]
-        m /= N
-        b[d] += m
-        move = max(move, abs(m))
-        for i in range(N):
-            R[i, d] -= m
-    return move
-
-
-@nb.njit(**_JIT)
-def objective_from_residual(lam, Z, R):  # pragma: no cover - compiled
-    """``(1/N) (sum ||r_i||^2 + 2 lam sum z_ij)``."""
-    N, n = R.shape
-    val = 0.0
-    for i in range(N):
-        for d in range(n):
-            val += R[i, d] * R[i, d]
-        for j in range(Z.shape[1]):
-            val += 2.0 * lam * Z[i, j]
-    return val / N
 
 
 @nb.njit(**_JIT)

@@ -29,31 +29,11 @@ import math
 import numba as nb
 import numpy as np
 
-from ._kernels import codes_then_bias, node_solve, objective_from_residual, recentre, residual
+from ..coding.fixed_dictionary import fixed_dictionary_optimum
+from ._kernels import node_solve, recentre, residual
 
 _JIT = dict(nogil=True, cache=True)
 _U = 2.0 ** -53
-
-
-@nb.njit(**_JIT)
-def fixed_dictionary(X, lam, W, b, Z, max_sweeps, tol):  # pragma: no cover - compiled
-    """Exact minimisation over ``(Z >= 0, b)`` at a fixed dictionary ``W``, in place on ``b``, ``Z``.
-
-    Coordinate descent on the codes alternated with the optimal bias (``_kernels.codes_then_bias``),
-    until nothing moves by more than ``tol`` times the largest code (at least 1), or ``max_sweeps``.
-    Returns the objective.
-    """
-    R = np.empty(X.shape)
-    residual(X, W, b, Z, R)
-    for _ in range(max_sweeps):
-        move = codes_then_bias(X, lam, W, b, Z, R, 1)
-        zmax = 1.0
-        for i in range(Z.shape[0]):
-            for j in range(Z.shape[1]):
-                zmax = max(zmax, Z[i, j])
-        if move <= tol * zmax:
-            break
-    return objective_from_residual(lam, Z, R)
 
 
 @nb.njit(**_JIT)
@@ -74,7 +54,7 @@ def bound_node(X, lam, C, cth, sth, free, theta, Y, Z0, b0, lb, floor, target, t
         tmax = max(tmax, theta[j])
     lb = max(lb, floor)
     if tmax < taylor_max:
-        cand = fixed_dictionary(X, lam, C, b0, Z0, 100000, 1e-13)
+        cand = fixed_dictionary_optimum(X, lam, C, b0, Z0, 100000, 1e-13)
         for i in range(Z0.shape[0]):
             for j in range(k):
                 mass[j] += Z0[i, j]

@@ -39,8 +39,10 @@ class ScipResult:
     elapsed: float
 
 
-def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e-6, threads: int = 1) -> ScipResult:
-    """Solve the plain formulation with SCIP to relative gap ``rel_tol`` (or until ``time_limit``)."""
+def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e-6, threads: int = 1,
+               max_iter: int | None = None) -> ScipResult:
+    """Solve the plain formulation with SCIP to relative gap ``rel_tol`` (or until ``time_limit`` seconds, or
+    ``max_iter`` branch-and-bound nodes: a budget whose result does not depend on the machine's speed)."""
     try:
         from pyscipopt import Model, quicksum
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -56,9 +58,13 @@ def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e
     bmax = emax + zmax
     m = Model()
     m.hideOutput()
-    m.setParam("limits/time", float(time_limit))
+    m.setParam("limits/time", min(float(time_limit), 1e20))  # SCIP caps its limit at 1e20 s (math.inf: none)
     m.setParam("limits/gap", float(rel_tol))
     m.setParam("limits/absgap", 0.0)
+    if max_iter is not None:
+        if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+            raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+        m.setParam("limits/nodes", int(max_iter))
     w = [[m.addVar(f"w{j}_{d}", lb=-1.0, ub=1.0) for d in range(n)] for j in range(k)]
     z = [[m.addVar(f"z{i}_{j}", lb=0.0, ub=zmax) for j in range(k)] for i in range(N)]
     b = [m.addVar(f"b{d}", lb=X[0, d] - bmax, ub=X[0, d] + bmax) for d in range(n)]

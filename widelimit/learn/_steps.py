@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..coding.pdas import code_steps
+from ..coding.fista import code_steps
 
 #: Full-batch code updates stop sweeping once the restricted optimality conditions are violated
 #: by at most ``CD_TOL * lam`` per point on average (summed over each point's working set).

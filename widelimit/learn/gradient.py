@@ -37,7 +37,7 @@ Every step is monotone, so the recorded objective decreases. In minibatch mode
 sums with forgetting (online dictionary learning, Mairal et al. 2010) and the bias
 follows the batch residual mean, and step 1 is ``code_steps`` accelerated proximal
 steps ``z <- (v + ((x - b - vW)W^T - lam)/L)_+`` from zero (``L = lambda_max(W W^T)``,
-per-point Nesterov momentum with adaptive restart; :func:`widelimit.coding.pdas.code_steps`).
+per-point Nesterov momentum with adaptive restart; :func:`widelimit.coding.fista.code_steps`).
 Atoms no point uses are moved to the direction of the worst-reconstructed points
 (this cannot increase the objective).
 
@@ -81,7 +81,7 @@ from .._validation import (check_data, check_dictionary, check_int, check_lam, c
                            writable)
 from ..coding import GRAM_LIMIT
 from ..coding import optimal_codes as _entry_codes
-from ..coding.pdas import optimal_codes
+from ..coding.fista import fista_codes as optimal_codes
 from ..exact.median import huber_median
 from ..exact.scaling import normaliser
 from ..engine.local import Progress, ScaledRows

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..coding.pdas import optimal_codes
+from ..coding.fista import fista_codes as optimal_codes
 from .gradient import fit_dictionary
 
 __all__ = ["same_width_witness"]

@@ -7,7 +7,7 @@ import scipy.sparse as sp
 
 from .._validation import to_numpy
 import warnings
-from ..coding.pdas import finish_rows
+from ..coding.fista import finish_rows
 from ..exact.stability import stability_rows
 
 __all__ = ["violation_tolerance", "sample_rows", "pair_candidates", "csr_pair", "diag", "finish_codes", "Rows", "check_acts",
@@ -66,14 +66,10 @@ def diag(v):
     return sp.diags(np.asarray(v, dtype=np.float64))
 
 
-def finish_codes(out: dict, Xb, U, b, lam: float, tol: float) -> None:
-    """Tokens the working-set rounds left uncertified: full-dictionary FISTA in float64, warm-started (in place)."""
-
-    rows = out["todo"]
-    out["codes"], res = finish_rows(Xb, U, b, out["codes"], rows, out["P"], out["gap"], lam=lam, tol=tol,
-                                    dtype="float64", max_iter=20000)
-    out["R"][rows] = (Xb[rows] - b) - np.asarray(res.codes @ U)
-    out["rounds"] += res.n_iter
+def finish_codes(res, Xb, U, b, lam: float, tol: float):
+    """A :class:`~widelimit.coding.result.CodingResult` of the Gram coder with the tokens its rounds left
+    uncertified re-solved by full-dictionary FISTA in float64, warm-started (``lam``, ``tol``: those of ``res``)."""
+    return finish_rows(Xb, U, b, res, dtype="float64", max_iter=20000)
 
 
 def pair_candidates(U, lo: float, hi: float, max_pairs: int, device, G=None):

@@ -79,15 +79,17 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._runtime import limit_threads, resolve_device
-from .._validation import check_tol
+from .._params import validate_params
 from ..coding import choose_algorithm, optimal_codes
 from ..coding.cd import GramCoder
 from ..engine import engine_for
 from ..engine.local import Progress
 from ..exact.gap import is_certified, relative_gap
 from ..exact.median import huber_median, huber_value
+from ..exact.stationarity import code_conditions, tangent_norms
 from ..learn.same_width import same_width_witness
 from .formats import as_sae
+from .options import CERTIFY_CONSTRAINTS
 from . import _kernels
 from .metrics import DEFINITIONS, ReconstructionStats
 from ._util import _DENSE_K, csr_pair as _csr_pair, diag as _diag, finish_codes as _finish_codes
@@ -195,6 +197,7 @@ class SAECertificate:
         return flat_dict(self, prefix=prefix)
 
 
+@validate_params(CERTIFY_CONSTRAINTS)
 def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str | None = None,
                 max_tokens: int | None = None, seed: int = 0, tol: float = 1e-6, coding_tol: float = 1e-6,
                 batch_size: int = 4096, device="auto", optimal_codes_diagnostics: bool = True,
@@ -273,8 +276,6 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
     -------
     SAECertificate
     """
-    tol, coding_tol, kkt_tol = check_tol(tol, "tol"), check_tol(coding_tol, "coding_tol"), check_tol(kkt_tol, "kkt_tol")
-
     with limit_threads(threads, blas_threads=1):  # products in torch; numpy's BLAS idle (limit_threads)
         return _certify(acts, sae, lam, l1_coefficient, architecture=architecture, max_tokens=max_tokens, seed=seed,
                         tol=tol, coding_tol=coding_tol, batch_size=batch_size,
@@ -303,9 +304,6 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     sample = sae.preprocess(np.asarray(sample_rows(acts, 2048, seed), dtype=np.float64))  # calibration, scale
     choice = resolve_objective(sae, sample, lam, l1_coefficient, coding_tol=coding_tol, device=dev)
     lam = choice.lam
-    batch_size = int(batch_size)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     t0 = time.perf_counter()
     N, n = int(acts.shape[0]), int(acts.shape[1])
     k = sae.d_sae
@@ -390,11 +388,9 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
                 ZR += ZsT @ R
                 tok = _kernels.token_sums(x, xt, R)
             C = R @ Ut.T
-            cz = C[rows, cols]
-            viol_on = viol_on.scatter_reduce(0, cols, (cz - lam).abs(), reduce="amax")
-            C[rows, cols] = -math.inf  # silent tokens: the firing entries masked, then restored
-            viol_off = torch.maximum(viol_off, torch.relu(C.amax(0) - lam))
-            C[rows, cols] = cz
+            on_err, off_max = code_conditions(C, rows, cols, lam)  # the first-order kernel (exact/stationarity.py)
+            viol_on = torch.maximum(viol_on, on_err)
+            viol_off = torch.maximum(viol_off, torch.relu(off_max - lam))
             count += torch.bincount(cols, minlength=k).to(torch.float64)
             code_sum += torch.bincount(cols, weights=zv, minlength=k)
             sum_x2 += float(tok[:, 0].sum())
@@ -418,21 +414,17 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
         # ---- optimal codes for the SAE's decoder and bias (certified duality gap) ----
         if coder is not None:
             # (C0 and R0 are its workspace: R0 becomes the optimal codes' residuals)
-            out = coder.solve(xt.cpu().numpy(), Y0, C0, R0=R0, overwrite_c0=True)
-            if out["todo"].size:  # the full-dictionary solver finishes these tokens (float64, warm-started)
-                _finish_codes(out, Xb, U, b, lam, coding_tol)
-            P, gap_t = out["P"], out["gap"]
-            Yo = out["codes"]  # CSR, unit-atom units
-            Ro = torch.as_tensor(out["R"], device=dev)
-            n_it = out["rounds"]
+            res = coder.solve(xt.cpu().numpy(), Y0, C0, R0=R0, overwrite_c0=True)
+            res = _finish_codes(res, Xb, U, b, lam, coding_tol)  # uncertified tokens: FISTA, float64, warm-started
+            Yo = res.codes  # CSR, unit-atom units
+            Ro = torch.as_tensor(res.residuals, device=dev)
         else:
             Z0 = None if not sae.has_encoder else f.cpu().numpy()
             res = optimal_codes(Xb, sae.W_dec, b, lam=lam, algorithm=algorithm, tol=coding_tol, device=dev,
                                 Z0=Z0, return_codes=True)
-            P, gap_t = res.point_values, res.point_gaps
             Yo = res.codes @ _diag(norms)
             Ro = xt - torch.as_tensor(Yo.toarray(), device=dev) @ Ut
-            n_it = res.n_iter
+        P, gap_t, n_it = res.point_values, res.point_gaps, res.n_iter
         if stability:
             stab_codes.append(sp.csr_array(Yo))
         stats.update_optimal(nb_, float((Ro * Ro).sum()) / nb_, Yo.nnz)  # metrics (widelimit.sae.metrics)
@@ -491,11 +483,8 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     certified = is_certified(global_gap, sae_obj, tol=tol)
 
     # ---- per-feature diagnostics ------------------------------------------------------------
-    def tangent(ZRm):
-        # sum_i z_id <u_d, r_i> = <u_d, (Z^T R)_d>: the radial part of the atom gradient
-        zcm = (ZRm * Ut).sum(1)
-        g = (ZRm - zcm[:, None] * Ut) * (2.0 / N)
-        return torch.linalg.norm(g, dim=1).cpu().numpy()
+    def tangent(ZRm):  # the atom gradient's tangent part, (2/N) ||g_d|| (exact/stationarity.py)
+        return (tangent_norms(ZRm, Ut) * (2.0 / N)).cpu().numpy()
 
     cnt = count.cpu().numpy()
     freq = cnt / N

@@ -16,7 +16,7 @@ and ``f`` the codes (definitions as in ``sae_lens.evals``; means over tokens):
 
 ``sae_lens.evals`` computes ``relative_reconstruction_bias`` per eval batch and
 averages the batch ratios; here it is the ratio of the means over all tokens
-(the two coincide on one batch; tests/test_sae_formats.py runs SAELens' own code
+(the two coincide on one batch; tests/sae/test_libraries.py runs SAELens' own code
 for the comparison). The other metrics are token means in both.
 
 The same numbers for the optimal codes of the SAE's decoder and bias

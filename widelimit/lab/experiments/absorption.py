@@ -23,7 +23,7 @@ and ``sqrt(a^2 + c^2) > lam`` (for ``a, c > lam`` it is ``2 lam (a + c - sqrt(a^
 and ``a + c - sqrt(a^2 + c^2) >= (2 - sqrt 2) lam > lam / 2``). So at bias 0 absorption
 always wins, by an amount proportional to ``f_child``; with the bias optimised for
 each dictionary the winner depends on ``lam`` and ``f_child``. The experiment computes both
-objectives with certified optimal codes (:func:`widelimit.coding.pdas.optimal_codes`),
+objectives with certified optimal codes (:func:`widelimit.coding.fista.fista_codes`),
 also with the bias optimised for each dictionary, and classifies what the
 gradient solver (:func:`widelimit.fit_dictionary`, width ``K + 1``, free bias)
 learns.

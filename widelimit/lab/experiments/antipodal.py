@@ -14,8 +14,9 @@ With ``H'(beta) = -2[(1-p)\,\mathrm{clip}(-\beta) + p\,\mathbb E\,\mathrm{clip}(
           g(\lambda) = \mathbb E_F\big[\mathrm{clip}(s/\lambda - 1, -1, 1)\big].
 
 If every active value is ``>= 2 lam`` then ``g = 1`` and ``p* = 1/2``; if every
-active value is ``<= 2 lam`` then ``p* = lam / E[s]``. Below the threshold (and
-with all ``s >= beta + lam``) ``beta* = p lam / (1 - p)``. See
+active value is ``<= 2 lam`` then ``p* = lam / E[s]``. ``beta* = p lam / (1 - p)`` holds
+exactly when ``p <= 1/2`` and every active ``s >= lam / (1 - p)`` (= ``beta* + lam``); for
+``1/2 < p < p*`` (possible only when some active values are below ``2 lam``) it does not. See
 ``docs/experiments/antipodal.md`` for the derivation.
 """
 
@@ -70,9 +71,21 @@ def uniform_threshold(lam, low: float, high: float):
 
 
 def bias_below_threshold(p, lam):
-    """``beta* = p lam / (1 - p)``: the optimal bias along ``u`` when ``p <= p*`` and all active ``s >= beta* + lam``."""
+    """``beta* = p lam / (1 - p)``: the optimal bias along ``u`` where :func:`bias_formula_holds` (theory.md §6.1)."""
     p = np.asarray(p, dtype=np.float64)
     return p * lam / (1.0 - p)
+
+
+def bias_formula_holds(p, lam, s_min):
+    r"""Whether ``beta* = p lam / (1 - p)``: iff ``p <= 1/2`` and the smallest active value ``s_min >= lam / (1 - p)``.
+
+    At ``beta = p lam/(1-p)`` the zeros are within ``lam`` iff ``p <= 1/2``; then
+    ``H'(beta) = -2[-(1-p) beta + p E clip(s - beta, -lam, lam)]`` vanishes iff every active ``s >= beta + lam
+    = lam/(1-p)`` (otherwise ``E clip < lam`` and ``H'(beta) > 0``, so ``beta* < p lam/(1-p)``); ``H`` is convex.
+    Being below ``p*`` is not enough: for ``1/2 < p < p*`` the formula exceeds ``lam`` (theory.md §6.1).
+    """
+    p = np.asarray(p, dtype=np.float64)
+    return (p <= 0.5) & (np.asarray(s_min, dtype=np.float64) >= lam / (1.0 - p))
 
 
 def _atoms_along(sol, u):

@@ -74,6 +74,6 @@ def run(out_dir=None, quick: bool = False, *, layer: int = 3, lam: float = 2.0, 
         "seconds_activations": t_acts, "certificate": cert.as_dict(max_listed=20),
         "files": [str(f) for f in files] + ([str(sae_dir)] if sae_dir is not None else []),
     }
-    if out is not None:
-        write_json(out / f"{NAME}.json", result)
+    if out is not None:  # the JSON in the folder names its files relative to the folder (it may be moved)
+        write_json(out / f"{NAME}.json", {**result, "files": [str(Path(f).relative_to(out)) for f in result["files"]]})
     return result

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...data import datasets
-from ...coding.pdas import optimal_codes
+from ...coding.fista import fista_codes as optimal_codes
 from ...exact.certificate import verify
 from ...exact.solve import solve
 from ...exact.stability import feature_stability
