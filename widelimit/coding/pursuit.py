@@ -21,9 +21,10 @@ codes** (a verified witness: "codes at this L0 exist with this MSE"), and a prov
    largest entries of ``y + C / ||U||_2^2``), each trial refit by NNLS; a token keeps a trial only if
    its MSE drops, and stops when none does.
 
-With ``penalty = c`` (JumpReLU's recorded L0 coefficient) the objective is ``||r||^2 + c ||y||_0``:
-after the search at the budget, atoms whose removal raises the MSE by less than ``c`` are dropped
-and atoms whose addition lowers it by more than ``c`` are added, one per token per round.
+With ``penalty = c`` (JumpReLU's recorded L0 coefficient) the objective is ``||r||^2 + c ||y||_0`` and the
+budget only bounds the start: each round swaps atoms at each token's current count, then drops an atom
+whose removal raises the MSE by less than ``c`` or adds one whose addition lowers it by more than ``c``
+(start from the codes of a budgeted search, ``cold_start=False``).
 """
 
 from __future__ import annotations
@@ -339,13 +340,14 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
     while rounds < opts.max_iter and time.perf_counter() <= deadline and bool(active.any()):
         rounds += 1
         C = A.corr(residuals(A, xt, S, y, valid))  # the round's one product with the dictionary
-        S, valid, y, mse, m1 = _add(A, xt, Cx, S, valid, y, mse, budget, C)
-        S, valid, y, mse, m2 = _swap(A, xt, Cx, S, valid, y, mse, budget, C, opts, Lsq)
-        active = m1 | m2
-        if opts.penalty is not None:
+        if opts.penalty is None:
+            S, valid, y, mse, m1 = _add(A, xt, Cx, S, valid, y, mse, budget, C)
+            S, valid, y, mse, m2 = _swap(A, xt, Cx, S, valid, y, mse, budget, C, opts, Lsq)
+        else:  # swaps at each token's current count, then the penalised drops and adds
+            S, valid, y, mse, m1 = _swap(A, xt, Cx, S, valid, y, mse, valid.sum(1), C, opts, Lsq)
             C = A.corr(residuals(A, xt, S, y, valid))
-            S, valid, y, mse, m3 = _penalised(A, xt, Cx, S, valid, y, mse, C, float(opts.penalty))
-            active |= m3
+            S, valid, y, mse, m2 = _penalised(A, xt, Cx, S, valid, y, mse, C, float(opts.penalty))
+        active = m1 | m2
         S, valid, y = _compact(S, valid, y)
     R = residuals(A, xt, S, y, valid)
     codes = _to_csr(S, valid, y, A.k)
