@@ -55,7 +55,8 @@ def stdout_to_stderr(enabled: bool = True):
     saved = os.dup(1)
     try:
         os.dup2(2, 1)
-        yield
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
     finally:
         try:
             sys.stdout.flush()
