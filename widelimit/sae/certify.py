@@ -400,7 +400,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
             l1 += float(fv.sum())
             sum_r += R.sum(0)
             max_rn = max(max_rn, math.sqrt(float(tok[:, 3].max())))
-            stats.update(sx, tok, cols, fv)  # metrics (widelimit.sae.metrics)
+            stats.update(sx, tok, cols, fv, x=x)  # metrics (widelimit.sae.metrics)
             if qa.numel():
                 act = f > 0
                 for c0 in range(0, qa.numel(), 1 << 14):
