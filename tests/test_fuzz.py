@@ -237,3 +237,234 @@ def test_random_command_lines(files, capsys, cmd, data_kind, flags, extra):
     else:
         header = "--header" in extra and data_kind == "csv"  # asked for: the first row is a header
         assert err == "" and json.loads(out)["n_points"] == (29 if header else 30), (argv, err)
+
+
+# ======================================================================================
+# issue 29: memory estimated and refused before it is allocated; nothing blocks; SAE files consistent
+# ======================================================================================
+
+
+class _Reached(Exception):
+    """Raised by a stand-in for the first allocation: the work got past its memory check."""
+
+
+def _reached(*a, **k):
+    raise _Reached
+
+
+@settings(max_examples=int(25 * SCALE), deadline=None)
+@given(N=st.integers(2, 14), n=st.integers(1, 5), cone=st.sampled_from(["nonneg", "dnn", "sdd", "nndd", "diagonal"]),
+       solver=st.sampled_from(["SCS", "CLARABEL"]), budget=st.integers(2**20, 2**26))
+def test_relax_refused_exactly_above_the_budget_before_building(N, n, cone, solver, budget):
+    """relax: a MemoryBudgetError line iff the measured-model estimate is above the budget, and then no model
+    was built; below it the model is built (the stand-in is reached)."""
+    from unittest import mock
+
+    import cvxpy
+
+    from widelimit._memory import MemoryBudgetError
+    from widelimit.relax.cones import estimate_memory
+
+    X = np.random.default_rng(N * 7 + n).standard_normal((N, n))
+    est = estimate_memory(N, n, cone, solver)
+    assert estimate_memory(N + 1, n, cone, solver) > est and estimate_memory(N, n + 1, cone, solver) > est
+    with mock.patch.object(cvxpy, "Variable", _reached):
+        try:
+            wl.relax(X, lam=1.0, cone=cone, solver=solver, max_memory=budget)
+            raise AssertionError("neither refused nor built")
+        except MemoryBudgetError as e:
+            assert est > budget and "\n" not in str(e) and f"N = {N}, n = {n}" in str(e)
+        except _Reached:
+            assert est <= budget
+
+
+@settings(max_examples=int(25 * SCALE), deadline=None)
+@given(N=st.integers(1, 10**6), n=st.integers(1, 10**5), hess=st.integers(1, 8192), budget=st.integers(1, 2**34))
+def test_median_subsample_is_the_largest_that_fits(N, n, hess, budget):
+    from widelimit._memory import MemoryBudgetError
+    from widelimit.exact.median import median_bytes, subsample_rows
+
+    try:
+        m = subsample_rows(N, n, hess, budget=budget)
+    except MemoryBudgetError as e:
+        assert median_bytes(1, n) > budget and f"dimension n = {n}" in str(e)
+        return
+    assert 1 <= m <= min(N, hess) and median_bytes(m, n) <= budget
+    assert m == min(N, hess) or median_bytes(m + 1, n) > budget
+
+
+@settings(max_examples=int(30 * SCALE), deadline=None)
+@given(m=st.integers(1, 8), extra=st.integers(1, 60), P=st.integers(0, 2), precise=st.booleans(),
+       seed=st.integers(0, 2**16), lam=st.floats(0.05, 5.0))
+def test_low_rank_newton_direction_is_the_dense_solve(m, extra, P, precise, seed, lam):
+    """Few subsample rows in many dimensions: the direction without the n x n matrix equals the solve with the
+    matrix written out (a I - D^T diag(c) D plus the BFGS terms), where that matrix is well conditioned."""
+    import widelimit.exact.newton as nw
+
+    rng = np.random.default_rng(seed)
+    n = 3 * (m + 2 * P) + extra
+    Xs, b, g = rng.standard_normal((m, n)), 0.1 * rng.standard_normal(n), rng.standard_normal(n)
+    pairs = [(s, s + 0.1 * rng.standard_normal(n)) for s in rng.standard_normal((P, n))]
+    D = Xs - b
+    r = np.linalg.norm(D, axis=1)
+    cw = np.where(r > lam, lam / r**3, 0.0)
+    a = float(m) if not precise else float(cw @ (r * r))
+    B = a * np.eye(n) - D.T @ (cw[:, None] * D)
+    for s_, y_ in pairs:
+        sy, Bs = float(s_ @ y_), B @ s_
+        if sy > 1e-12 * np.linalg.norm(s_) * np.linalg.norm(y_) and float(s_ @ Bs) > 0:
+            B = B + np.outer(y_, y_) / sy - np.outer(Bs, Bs) / float(s_ @ Bs)
+    mu = np.linalg.eigvalsh(B)
+    if a <= 0 or mu.min() < 1e-3 * mu.max():  # floored eigenvalues: not a plain solve
+        return
+    got = nw.newton_direction(Xs, np.ones(m), b, lam, "huber", 0.0, float(m), 0.0, pairs, g, precise)
+    np.testing.assert_allclose(got, np.linalg.solve(B, g), rtol=1e-6 if not precise else 1e-9,
+                               atol=1e-9 * np.abs(np.linalg.solve(B, g)).max())
+
+
+@settings(max_examples=int(15 * SCALE), deadline=None)
+@given(N=st.integers(5, 40), n=st.integers(1, 4), width=st.integers(1, 40), budget=st.integers(2**20, 2**28),
+       batch=st.sampled_from([None, 4, 64]))
+def test_fit_refused_exactly_above_the_budget_before_starting(N, n, width, budget, batch):
+    from unittest import mock
+
+    import widelimit.learn.gradient as g
+    from widelimit._memory import ENV, MemoryBudgetError
+
+    width = min(width, N)
+    X = np.random.default_rng(N + width).standard_normal((N, n)).astype(np.float32)
+    need = g.fit_bytes(N, n, width, batch=batch)
+    with mock.patch.dict(os.environ, {ENV: str(budget)}), mock.patch.object(g, "huber_median", _reached):
+        try:
+            g.fit_dictionary(X, lam=0.5, width=width, batch_size=batch, device="cpu")
+            raise AssertionError("neither refused nor started")
+        except MemoryBudgetError as e:
+            assert need > budget and f"at width {width} on N = {N} points" in str(e)
+        except _Reached:
+            assert need <= budget
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX named pipes")
+@settings(max_examples=int(20 * SCALE), deadline=None)
+@given(kind=st.sampled_from(["fifo", "socket", "device"]), ext=st.sampled_from([".npy", ".safetensors", ".npz", ".csv",
+                                                                                ".pt", ".arrow"]),
+       inside=st.booleans())
+def test_special_files_are_refused_never_read(tmp_path_factory, kind, ext, inside):
+    """A named pipe, a socket or a device, as the data file or as a shard of a folder: one DataError naming it,
+    without blocking (a FIFO without a writer blocks open() forever; /dev/zero never ends)."""
+    import socket
+    import threading
+
+    d = tmp_path_factory.mktemp("special")
+    target = d / f"s{ext}"
+    if inside:
+        np.save(d / "a.npy", np.ones((3, 2)))
+        target = d / "b.npy"
+    sock = None
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(target))
+    else:
+        os.symlink("/dev/zero", target)
+    box = {}
+
+    def run():
+        try:
+            wl.open_activations(d if inside else target)
+        except Exception as e:  # noqa: BLE001
+            box["e"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    if sock is not None:
+        sock.close()
+    assert not t.is_alive(), "blocked"
+    e = box.get("e")
+    what = {"fifo": "a named pipe (FIFO)", "socket": "a socket", "device": "a character device"}[kind]
+    assert isinstance(e, wl.DataError) and str(e).startswith(f"{target}: is {what}, not a regular file"), e
+
+
+@settings(max_examples=int(20 * SCALE), deadline=None)
+@given(extra=st.integers(1, 10**9))
+def test_dask_local_workers_above_the_cores_refused_without_starting(extra):
+    pytest.importorskip("distributed")
+    from unittest import mock
+
+    import distributed
+
+    from widelimit._runtime import usable_cores
+    from widelimit.cli.bound import _dask_client
+
+    n = usable_cores() + extra
+    with mock.patch.object(distributed, "LocalCluster", _reached):
+        with pytest.raises(ValueError) as e:
+            _dask_client(f"local:{n}", 5.0)
+    assert str(e.value).startswith(f"--dask local:{n}: at most {usable_cores()} local worker processes")
+
+
+@settings(max_examples=int(5 * SCALE), deadline=None)
+@given(widths=st.lists(st.integers(1, 6), min_size=1, max_size=4), limit=st.sampled_from([1e-9, 1e9]))
+def test_frontier_fits_or_skips_every_width(widths, limit):
+    X = np.random.default_rng(len(widths)).standard_normal((12, 2))
+    events = []
+    fr = wl.frontier(X, lam=0.5, widths=widths, n_restarts=1, max_steps=5, inits=("data",), time_limit=limit,
+                     progress=events.append)
+    want = sorted(set(widths))
+    assert fr.widths + fr.skipped_widths == want and fr.widths[0] == want[0]
+    assert fr.status == ("time_limit" if fr.skipped_widths else "done")
+    assert (fr.skipped_widths == []) == (limit == 1e9 or len(want) == 1)
+    assert [e.stage for e in events] == [f"width {w}" for w in fr.widths]  # progress for each width fitted
+
+
+def _jumprelu_folder(tmp, t):
+    from widelimit.sae.formats import save_saelens
+    from widelimit.sae.model import SAE
+
+    rng = np.random.default_rng(0)
+    sae = SAE(W_dec=rng.standard_normal((t.size, 3)), b_dec=np.zeros(3), W_enc=rng.standard_normal((3, t.size)),
+              b_enc=np.zeros(t.size), threshold=t, architecture="jumprelu", dtype="float64", l1_coefficient=0.4)
+    return save_saelens(sae, tmp)
+
+
+@settings(max_examples=int(20 * SCALE), deadline=None)
+@given(rel=st.sampled_from([0.0, 1e-15, 1e-9, 1e-6, 1e-3, 0.5, -0.3]), entry=st.integers(0, 4),
+       name=st.text("abcdefgh_.", min_size=1, max_size=8), l1=st.sampled_from([0.4, 0.41, 0.8]))
+def test_saelens_files_refused_when_two_forms_disagree_or_tensors_are_extra(tmp_path_factory, rel, entry, name, l1):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from widelimit.sae.formats import load_sae
+    from widelimit.sae.model import SAEFormatError
+
+    t = np.linspace(0.1, 0.5, 5)
+    folder = _jumprelu_folder(tmp_path_factory.mktemp("jr"), t)
+    f = folder / "sae_weights.safetensors"
+    sd = load_file(str(f))
+    lt = np.log(t)
+    lt[entry] = np.log(t[entry] * (1 + rel))
+    sd["log_threshold"] = torch.as_tensor(lt)
+    save_file(sd, str(f))
+    if abs(rel) > 1e-12:  # beyond float64's rounding of log and exp
+        with pytest.raises(SAEFormatError, match=rf"tensor 'threshold' = .* but exp\(tensor 'log_threshold'\) = .* "
+                                                 rf"at entry {entry}; they disagree"):
+            load_sae(folder)
+        return
+    assert any("'threshold' used" in w for w in load_sae(folder).warnings)
+    cfg = json.loads((folder / "cfg.json").read_text())
+    cfg["l1_coefficient"] = l1  # next to metadata.training_architecture_details.l1_coefficient = 0.4
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    if l1 != 0.4:
+        with pytest.raises(SAEFormatError, match=rf"field 'l1_coefficient' = {l1} but field "
+                                                 r"'metadata.training_architecture_details.l1_coefficient' = 0.4"):
+            load_sae(folder)
+        return
+    assert load_sae(folder).l1_coefficient == 0.4
+    if name in sd or name in ("threshold", "log_threshold", "scaling_factor", "finetuning_scaling_factor"):
+        return
+    sd[name] = torch.zeros(2)
+    save_file(sd, str(f))
+    with pytest.raises(SAEFormatError, match=rf"tensor '{name}' not used by a jumprelu SAE"):
+        load_sae(folder)

@@ -94,6 +94,25 @@ class Interval(Constraint):
             return text
 
 
+class Threads(Constraint):
+    """A thread count: an integer from 1 to :func:`widelimit._runtime.max_threads` (4 per usable core: more
+    only contend for the cores, and 1000 BLAS threads ended in MemoryError). Checked by
+    :func:`widelimit._runtime.check_threads`, which every thread setting goes through."""
+
+    allowed = "an integer >= 1 and at most 4 per usable core"
+
+    def convert(self, value, name):
+        from ._runtime import check_threads
+
+        return check_threads(value, name)
+
+    def parse(self, text):
+        try:
+            return int(text)
+        except (TypeError, ValueError):
+            return text
+
+
 class StrOptions(Constraint):
     """One of a set of strings (compared exactly)."""
 
@@ -384,8 +403,8 @@ TOL = Interval("real", 0, None)
 MAX_ITER = [Interval("int", 0, None), None]
 #: ``time_limit``: seconds, a finite number >= 0 (``None``: no limit).
 TIME_LIMIT = [Interval("real", 0, None), None]
-#: ``threads``: worker threads, an integer >= 1 (``None``: the machine's cores).
-THREADS = [Interval("int", 1, None), None]
+#: ``threads``: worker threads, an integer from 1 to 4 per usable core (``None``: the machine's cores).
+THREADS = [Threads(), None]
 #: ``device``: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (or a ``torch.device``).
 DEVICE = [Device(), None]
 #: ``seed``: an integer >= 0.

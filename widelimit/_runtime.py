@@ -9,7 +9,8 @@ import sys
 import threading
 import time
 
-__all__ = ["resolve_device", "torch_dtype", "default_threads", "limit_threads", "with_thread_limit"]
+__all__ = ["resolve_device", "torch_dtype", "usable_cores", "max_threads", "check_threads", "default_threads",
+           "limit_threads", "with_thread_limit", "stdout_to_stderr"]
 
 
 def resolve_device(device="auto"):
@@ -56,6 +57,39 @@ def torch_dtype(dtype):
 # --------------------------------------------------------------------------------------
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity; ``os.cpu_count()`` where that is unknown)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+#: Threads per usable core that a thread count may ask for: more only contend for the cores (and each BLAS
+#: thread allocates its own buffers: 1000 threads ended in MemoryError).
+THREADS_PER_CORE = 4
+
+
+def max_threads() -> int:
+    """The largest thread count accepted: :data:`THREADS_PER_CORE` times the usable cores."""
+    return THREADS_PER_CORE * usable_cores()
+
+
+def check_threads(threads, name: str = "threads") -> int:
+    """``threads`` as an int if it is an integer in ``1 .. max_threads()``; else one ``ValueError`` naming ``name``."""
+    try:
+        ok = not isinstance(threads, bool) and int(threads) == threads and int(threads) >= 1
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a positive integer, got {threads!r}")
+    top = max_threads()
+    if int(threads) > top:
+        raise ValueError(f"{name} must be at most {top} ({THREADS_PER_CORE} per usable core; this machine lets "
+                         f"the process use {usable_cores()}), got {int(threads)}")
+    return int(threads)
+
+
 def default_threads() -> int:
     """The thread count the solvers use: ``WIDELIMIT_THREADS`` if set, else the usable cores (at most 8),
     or 1 when the 1-minute load average is at least twice the usable cores (other processes
@@ -74,12 +108,8 @@ def default_threads() -> int:
             n = 0
         if n < 1:
             raise ValueError(f"WIDELIMIT_THREADS must be a positive integer, got {env!r}")
-        return n
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    cores = max(1, min(8, cores))
+        return check_threads(n, "WIDELIMIT_THREADS")
+    cores = min(8, usable_cores())
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # not available
@@ -135,13 +165,8 @@ class limit_threads:
         self.inherit = threads is None and limit_threads._depth > 0
         if threads is None:
             threads = default_threads()
-        if isinstance(threads, bool) or int(threads) != threads or int(threads) < 1:
-            raise ValueError(f"threads must be a positive integer, got {threads!r}")
-        self.threads = int(threads)
-        if blas_threads is not None and (isinstance(blas_threads, bool) or int(blas_threads) != blas_threads
-                                         or int(blas_threads) < 1):
-            raise ValueError(f"blas_threads must be a positive integer, got {blas_threads!r}")
-        self.blas_threads = None if blas_threads is None else int(blas_threads)
+        self.threads = check_threads(threads)
+        self.blas_threads = None if blas_threads is None else check_threads(blas_threads, "blas_threads")
         self._saved = None
 
     def __enter__(self):
@@ -198,6 +223,39 @@ def with_thread_limit(fn):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+class stdout_to_stderr:
+    """Context manager: file descriptor 1 (the C libraries' ``printf``) goes to stderr while it is open.
+
+    A solver never prints (``--json`` must be the only thing on stdout), but C solvers write to fd 1
+    directly: SCS prints ``ERROR: work memory allocation failure`` there, past ``sys.stdout``. Python's
+    own ``sys.stdout`` is flushed before and after and left alone; fd 1 is restored on exit.
+    Where fd 1 or 2 is not a real descriptor (an embedding host), nothing is redirected.
+    """
+
+    def __enter__(self):
+        self._saved = None
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self._saved = os.dup(1)
+            os.dup2(2, 1)
+        except (OSError, ValueError, AttributeError):
+            if self._saved is not None:
+                os.close(self._saved)
+            self._saved = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(self._saved, 1)
+            os.close(self._saved)
+        return False
 
 
 _SIGINT_SEEN = False
@@ -296,6 +354,27 @@ def exit_interrupted(message: str | None = None) -> None:
         except OSError:
             pass
     os._exit(130)
+
+
+def exit_now(status: int) -> None:
+    """Flush stdout and stderr and end the process with ``status`` now (the command has finished).
+
+    The command line ends this way, not through the interpreter's shutdown: a Ctrl-C during the shutdown
+    (a second of atexit handlers and module teardown, after the JSON is printed) came after Python had
+    given SIGINT back to its default action, and the process died by the signal without a line. Nothing
+    is lost: outputs are written atomically, and the command's own resources (a Dask cluster, thread
+    pools) are closed before it returns. An interrupt landing here (outside a command, so the handler of
+    :func:`track_interrupts` ends the process itself) is the interrupt's one line and 130.
+    """
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe: nothing more can be written
+                pass
+    except KeyboardInterrupt:
+        exit_interrupted(f"{_LABEL}: interrupted")
+    os._exit(status)
 
 
 def interrupted() -> bool:

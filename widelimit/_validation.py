@@ -13,6 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from .engine import engine_for
+from .engine.dask_engine import known_chunks
 from .engine.local import CHUNK_BYTES, chunk_rows, is_dask_array, raise_nonfinite  # noqa: F401  (re-exported)
 
 #: The largest row norm accepted: ``sqrt(max float64) / u = 2^565`` (about 1.2e170, ``u = 2^-53``).
@@ -222,6 +223,7 @@ def _finite_chunk(c, s):
 def _check_out_of_core(X, name: str, finite: bool | None):
     """Shape/dtype checks of an ActivationSource or a dask array, without reading it."""
 
+    known_chunks(X, name)
     if len(X.shape) != 2:
         raise ValueError(f"{name} must be 2-D of shape (N points, n dims), got shape {tuple(X.shape)}")
     if X.shape[0] == 0 or X.shape[1] == 0:
@@ -364,6 +366,7 @@ def check_codes(Z, N: int, k: int, name: str = "Z", nonneg: bool = True):
     """
 
     if is_dask_array(Z):
+        known_chunks(Z, name)
         if Z.ndim != 2 or tuple(Z.shape) != (N, k):
             raise ValueError(f"{name} has shape {tuple(Z.shape)}, expected (N, k) = ({N}, {k}) from X and W")
         return Z.astype(np.float64)
@@ -387,6 +390,37 @@ def check_codes(Z, N: int, k: int, name: str = "Z", nonneg: bool = True):
             raise ValueError(f"{name} must be >= 0 (nonnegative codes); {name}[{i}, {d}] = {Z[i, d]:.3g}")
         raise ValueError(f"{name} must be >= 0 (nonnegative codes)")
     return Z
+
+
+def check_code_block(Zc, start: int, *, nonneg: bool = True, name: str = "Z") -> None:
+    """The block-wise part of :func:`check_codes` for codes that arrive unchecked (``dask.array`` blocks).
+
+    ``Zc`` holds the codes of rows ``start, start + 1, ...`` (dense or scipy.sparse). A NaN / Inf code (or a
+    negative one with ``nonneg``) is one ``ValueError`` naming ``name`` and the row, before any product with it:
+    a residual made non-finite by the codes would otherwise be blamed on the data.
+    """
+    if hasattr(Zc, "tocoo") and not isinstance(Zc, np.ndarray):
+        z = Zc.tocoo()
+        rows, data = np.asarray(z.row), np.asarray(z.data)
+    else:
+        data = np.asarray(Zc)
+        rows = None
+    if not data.size:
+        return
+    bad = ~np.isfinite(data)
+    if nonneg:
+        bad |= data < 0
+    if not bad.any():
+        return
+    if rows is None:
+        i, j = (int(v) for v in np.argwhere(bad)[0])
+    else:
+        k = int(np.flatnonzero(bad)[0])
+        i, j = int(rows[k]), None
+    v = data[i, j] if rows is None else data[k]
+    what = ("finite and >= 0 (nonnegative codes)" if nonneg else "finite")
+    at = f"{name}[{start + i}, {j}] = {v:.3g}" if j is not None else f"row {start + i} holds {v:.3g}"
+    raise ValueError(f"{name} must be {what}; {at}")
 
 
 def check_dictionary(W, n: int, name: str = "W") -> np.ndarray:

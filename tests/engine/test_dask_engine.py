@@ -78,7 +78,7 @@ def test_verify_on_cluster_with_dask_codes(client, tmp_path):
         assert c.certified
     bad = sol.codes.copy()
     bad[4321, 0] = -1.0
-    with pytest.raises(ValueError, match="row 4321 is not"):
+    with pytest.raises(ValueError, match=r"Z must be finite and >= 0 \(nonnegative codes\); Z\[4321, 0\] = -1"):
         wl.verify(D, sol.dictionary, da.from_array(bad, chunks=(3000, -1)), sol.bias, lam=lam, median=sol.median)
 
 

@@ -186,7 +186,7 @@ def test_certify_sae_streams_a_source(tmp_path):
 def test_threaded_passes_do_not_depend_on_the_thread_count(rng, tmp_path):
     """Passes over arrays run in fixed row ranges merged in row order: 1, 2 or 3 threads give
     bit-identical sums, per-row maps and a first non-finite row that is the first one."""
-    from widelimit.exact.median import _merge_pass, _pass_chunk
+    from widelimit.exact.median_pass import _merge_pass, _pass_chunk
     from widelimit.exact.rays import _keys_chunk
     from widelimit.engine.local import LocalEngine
 

@@ -9,23 +9,7 @@ import scipy.sparse as sp
 import widelimit as wl
 from widelimit.exact import stability as stab
 
-
-def plain_objective(X, W, Z, b, lam):
-    """theory.md §1 in plain numpy, atom norms folded into the penalty (independent of widelimit)."""
-    Z = Z.toarray() if sp.issparse(Z) else np.asarray(Z, dtype=np.float64)
-    W = np.asarray(W, dtype=np.float64)
-    R = X - b - Z @ W
-    return float(np.mean(np.sum(R * R, axis=1)) + 2 * lam * np.mean(Z @ np.linalg.norm(W, axis=1)))
-
-
-def check_witnesses(res, X, W, Z, b, lam):
-    base = plain_objective(X, W, Z, b, lam)
-    assert set(res.witnesses) == set(res.unstable.tolist())
-    for d, (W2, Z2, b2) in res.witnesses.items():
-        assert W2.shape == W.shape and Z2.shape == Z.shape and np.all(Z2.toarray() >= 0)
-        v = plain_objective(X, W2, Z2, b2, lam)
-        assert v < base - 1e-12, (d, v, base)
-        assert v == pytest.approx(res.witness_values[d], rel=1e-12)
+from fixtures.stability import check_witnesses, plain_objective, two_shared_rays
 
 
 def hierarchical(lam=0.5):
@@ -86,16 +70,6 @@ def test_wide_limit_optimum_is_stable_and_ff_holds_with_its_weights():
     res = wl.feature_stability(X, sol.dictionary, sol.sparse_codes, sol.bias, lam=lam)
     assert res.unstable.size == 0
     assert np.nanmax(res.ff_upper) <= 1e-9
-
-
-def two_shared_rays(phi, rho=3.0, lam=0.5, dead=True):
-    """Four points +-rho(cos phi, +-sin phi, 0); atoms +-e1 each shared by two points (b = 0)."""
-    c, s = rho * math.cos(phi), rho * math.sin(phi)
-    X = np.array([[c, s, 0], [c, -s, 0], [-c, -s, 0], [-c, s, 0]], dtype=np.float64)
-    W = np.array([[1.0, 0, 0], [-1.0, 0, 0]] + ([[0, 0, 1.0]] if dead else []))
-    Z = np.zeros((4, W.shape[0]))
-    Z[:2, 0] = Z[2:, 1] = c - lam
-    return X, W, Z, np.zeros(3)
 
 
 def test_spurious_stationary_point_with_a_dead_atom_is_found_by_reaiming_it():

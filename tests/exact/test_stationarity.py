@@ -74,8 +74,7 @@ def test_dead_atom_with_a_long_residual_can_still_be_a_local_minimum(ratio):
     """theory.md §5.4: a residual longer than lam with a dead atom proves the point is not global, not that
     it is not a local minimum; escaping needs a turn of the dead atom of at least the stated angle."""
     import math
-    from test_second_order import exact_codes_value
-    from test_stability import plain_objective, two_shared_rays
+    from fixtures.stability import exact_codes_value, plain_objective, two_shared_rays
 
     lam = 0.5
     X, W2, Z2, b = two_shared_rays(0.3, rho=3.0, lam=lam, dead=False)  # joint curvature positive here

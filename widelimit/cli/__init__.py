@@ -8,8 +8,10 @@ input become one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import shlex
 import sys
 import warnings
 
@@ -23,6 +25,7 @@ from .relax import _add_relax, _run_relax
 from .relax_bench import _add_relax_bench, _run_relax_bench
 from .solve import _add_solve, _run_solve
 from .. import __version__
+from .._memory import ENV, parse_bytes
 from .._runtime import interrupted, trace, unwinding_interrupts
 
 __all__ = ["main", "build_parser", "COMMANDS"]
@@ -51,7 +54,36 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for _, add, _ in COMMANDS:
         add(sub)
+    for p in sub.choices.values():  # one memory budget for every command (widelimit._memory)
+        p.add_argument("--memory-budget", type=memory_size, default=None, metavar="BYTES",
+                       help=f"refuse work whose estimated memory is above this (e.g. 4G; default ${ENV} or half "
+                            "of this machine's memory)")
     return parser
+
+
+def memory_size(text: str) -> str:
+    """argparse type for ``--memory-budget``: bytes with an optional K/M/G/T suffix, kept as given."""
+    try:
+        parse_bytes(text, "--memory-budget")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--memory-budget ")) from None
+    return text
+
+
+@contextlib.contextmanager
+def _budget_env(value: str | None):
+    """``$WIDELIMIT_MEMORY_BUDGET`` set to ``value`` while a command runs (its worker processes inherit it)."""
+    saved = os.environ.get(ENV)
+    if value is not None:
+        os.environ[ENV] = value
+    try:
+        yield
+    finally:
+        if value is not None:
+            if saved is None:
+                os.environ.pop(ENV, None)
+            else:
+                os.environ[ENV] = saved
 
 
 def _flags_of(parser, command: str | None) -> dict[str, str]:
@@ -69,6 +101,9 @@ def _flags_of(parser, command: str | None) -> dict[str, str]:
 def flagify(msg: str, flags: dict[str, str]) -> str:
     """Name the CLI flag where a library message names the parameter: ``key=`` -> ``--key``."""
     for dest, flag in flags.items():
+        # a Python literal value (solver='SCS') becomes a shell word (--solver SCS), quoted only where the shell needs it
+        msg = re.sub(rf"(?<![\w.\-/]){re.escape(dest)}=(['\"])([^'\"]*)\1",
+                     lambda m, f=flag: f"{f} {shlex.quote(m.group(2))}", msg)
         msg = re.sub(rf"(?<![\w.\-/]){re.escape(dest)}=(?:\.\.\.)?(?=(\S?))",
                      lambda m, f=flag: f + (" " if m.group(1) else ""), msg)
         if "_" in dest:  # a parameter name with an underscore is unambiguous even without "="
@@ -106,7 +141,8 @@ def main(argv=None) -> int:
         warnings.simplefilter("always")  # recorded, printed once each below
         try:
             trace("running")
-            with unwinding_interrupts():  # Ctrl-C unwinds the command: its temporary outputs are removed
+            # Ctrl-C unwinds the command: its temporary outputs are removed
+            with unwinding_interrupts(), _budget_env(getattr(args, "memory_budget", None)):
                 status = int(run(args) or 0)
         except KeyboardInterrupt:
             print(f"{prefix}: interrupted", file=sys.stderr)

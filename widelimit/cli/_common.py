@@ -12,7 +12,7 @@ import numpy as np
 
 from .._json import dumps as _dumps
 from .._runtime import resolve_device
-from .._params import LAM, NONNEG, NONNEG_INT, POSITIVE, POSITIVE_INT, UNIT_OPEN, cli_type
+from .._params import LAM, NONNEG, NONNEG_INT, POSITIVE, POSITIVE_INT, THREADS, UNIT_OPEN, cli_type
 from ..data import datasets
 from ..data.shards import show
 from ..data.source import check_values, open_activations
@@ -35,6 +35,7 @@ lam_float = cli_type(LAM)  #: ``--lam``: a finite number >= the smallest normal 
 unit_interval_float = cli_type(UNIT_OPEN)  #: a number strictly between 0 and 1
 positive_int = cli_type(POSITIVE_INT)  #: an integer >= 1
 nonneg_int = cli_type(NONNEG_INT)  #: an integer >= 0
+threads_int = cli_type(THREADS[0])  #: ``--threads``: an integer from 1 to 4 per usable core
 
 
 class Parser(argparse.ArgumentParser):

@@ -6,16 +6,18 @@ import json
 import logging
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .._runtime import usable_cores
 from ..data.source import ActivationSource
 
 from ._common import (_console, certificate_table, check_out_file, lam_float, load_data, only_with,
                       positive_float, positive_int, print_json, progress_display)
-from ..data.shards import first_line, show
+from ..data.shards import first_line, show, special_file, special_message
 from ..exact.median import geometric_median, huber_median
 from ..engine.dask_engine import from_source
 
@@ -43,40 +45,88 @@ def _add_bound(sub):
                    help="checkpoint file: written after every pass; an interrupted run resumes from it")
     p.add_argument("--dask", default=None, metavar="ADDRESS",
                    help="run the passes on a Dask cluster: a scheduler address (tcp://host:8786) or "
-                        "'local' / 'local:N' for a LocalCluster of N >= 1 worker processes")
+                        "'local' / 'local:N' for a LocalCluster of N worker processes (1 <= N <= the usable cores)")
     p.add_argument("--dask-timeout", type=positive_float, default=None, metavar="SECONDS",
-                   help="with --dask: give up when the scheduler does not answer, or has no worker, within this "
-                        "time (default 30)")
+                   help="with --dask: give up when the local cluster has not started, or the scheduler does not "
+                        "answer or has no worker, within this time in all (default 30)")
     p.add_argument("--rows", type=positive_int, default=None,
                    help="with --dask: rows per Dask block (default: a 32 MiB float64 block)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _start_local_cluster(spec: str, n_workers, timeout: float):
+    """A ``LocalCluster`` of ``n_workers`` processes, or a one-line ``ValueError`` when it has not started
+    within ``timeout`` seconds (the cluster is built on a helper thread, so a start that hangs cannot
+    hang the command; one finished after the deadline is closed at once)."""
+    from distributed import LocalCluster
+
+    box: dict = {}
+    lock = threading.Lock()
+
+    def start():
+        try:
+            c = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                             silence_logs=logging.CRITICAL, death_timeout=timeout)
+        except BaseException as e:  # noqa: BLE001 - reported by the caller, one line
+            box["error"] = e
+            return
+        with lock:
+            if box.get("abandoned"):
+                c.close()
+            else:
+                box["cluster"] = c
+
+    t = threading.Thread(target=start, name="widelimit-dask-start", daemon=True)
+    t.start()
+    t.join(timeout)
+    with lock:
+        if "cluster" not in box and "error" not in box:
+            box["abandoned"] = True
+            raise ValueError(f"--dask {spec}: the local cluster did not start within {timeout:g} s "
+                             "(--dask-timeout)")
+    if "error" in box:
+        e = box["error"]
+        raise ValueError(f"--dask {spec}: the local cluster did not start "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+    return box["cluster"]
+
+
 def _dask_client(spec: str, timeout: float = 30.0):
-    """``(client, cluster)`` for ``--dask``: the address is checked, and the scheduler must answer (with at
-    least one worker) within ``timeout`` seconds."""
+    """``(client, cluster)`` for ``--dask``: the address is checked, and the cluster must start (``local``), the
+    scheduler answer and have at least one worker, all within ``timeout`` seconds together.
+
+    ``local:N`` is at most the usable cores (:func:`usable_cores`): every worker is a process.
+    """
     try:
-        from distributed import Client, LocalCluster
+        from distributed import Client
     except ImportError:
         raise ValueError("--dask needs dask[distributed]: pip install 'widelimit[dask]'") from None
     local = re.fullmatch(r"local(?::(\d+))?", spec.strip())
     if local is None and not re.fullmatch(r"(?:[a-z]+://)?\[?[\w.\-:]+\]?:\d+", spec.strip()):
         raise ValueError(f"--dask {spec!r}: expected 'local', 'local:N' or a scheduler address such as "
                          "tcp://host:8786")
+    nw = int(local.group(1)) if local is not None and local.group(1) else None
+    if nw is not None and nw < 1:
+        raise ValueError(f"--dask {spec}: a local cluster needs at least 1 worker (local:N, N >= 1)")
+    cores = usable_cores()
+    if nw is not None and nw > cores:
+        raise ValueError(f"--dask {spec}: at most {cores} local worker processes on this machine (one per usable "
+                         f"core); use local:{cores} or fewer, or a scheduler address for more")
     # the CLI reports errors and Ctrl-C itself, in one line: no log records from the scheduler
     # connection or from asyncio tasks that a Ctrl-C leaves unfinished
     for name in ("distributed", "distributed.client", "distributed.comm", "asyncio"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        return max(0.1, deadline - time.monotonic())
+
     cluster = None
     try:
         if local is not None:
-            nw = int(local.group(1)) if local.group(1) else None
-            if nw is not None and nw < 1:
-                raise ValueError(f"--dask {spec}: a local cluster needs at least 1 worker (local:N, N >= 1)")
-            cluster = LocalCluster(n_workers=nw, threads_per_worker=1, processes=True, dashboard_address=None,
-                                   silence_logs=logging.CRITICAL)
-            client = Client(cluster, timeout=timeout)
+            cluster = _start_local_cluster(spec, nw, timeout)
+            client = Client(cluster, timeout=left())
         else:
             client = Client(spec, timeout=timeout)
     except ValueError:
@@ -88,14 +138,31 @@ def _dask_client(spec: str, timeout: float = 30.0):
             cluster.close()
         raise ValueError(f"--dask {spec}: could not reach the scheduler within {timeout:g} s "
                          f"({' '.join(str(e).split())[:200] or type(e).__name__})") from None
+    except Exception as e:  # noqa: BLE001 - a server that answers, but not in Dask's protocol
+        if cluster is not None:
+            cluster.close()
+        raise _not_dask(spec, e) from None
     try:
-        client.wait_for_workers(1, timeout=timeout)
+        client.wait_for_workers(1, timeout=left())
     except (OSError, TimeoutError):
         client.close()
         if cluster is not None:
             cluster.close()
         raise ValueError(f"--dask {spec}: the scheduler has no worker after {timeout:g} s") from None
+    except Exception as e:  # noqa: BLE001
+        client.close()
+        if cluster is not None:
+            cluster.close()
+        raise _not_dask(spec, e) from None
     return client, cluster
+
+
+def _not_dask(spec: str, e: Exception) -> ValueError:
+    """The one line for an address whose server answers in another protocol than Dask's: its reply, read as a
+    Dask message, gives any error (a frame length of exabytes: MemoryError; garbage: a decoding error)."""
+    return ValueError(f"--dask {spec}: the server at this address is not a Dask scheduler (its reply could not be "
+                      f"read as a Dask message: {type(e).__name__}); give a scheduler address such as "
+                      "tcp://host:8786, 'local' or 'local:N'")
 
 
 _NPZ_MAGIC = b"PK\x03\x04"
@@ -109,6 +176,9 @@ def _check_checkpoint(path: Path) -> None:
     check_out_file(path, "--checkpoint")
     if not path.exists():
         return
+    kind = special_file(path)
+    if kind is not None:  # a named pipe would block the read forever
+        raise ValueError(f"--checkpoint {special_message(path, kind)}")
     try:
         with open(path, "rb") as f:
             head = f.read(4)

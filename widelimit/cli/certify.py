@@ -15,7 +15,8 @@ from ._guard import call_interruptibly, line_progress, stdout_to_stderr
 
 from ..data.source import open_activations
 from ._common import (_console, atomic_outputs, certificate_table, check_out_dir, lam_float, moved, nonneg_float,
-                      nonneg_int, only_with, positive_float, positive_int, print_json, progress_display)
+                      nonneg_int, only_with, positive_float, positive_int, print_json, progress_display,
+                      threads_int)
 from ..sae.report import certificate_rows
 from ..sae.certify import certify_sae, write_sae_certificate
 from ..sae.formats import load_sae
@@ -73,7 +74,7 @@ def _add_certify(sub):
     p.add_argument("--coding-tol", type=positive_float, default=1e-6, help="relative duality gap of the optimal coding per token")
     p.add_argument("--batch-size", type=positive_int, default=4096, help="tokens per batch")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--threads", type=positive_int, default=None,
+    p.add_argument("--threads", type=threads_int, default=None,
                    help="threads for torch, numba and BLAS (default: the usable cores, 1 on an overloaded machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it goes to stderr)")
     p.add_argument("--norm-scaling-factor", type=positive_float, default=None,

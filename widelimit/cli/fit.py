@@ -22,6 +22,8 @@ _AMORTISED = ("standard", "jumprelu", "topk")
 _DEFAULT_LR = 1e-3
 #: ``frontier``'s time limit per width for ``--exact`` when ``--exact-time-limit`` is not given.
 _DEFAULT_EXACT_TIME_LIMIT = 600.0
+#: ``frontier``'s budget for the gradient fits of all widths together, seconds.
+_DEFAULT_FRONTIER_TIME_LIMIT = 3600.0
 
 
 # --------------------------------------------------------------------------------------
@@ -95,16 +97,29 @@ def _batch(args, N: int) -> tuple[int, bool, str]:
 
 
 class _Progress:
-    """A rich progress display on stderr (stdout stays clean for --json)."""
+    """A rich progress display on stderr (stdout stays clean for --json).
 
-    def __init__(self, enabled=True):
+    ``say`` updates the live line (terminals only); ``line`` reports a finished unit of work (a width of
+    ``frontier``): on a terminal as the live line, elsewhere (a log, a pipe, ``--json`` runs) as one plain
+    line on stderr, so that long work shows progress wherever its output goes.
+    """
+
+    def __init__(self, enabled=True, prefix: str = "widelimit"):
         from rich.console import Console
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         console = Console(stderr=True)
+        self.live = enabled and console.is_terminal
+        self.prefix = prefix
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                 console=console, disable=not (enabled and console.is_terminal), transient=True)
+                                 console=console, disable=not self.live, transient=True)
         self.task = None
+
+    def line(self, text):
+        if self.live:
+            self.say(text)
+        else:
+            print(f"{self.prefix}: {text}", file=sys.stderr, flush=True)
 
     def __enter__(self):
         self.progress.__enter__()
@@ -216,6 +231,9 @@ def _add_frontier(sub):
     p.add_argument("--exact", action="store_true", help="also the certified optimum per width (small data)")
     p.add_argument("--exact-time-limit", type=nonneg_float, default=None,
                    help=f"with --exact: seconds per width (default {_DEFAULT_EXACT_TIME_LIMIT:g})")
+    p.add_argument("--time-limit", type=positive_float, default=_DEFAULT_FRONTIER_TIME_LIMIT,
+                   help="seconds for the gradient fits of all widths together; widths not reached are listed as "
+                        f"skipped (default {_DEFAULT_FRONTIER_TIME_LIMIT:g})")
 
 
 def _parse_widths(spec: str) -> list[int]:
@@ -246,15 +264,24 @@ def _run_frontier(args) -> int:
     inits = (args.init,) if args.init != "rays" else ("rays", "data")
     time_limit = _DEFAULT_EXACT_TIME_LIMIT if args.exact_time_limit is None else args.exact_time_limit
     with atomic_outputs(args.out) as tmp:
-        with _Progress() as prog:
+        with _Progress(prefix="widelimit frontier") as prog:
+
+            def cb(ev):
+                prog.say(_frontier_status(ev))
+                if ev.stage.startswith("width "):  # a width done: a line even under --json or in a log
+                    prog.line(f"{ev.stage} done ({ev.rows_done}/{ev.rows_total}): best value {ev.value:.8g}")
+
             fr = frontier(X, lam=lam, widths=widths, n_restarts=max(1, args.restarts), seed=args.seed, inits=inits,
-                          out=tmp / "frontier.png", progress=lambda ev: prog.say(_frontier_status(ev)),
-                          exact_widths=args.exact, exact_time_limit=time_limit, **_fit_kwargs(args))
+                          out=tmp / "frontier.png", progress=cb, exact_widths=args.exact, exact_time_limit=time_limit,
+                          time_limit=args.time_limit, **_fit_kwargs(args))
         d = fr.as_dict()
         # the plot's path once moved into --out, not the temporary folder it was drawn in
         d["plot"] = str(moved([fr.plot], tmp, args.out)[0])
         d["data"] = label
         (tmp / "frontier.json").write_text(_dumps(d, indent=2))
+    if fr.skipped_widths:
+        print(f"widelimit frontier: warning: --time-limit {args.time_limit:g} s ran out: widths "
+              f"{', '.join(map(str, fr.skipped_widths))} were not fitted", file=sys.stderr)
     if args.json:
         print_json(d)
         return 0

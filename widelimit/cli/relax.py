@@ -8,8 +8,10 @@ from ._common import (_console, certificate_table, check_device, in_memory, load
                       positive_int, print_json)
 from ..relax.cones import CONES
 from ..exact.solve import solve
-from ..relax.dnn import solve_dnn
-from ..relax.cones import relax
+from .._memory import check_memory
+from .._runtime import resolve_device
+from ..relax.dnn import dnn_bytes, solve_dnn
+from ..relax.cones import check_relax_memory, relax
 from ..relax.cpfactor import refine
 
 
@@ -60,6 +62,12 @@ def _run_relax(args) -> int:
     lam = args.lam if args.lam is not None else lam0
     if lam is None:
         raise ValueError("--lam is required for data files")
+    # the solver's memory is estimated (and refused above the budget) before any work, the exact solve included
+    if args.solver == "TORCH":
+        check_memory(dnn_bytes(X.shape[0]), f"the TORCH solver on N = {X.shape[0]} points",
+                     hint="use a smaller N") if resolve_device(args.device or "auto").type == "cpu" else None
+    else:
+        check_relax_memory(X.shape[0], X.shape[1], args.cone, args.solver)
     exact = solve(X, lam=lam).value
     if args.solver == "TORCH":
 

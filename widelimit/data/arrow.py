@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .shards import DataError, Shard, first_line, natural_key, show, widen
+from .shards import DataError, Shard, first_line, natural_key, show, special_file, special_message, widen
 
 __all__ = ["ArrowShard", "arrow_files"]
 
@@ -23,6 +23,9 @@ class ArrowShard(Shard):
     def __init__(self, path: Path, column: str | None):
         self.path = Path(path)
         self.name = str(self.path)
+        kind = special_file(self.path)
+        if kind is not None:
+            raise DataError(special_message(self.path, kind))
         self.column = column
         self._table = None
         t = self._open()
@@ -169,6 +172,9 @@ def arrow_files(p: Path) -> list[Path]:
     """
     state = p / "state.json"
     if state.exists():
+        kind = special_file(state)
+        if kind is not None:
+            raise DataError(special_message(state, kind))
         try:
             listed = json.loads(state.read_text())["_data_files"]
             names = [d["filename"] for d in listed]

@@ -21,7 +21,8 @@ import numpy as np
 from .._validation import exact_float64
 from .shards import KIND_OF_ITEMSIZE, ArrayShard, DataError, FileShard, first_line, show
 
-__all__ = ["read_npy", "read_npz", "read_safetensors", "read_torch", "unpickle_reason", "array_shard"]
+__all__ = ["read_npy", "read_npz", "read_safetensors", "read_torch", "unpickle_reason", "array_shard",
+           "plain_tensor", "npy_header"]
 
 _NP_FLOATS = {np.dtype("float16"), np.dtype("float32"), np.dtype("float64")}
 _ST_FLOATS = {"F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F32": np.dtype("<f4"), "F64": np.dtype("<f8")}
@@ -72,19 +73,52 @@ def array_shard(arr: np.ndarray, path, what: str = "array", kind: str | None = N
 # --------------------------------------------------------------------------------------
 
 
+#: The .npy format versions numpy reads (``np.load`` refuses every other one, minor versions included).
+NPY_VERSIONS = ((1, 0), (2, 0), (3, 0))
+
+
+def npy_header(f) -> tuple[tuple, bool, np.dtype]:
+    """``(shape, fortran_order, dtype)`` of the open ``.npy`` file ``f`` (left just after the header), read by
+    numpy's public header readers, so that a header numpy refuses is refused here too.
+
+    Versions 1.0 and 2.0 have their readers (``numpy.lib.format.read_array_header_1_0`` / ``_2_0``). Version
+    3.0 is version 2.0 with a UTF-8 header (numpy >= 2.4 has no public reader for it): an ASCII header, the
+    only kind a numeric array has, reads the same in both, so it goes through the 2.0 reader; a header with
+    other characters (names of a structured dtype) is refused. Any other version -- ``(1, 5)`` included, which
+    only the major number used to be checked for -- is refused as ``np.load`` refuses it.
+    """
+    import io
+    import struct as _struct
+
+    fmt = np.lib.format
+    version = fmt.read_magic(f)
+    if version not in NPY_VERSIONS:
+        raise ValueError(f"format version {version[0]}.{version[1]}, which numpy does not read (it reads "
+                         f"{', '.join(f'{a}.{b}' for a, b in NPY_VERSIONS)})")
+    if version == (1, 0):
+        return fmt.read_array_header_1_0(f)
+    if version == (2, 0):
+        return fmt.read_array_header_2_0(f)
+    raw = f.read(4)
+    if len(raw) < 4:
+        raise ValueError("EOF reading the array header length")
+    (hlen,) = _struct.unpack("<I", raw)
+    if hlen > 1 << 20:
+        raise ValueError(f"array header length {hlen} is far above any numpy writes")
+    header = f.read(hlen)
+    if len(header) < hlen:
+        raise ValueError("EOF reading the array header")
+    if not header.isascii():
+        raise ValueError("a format 3.0 header with non-ASCII characters (a structured dtype); widelimit reads "
+                         "numeric arrays only")
+    return fmt.read_array_header_2_0(io.BytesIO(raw + header))
+
+
 def read_npy(path: Path) -> list:
     """A ``.npy`` file: C-ordered float16/32/64 is read in place; other layouts through a memory map."""
     try:
         with open(path, "rb") as f:
-            major, _minor = np.lib.format.read_magic(f)
-            if major == 1:
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            elif major == 2:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            elif major == 3:
-                shape, fortran, dtype = np.lib.format._read_array_header(f, (3, 0))
-            else:
-                raise ValueError(f"unsupported format version {major}")
+            shape, fortran, dtype = npy_header(f)
             offset = f.tell()
     except OSError as e:
         raise DataError(f"{show(path)}: could not read .npy file ({e.strerror or first_line(e)})") from None
@@ -137,8 +171,8 @@ def read_npz(path: Path, key: str | None) -> list:
 # --------------------------------------------------------------------------------------
 
 
-def safetensors_entry(path: Path, key: str | None) -> tuple[tuple, int, str]:
-    """``(shape, absolute byte offset, dtype name)`` of one tensor of a safetensors file, header checked.
+def safetensors_entry(path: Path, key: str | None) -> tuple[str, tuple, int, str]:
+    """``(name, shape, absolute byte offset, dtype name)`` of one tensor of a safetensors file, header checked.
 
     A tensor's ``data_offsets`` are relative to the end of the header; they need not
     start at 0 (a file may hold other tensors, or padding, before it), but must lie
@@ -193,11 +227,19 @@ def safetensors_entry(path: Path, key: str | None) -> tuple[tuple, int, str]:
     if 8 + hlen + b1 > size:
         raise DataError(f"{show(path)}: truncated .safetensors file: tensor {name!r} ends at byte {8 + hlen + b1}, "
                         f"the file has {size}")
-    return shape, 8 + hlen + b0, dt
+    return name, shape, 8 + hlen + b0, dt
 
 
 def read_safetensors(path: Path, key: str | None) -> list:
-    shape, offset, dt = safetensors_entry(path, key)
+    """The tensor ``key`` (the only one when ``None``) of a ``.safetensors`` file; the shard's ``tensor`` names it."""
+    tensor, shape, offset, dt = safetensors_entry(path, key)
+    shards = _read_safetensors(path, key, shape, offset, dt)
+    for sh in shards:
+        sh.tensor = tensor
+    return shards
+
+
+def _read_safetensors(path: Path, key, shape, offset, dt) -> list:
     check_2d(shape, path, "tensor" if key is None else f"tensor {key!r}")
     if dt == "BOOL":
         raise DataError(f"{show(path)}: {'tensor' if key is None else f'tensor {key!r}'} has dtype BOOL; "
@@ -265,22 +307,58 @@ def torch_load(path: Path):
             raise DataError(f"{show(path)}: could not read .pt file ({msg})") from None
 
 
+def _torch_dtypes():
+    """The tensor dtypes widelimit reads (floats as stored; integers exactly as float64; bool refused)."""
+    import torch
+
+    return {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
+            torch.int64, torch.uint8}
+
+
+def plain_tensor(t, path, what: str = "tensor"):
+    """``t`` if it is a dense tensor holding its values with a dtype widelimit reads, else one :class:`DataError`
+    naming the file, ``what`` (the tensor's key) and the dtype or layout.
+
+    Refused: nested tensors, sparse layouts, quantized tensors, tensors on the ``meta`` device (a shape without
+    values), complex and bool dtypes, and dtypes without a NumPy counterpart (float8, uint16-64, ...): each
+    used to surface as an internal ``TypeError`` / ``NotImplementedError`` of torch or NumPy.
+    """
+    import torch
+
+    where = f"{show(path)}: {what}"
+    if getattr(t, "is_nested", False):
+        raise DataError(f"{where} is a nested tensor (rows of different lengths); save a regular tensor")
+    if t.layout != torch.strided:
+        raise DataError(f"{where} has layout {t.layout}; widelimit reads dense tensors: save tensor.to_dense()")
+    if t.is_quantized:
+        raise DataError(f"{where} is quantized (dtype {t.dtype}); save tensor.dequantize()")
+    if t.device.type == "meta":
+        raise DataError(f"{where} is on the meta device: the file holds its shape {tuple(t.shape)} but no values")
+    if t.is_complex():
+        raise DataError(f"{where} has dtype {t.dtype}; expected real numbers")
+    if t.dtype == torch.bool:
+        raise DataError(f"{where} has dtype torch.bool; expected floating point or integer numbers")
+    if t.dtype not in _torch_dtypes():
+        raise DataError(f"{where} has dtype {t.dtype}; widelimit reads float16, bfloat16, float32, float64, int8, "
+                        "int16, int32, int64 and uint8 tensors: convert it first (tensor.float())")
+    return t
+
+
 def read_torch(path: Path, key: str | None) -> list:
     import torch
 
     obj = torch_load(path)
+    what = "tensor"
     if isinstance(obj, dict):
-        obj = pick({str(k): v for k, v in obj.items()}, key, path, "tensors")
+        named = {str(k): v for k, v in obj.items()}
+        obj = pick(named, key, path, "tensors")
+        what = f"tensor {key if key is not None else next(iter(named))!r}"
     if not isinstance(obj, torch.Tensor):
         raise DataError(f"{show(path)}: expected a tensor (or a dict of tensors), found {type(obj).__name__}")
-    t = obj.detach().cpu()
-    check_2d(t.shape, path, "tensor")
+    t = plain_tensor(obj, path, what).detach().cpu()
+    check_2d(t.shape, path, what)
     if t.dtype == torch.bfloat16:
         return [array_shard(t.contiguous().view(torch.int16).numpy().view(np.uint16), path, kind="bf16")]
-    if t.is_complex():
-        raise DataError(f"{show(path)}: tensor has dtype {t.dtype}; expected real numbers")
-    if t.dtype == torch.bool:
-        raise DataError(f"{show(path)}: tensor has dtype torch.bool; expected floating point or integer numbers")
     if not t.is_floating_point():
         t = t.to(torch.float64)
     return [array_shard(t.numpy(), path)]

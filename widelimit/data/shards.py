@@ -12,12 +12,13 @@ import errno
 import hashlib
 import os
 import re
+import stat
 import threading
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DataError", "show", "check_path"]
+__all__ = ["DataError", "show", "check_path", "special_file"]
 
 
 class DataError(ValueError):
@@ -36,6 +37,32 @@ def first_line(e: BaseException) -> str:
     return s.splitlines()[0] if s else type(e).__name__
 
 
+_SPECIAL = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_file(p, st: os.stat_result | None = None) -> str | None:
+    """What ``p`` is when it is neither a regular file nor a folder (``"a named pipe (FIFO)"``, ...), else ``None``.
+
+    Reading such a file can block forever (a FIFO with no writer) or never end (``/dev/zero``):
+    every reader refuses it up front, naming it, with :func:`special_message`.
+    """
+    if st is None:
+        try:
+            st = os.stat(p)
+        except OSError:
+            return None  # missing files are the caller's to report
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return None
+    return next((kind for test, kind in _SPECIAL if test(st.st_mode)), "not a regular file")
+
+
+def special_message(p, kind: str) -> str:
+    """The one line refusing a special file ``p`` of kind ``kind`` (:func:`special_file`)."""
+    return (f"{show(p)}: is {kind}, not a regular file; refused (reading it could block forever): "
+            "give a regular file")
+
+
 def check_path(path, what: str = "path") -> Path:
     """``Path(path)`` after checking that it exists; a broken symlink or a symlink loop is named as such.
 
@@ -49,7 +76,7 @@ def check_path(path, what: str = "path") -> Path:
     if str(path) == "":
         raise DataError(f"{what} is an empty string")
     try:
-        os.stat(p)
+        st = os.stat(p)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise DataError(f"{show(p)}: symlink loop (too many levels of symbolic links)") from None
@@ -64,6 +91,9 @@ def check_path(path, what: str = "path") -> Path:
         raise DataError(f"{show(p)}: {e.strerror or first_line(e)}") from None
     except ValueError as e:  # embedded NUL byte
         raise DataError(f"{show(p)}: invalid path ({first_line(e)})") from None
+    kind = special_file(p, st)
+    if kind is not None:
+        raise DataError(special_message(p, kind))
     if not os.access(p, os.R_OK):
         raise DataError(f"{show(p)}: not readable (permission denied)")
     return p

@@ -286,7 +286,24 @@ def _folder_shards(p: Path, key, column, header) -> list[Shard]:
         return [ArrowShard(f, column) for f in arrow_files(p)]
     files = sorted((f for f in p.iterdir() if f.suffix.lower() == kind and not f.is_dir()), key=natural_key)
     _unused_options(p, "npyfolder" if kind == ".npy" else "stfolder", key, column, header)
-    return [sh for f in files for sh in _file_shards(check_path(f), key, column, header)]
+    shards = [sh for f in files for sh in _file_shards(check_path(f), key, column, header)]
+    same_tensor(p, shards)
+    return shards
+
+
+def same_tensor(p: Path, shards: list[Shard]) -> None:
+    """Refuse shards that hold differently named tensors, each read as "the only one" (``key`` not given):
+    rows of different quantities would be stacked as one matrix. One :class:`DataError` listing the names
+    with a shard of each, asking for ``key``."""
+    names: dict[str, str] = {}
+    for sh in shards:
+        t = getattr(sh, "tensor", None)
+        if t is not None:
+            names.setdefault(t, sh.name)
+    if len(names) > 1:
+        listed = ", ".join(f"{t!r} (e.g. {show(Path(f).name)})" for t, f in names.items())
+        raise DataError(f"{show(p)}: its shards hold tensors of different names: {listed}; name the one to read "
+                        "with key=... (every shard must hold it)")
 
 
 def open_activations(path, *, key: str | None = None, column: str | None = None,

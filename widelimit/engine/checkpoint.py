@@ -57,6 +57,11 @@ def load_checkpoint(path) -> tuple[dict, dict] | None:
     path = Path(path)
     if not path.exists():
         return None
+    from ..data.shards import special_file, special_message  # (the data package imports the engines)
+
+    kind = special_file(path)
+    if kind is not None:  # a named pipe would block the read forever
+        raise ValueError(special_message(path, kind))
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(bytes(z["__meta__"]).decode())

@@ -40,7 +40,7 @@ import numpy as np
 from .local import LocalEngine, NonFiniteRow, _batches, Progress, chunk_rows, data_fingerprint, is_dask_array, nonfinite_error
 from .fingerprint import finish, hashed
 
-__all__ = ["DaskEngine", "from_source", "PERSIST", "BLOCK_BYTES"]
+__all__ = ["DaskEngine", "from_source", "known_chunks", "PERSIST", "BLOCK_BYTES"]
 
 #: Default persistence policy of :class:`DaskEngine`: ``"auto"``, ``True`` or ``False``.
 PERSIST = "auto"
@@ -105,6 +105,15 @@ def _apply_rows(fn, block, start, args, cols=None, scale=1.0):
     return LocalEngine(block, offset=start, prefetch=False, threads=1, scale=scale).map_rows(fn, *args, cols=cols)
 
 
+def known_chunks(X, name: str) -> None:
+    """Refuse a ``dask.array`` whose chunk sizes are unknown (NaN rows per block, as after boolean indexing):
+    the passes split rows by block, so the sizes are needed; one ``ValueError`` saying how to get them."""
+    if is_dask_array(X) and any(not np.isfinite(c) for dim in X.chunks for c in dim):
+        raise ValueError(f"{name} is a dask array with unknown chunk sizes (shape {tuple(X.shape)}, e.g. after "
+                         f"boolean indexing); compute them first: {name} = {name}.compute_chunk_sizes()")
+
+
+
 class DaskEngine:
     """Run the passes of :mod:`widelimit.engine.local` as Dask reductions over the row blocks of ``X``.
 
@@ -128,6 +137,7 @@ class DaskEngine:
     def __init__(self, X, progress=None, persist=None, scale: float = 1.0):
         if not is_dask_array(X):
             raise ValueError("DaskEngine needs a dask.array")
+        known_chunks(X, "X")
         if len(X.chunks[1]) > 1:
             X = X.rechunk({1: -1})
         self.source = _SOURCES.get(X.name)

@@ -8,7 +8,7 @@ in one sweep, in float64 arithmetic (each float32 entry is widened exactly), so 
 about as much as reading the data.
 
 They release the GIL, so the threads of :class:`widelimit.engine.local.LocalEngine` run them in
-parallel. The NumPy chunk functions that call them (``median._pass_chunk``,
+parallel. The NumPy chunk functions that call them (``median_pass._pass_chunk``,
 ``exact._solution_chunk``) keep the engine's interface; the tests check the kernels against
 independent NumPy computations (``objective``, ``certificate._cert_chunk``) and cvxpy.
 """
@@ -36,7 +36,7 @@ def _centre_row(c, i, b, d):  # pragma: no cover - compiled
 
 @nb.njit(**_JIT)
 def median_rows(c, b, lam, geometric, eps_r, w, stats, VT, rows_out):  # pragma: no cover - compiled
-    """Sums of one median iteration over the rows of ``c`` at ``b`` (see ``median._Pass``).
+    """Sums of one median iteration over the rows of ``c`` at ``b`` (see ``median_pass._Pass``).
 
     ``lam`` is unused for the geometric median; ``w`` is empty for unit weights; with
     ``stats`` the weighted sums of ``x - b`` are returned as well; if ``VT`` (``(p, n)``) has

@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from .._runtime import default_threads  # noqa: F401  (re-exported: the engine's thread count)
+from .._runtime import check_threads, default_threads  # noqa: F401  (default_threads re-exported)
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401 (re-exported)
 from .fingerprint import _hashed_chunk
 import hashlib
@@ -229,7 +229,7 @@ class LocalEngine:
         # (in fixed row ranges whatever the thread count, so the results do not depend on it)
         self.parallel = ((isinstance(X, np.ndarray) or getattr(X, "concurrent_reads", False))
                          and self.N >= 2 * TASK_CHUNKS * self.rows)
-        self.threads = (default_threads() if threads is None else max(1, int(threads))) if self.parallel else 1
+        self.threads = (default_threads() if threads is None else check_threads(threads)) if self.parallel else 1
 
     def bind(self, progress: ProgressFn | None = None) -> "LocalEngine":
         """This engine with its own progress callback and pass counter (the set-up is shared)."""

@@ -32,9 +32,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from .._validation import check_lam, check_tol, row_norms
+from .._validation import check_code_block, check_lam, check_tol, row_norms
 from .gap import allowed_gap, is_certified, relative_gap  # noqa: F401 (is_certified is documented here)
-from .median import MedianResult, centered, huber_median
+from .median import MedianResult, huber_median
+from .median_pass import centered
 from .objective import _check_triple, _matmul_rows, code_mass, huber_h
 from ..engine import engine_for
 from ..engine.fingerprint import mismatch_error
@@ -137,6 +138,8 @@ def _cert_chunk(c, s, W, b, lam, norms, count, slot, n_multi, Zc):
     for dense codes ``EtZ = E^T Z`` (k x n).
     """
     k, n = W.shape
+    if k:
+        check_code_block(Zc, s)  # dask blocks arrive unchecked: a bad code is named before it reaches a residual
     D = centered(c, b, "a")
     hub = float(huber_h(np.sqrt(np.einsum("ij,ij->i", D, D)), lam=lam).sum())
     E = np.subtract(D, _matmul_rows(Zc, 0, c.shape[0], W), out=scratch(c.shape, "b")) if k else D
@@ -148,9 +151,6 @@ def _cert_chunk(c, s, W, b, lam, norms, count, slot, n_multi, Zc):
     if not k:
         return rec, esum, emax, np.zeros((0, n)), hub, 0.0
     if isinstance(Zc, np.ndarray):
-        if Zc.size and not (Zc.min() >= 0 and np.isfinite(Zc).all()):  # dask blocks arrive unchecked
-            i = int(np.flatnonzero(~((Zc >= 0) & np.isfinite(Zc)).all(axis=1))[0])
-            raise ValueError(f"Z must be finite and >= 0 (nonnegative codes); row {s + i} is not")
         return rec, esum, emax, Zc.T @ E, hub, 0.0
     z = Zc.tocoo()
     c_row, c_col, c_val = z.row, z.col, z.data * norms[z.col]

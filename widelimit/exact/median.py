@@ -47,22 +47,21 @@ import numpy as np
 
 from .._validation import _finite_chunk, check_data, check_int, check_lam, check_seed, check_tol, check_vector, check_weights
 from .collinear import collinear_fit, project_chunk, solve_1d
-from .newton import line_min, newton_direction
+from .newton import line_min, newton_bytes, newton_direction
+from .._memory import check_memory, memory_budget
 from .gap import relative_gap
 from .median_bound import ETA, check_consistent, gamma, lower_bound, norm, sum_depth
+from .median_pass import _grad, _merge_pass, _pass, _pass_chunk
 from .median_checkpoint import load_problem_state, saved_state, verified_mean
 from .scaling import full_normaliser, normaliser, on_scaled_data, unscale_median
 from ..engine.checkpoint import checkpoint_lock
 from ..engine.fingerprint import mismatch_error
-from ..engine.kernels import median_rows
 from ..engine import engine_for
 from ..engine.local import (
     FloatOverflow,
     LocalEngine,
     Progress,
-    raise_nonfinite,
     save_checkpoint,
-    scratch,
 )
 
 __all__ = ["MedianResult", "huber_median", "geometric_median", "huber_value"]
@@ -143,96 +142,6 @@ class MedianResult:
 
 
 # --------------------------------------------------------------------------------------
-# one pass over the data
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Pass:
-    value: float  # sum_i w_i phi(r_i)
-    g: np.ndarray  # sum_i w_i y_i  (minus the gradient, /2 for Huber)
-    a: float  # sum_i w_i c_i  (isotropic curvature of the majoriser)
-    A: float  # sum_i w_i <y_i, x_i - b>
-    B: float  # sum_i w_i ||y_i||^2
-    rmin: float
-    imin: int
-    w0: float = 0.0  # geometric: weight of points coinciding with b
-    c0: np.ndarray | None = None  # geometric: sum over coinciding points of w_i (x_i - b)
-    dsum: np.ndarray | None = None  # with stats: sum_i w_i (x_i - b) (gives the weighted mean)
-    xmax: float = 0.0  # with stats: an upper bound on max_i ||x_i|| (the data scale)
-    rmax: float = 0.0  # max_i ||x_i - b|| (as computed)
-    a_in: float = 0.0  # Huber: sum of the weights of the points within lam of b
-
-
-def centered(c, b, slot: str = "a") -> np.ndarray:
-    """``c - b`` in float64, in this thread's scratch array ``slot`` (one widening copy, then in place).
-
-    For float32 ``c`` and float64 ``b`` the result is exact up to one float64 rounding per entry.
-    """
-    D = scratch(c.shape, slot)
-    if c.dtype == np.float64:
-        np.subtract(c, b, out=D)
-    else:
-        np.copyto(D, c)
-        D -= b
-    return D
-
-
-_NO_V = np.zeros((0, 0))
-_NO_W = np.zeros(0)
-
-
-def _pass_chunk(c, s, b, lam, kind, eps_r, stats, tap, w):
-    """What one iteration and the certificate need at ``b``, from rows ``s:s+len(c)``.
-
-    One fused sweep over the block (:func:`widelimit.engine.kernels.median_rows`, float64
-    arithmetic). With ``stats`` it also returns the weighted column sums and ``max |x_ij|``
-    (the first pass of a solve needs the mean and the data scale, so it makes no separate pass
-    for them). ``tap``, if given, receives each block's ``[r, V^T (x - b) / r]`` rows through
-    ``tap.store(rows, start)`` (the exact solver takes the rays' sort keys from the median's
-    last pass this way).
-    """
-    m, n = c.shape
-    VT = _NO_V.reshape(0, n) if tap is None else tap.VT
-    rows = np.empty((m, VT.shape[0] + 1)) if tap is not None else _NO_V
-    value, g, a, A, B, rmin, imin, w0, c0, dsum, rmax, a_in = median_rows(
-        c, b, 0.0 if lam is None else float(lam), kind == "geometric", float(eps_r),
-        _NO_W if w is None else w, bool(stats), VT, rows)
-    if not np.isfinite(value):
-        raise_nonfinite(c, s)
-    if tap is not None:
-        tap.store(rows, s)
-    if not stats:
-        return _Pass(value, g, a, A, B, rmin, s + int(imin), w0, c0, None, 0.0, float(rmax), a_in)
-    xmax = float(rmax) + norm(b)  # ||x_i|| <= ||x_i - b|| + ||b||
-    return _Pass(value, g, a, A, B, rmin, s + int(imin), w0, c0, dsum, xmax, float(rmax), a_in)
-
-
-def _merge_pass(p: _Pass, q: _Pass) -> _Pass:
-    """Combine the sums of two row blocks (associative; ties of the nearest point go to the lower row)."""
-    near = p if (p.rmin, p.imin) <= (q.rmin, q.imin) else q
-    dsum = None if p.dsum is None else p.dsum + q.dsum
-    return _Pass(p.value + q.value, p.g + q.g, p.a + q.a, p.A + q.A, p.B + q.B, near.rmin, near.imin,
-                 p.w0 + q.w0, p.c0 + q.c0, dsum, max(p.xmax, q.xmax), max(p.rmax, q.rmax), p.a_in + q.a_in)
-
-
-def _pass(X, w, b, lam, kind, eps_r, engine=None):
-    """One pass over ``X`` at ``b`` (float64 accumulation over row chunks)."""
-    engine = engine or LocalEngine(X)
-    return engine.reduce(_pass_chunk, _merge_pass, b, lam, kind, eps_r, False, None, extras=(w,))
-
-
-def _grad(p: _Pass, kind) -> np.ndarray:
-    """``-grad`` of ``sum w phi`` (times 1/2 for Huber), with the best subgradient at coinciding points."""
-    if kind == "huber" or p.w0 == 0.0:
-        return p.g
-    ng = norm(p.g)
-    if ng <= p.w0:
-        return np.zeros_like(p.g)
-    return p.g * (1.0 - p.w0 / ng)
-
-
-# --------------------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------------------
 
@@ -269,196 +178,220 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
 
 
 
+#: Float64 copies of the ``m x n`` subsample the Newton phase holds at its peak besides the Newton
+#: step's own arrays (the subsample, its warm-start solve, the line search's residuals): fitted to the
+#: peak resident memory added by ``huber_median`` at (N, n) = (300, 16384), (600, 4096), (6000, 2048)
+#: (measured 427, 222, 620 MB; this model 435, 225, 705 MB).
+SUBSAMPLE_COPIES = 7
+
+
+def median_bytes(m: int, n: int) -> int:
+    """Peak bytes of the median's Newton phase with ``m`` subsample rows in dimension ``n`` (theory.md §9)."""
+    return newton_bytes(m, n, SECANT_PAIRS) + 8 * SUBSAMPLE_COPIES * m * n
+
+
+def subsample_rows(N: int, n: int, hess_rows: int, budget=None) -> int:
+    """Rows of the Newton matrix's subsample: ``min(N, hess_rows)``, fewer when that would not fit the memory budget.
+
+    The subsample only shapes the Newton steps (every bound is computed on all rows), so a smaller
+    one costs iterations, not correctness. Even one row in dimension ``n`` above the budget is refused.
+    """
+    m = min(N, hess_rows)
+    cap = memory_budget(budget)
+    if median_bytes(m, n) <= cap:
+        return m
+    check_memory(median_bytes(1, n), f"the median's Newton step in dimension n = {n}", budget=budget,
+                 hint="the data have too many columns for this budget")
+    lo, hi = 1, m  # the largest m that fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if median_bytes(mid, n) <= cap else (lo, mid - 1)
+    return lo
+
+
 def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None, checkpoint=None, tap=None):
-    """:func:`_solve`'s iterations.
+    """:func:`_solve`'s iterations: the start (a warm start on the subsample, or a checkpoint), the exact
+    solution of collinear data, then certified Newton iterations (:class:`_Run`).
 
     ``tap`` (in-process engines only, e.g. :class:`widelimit.exact.rays.KeysTap`): its ``VT`` rows are
     projected in the passes that may be the last one (the collinear certificate, and Newton trials
     once the gap is below ``sqrt(tol)``), which hand ``[r, VT (x - b) / r]`` to
     ``tap.store(rows, start)`` and set ``tap.point`` to the point they were made at.
     """
-    N, n = X.shape
-    W = float(N) if w is None else float(w.sum())
-    dtype_eps = float(np.finfo(X.dtype).eps)
-    rng = np.random.default_rng(seed)
-    m = min(N, hess_rows)
-    sub = np.sort(rng.choice(N, size=m, replace=False)) if m < N else np.arange(N)
-    engine = engine_for(X, progress)
-    lam_out = lam if kind == "huber" else None
+    run = _Run(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap)
+    b, p, val, lb, line = run.start()
+    if line is not None:
+        out = run.collinear(line, b, p, val, lb)
+        if isinstance(out, MedianResult):
+            return out
+        b, p, val, lb = out
+    return run.iterate(b, p, val, lb)
 
-    def report(stage, val=None, lb=None):
-        if progress is not None:
-            progress(Progress(stage, engine.passes, N, N, value=val, lower_bound=lb, done=True))
 
-    problem = state = None
-    if checkpoint is not None:
-        problem, state = load_problem_state(checkpoint, kind, lam, tol, xtol, max_iter, hess_rows, seed, N, n, w)
+class _Run:
+    """One median solve on all data: its engine, subsample, rounding bounds, checkpoint and passes."""
 
-    eps_r = 0.0
-    if not isinstance(engine, LocalEngine):
-        tap = None
-    tap_now = False
+    def __init__(self, X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap):
+        N, n = X.shape
+        self.X, self.lam, self.w, self.kind, self.tol, self.xtol = X, lam, w, kind, tol, xtol
+        self.max_iter, self.hess_rows, self.seed, self.progress, self.checkpoint = max_iter, hess_rows, seed, \
+            progress, checkpoint
+        self.N, self.n = N, n
+        self.W = float(N) if w is None else float(w.sum())
+        rng = np.random.default_rng(seed)
+        self.m = subsample_rows(N, n, hess_rows)
+        self.sub = np.sort(rng.choice(N, size=self.m, replace=False)) if self.m < N else np.arange(N)
+        self.engine = engine_for(X, progress)
+        self.lam_out = lam if kind == "huber" else None
+        self.tap = tap if isinstance(self.engine, LocalEngine) else None
+        self.tap_now = False
+        self.eps_r = 0.0
+        # rounding level of the sums (for the step tests); the bounds subtract a rigorous bound instead
+        self.round_rel = 8 * _EPS * np.sqrt(N)
+        self.K = sum_depth(self.engine)
+        self.gK = gamma(self.K)
+        self.mean = None
+        self.e_mean = 0.0  # bound on the rounding error of `mean` (norm)
+        self.err_now = 0.0  # what the last bound was lowered by for rounding (median_bound.lower_bound)
+        self.best_lb = -np.inf
+        self.problem, self.state = self._load()
 
-    # rounding level of the sums (for the step tests); the bounds subtract a rigorous bound instead
-    round_rel = 8 * _EPS * np.sqrt(N)
-    K = sum_depth(engine)
-    gK = gamma(K)
-    mean = None
-    e_mean = 0.0  # bound on the rounding error of `mean` (norm)
-    err_now = 0.0  # what the last bound was lowered by for rounding (median_bound.lower_bound)
-    best_lb = [-np.inf]
+    def _load(self):
+        """The checkpoint's problem description and saved state (``None`` when there is none)."""
+        if self.checkpoint is None:
+            return None, None
+        return load_problem_state(self.checkpoint, self.kind, self.lam, self.tol, self.xtol, self.max_iter,
+                                  self.hess_rows, self.seed, self.N, self.n, self.w)
 
-    def certify(b, stage="newton", stats=False):
+    def report(self, stage, val=None, lb=None):
+        if self.progress is not None:
+            self.progress(Progress(stage, self.engine.passes, self.N, self.N, value=val, lower_bound=lb, done=True))
+
+    def certify(self, b, stage="newton", stats=False):
         """Value and rigorous lower bound at ``b`` (one pass; the first pass also hashes every row)."""
-        nonlocal err_now
+        engine, gK = self.engine, self.gK
         engine.stage = stage
-        use_tap = tap is not None and tap_now
-        p = engine.reduce(_pass_chunk, _merge_pass, b, lam, kind, eps_r, stats, tap if use_tap else None,
-                          extras=(w,), fingerprint=stats)
+        use_tap = self.tap is not None and self.tap_now
+        p = engine.reduce(_pass_chunk, _merge_pass, b, self.lam, self.kind, self.eps_r, stats,
+                          self.tap if use_tap else None, extras=(self.w,), fingerprint=stats)
         if use_tap:
-            tap.point = np.array(b, copy=True)
+            self.tap.point = np.array(b, copy=True)
         if stats:
-            mb = p.dsum / W
+            mb = p.dsum / self.W
             e_mb = 4.0 * gK * (p.rmax + norm(mb))
         else:
-            mb = mean - b
-            e_mb = e_mean + 4.0 * gK * (norm(mean) + norm(b))
-        lb, err_now = lower_bound(p, W, mb, e_mb, lam, kind, K)
-        val = p.value / W
-        best_lb[0] = max(best_lb[0], lb)  # every bound seen is a bound of the same minimum
-        check_consistent(val, 4.0 * gK * val + 4.0 * N * ETA / W, best_lb[0], "the median's objective")
+            mb = self.mean - b
+            e_mb = self.e_mean + 4.0 * gK * (norm(self.mean) + norm(b))
+        lb, self.err_now = lower_bound(p, self.W, mb, e_mb, self.lam, self.kind, self.K)
+        val = p.value / self.W
+        self.best_lb = max(self.best_lb, lb)  # every bound seen is a bound of the same minimum
+        check_consistent(val, 4.0 * gK * val + 4.0 * self.N * ETA / self.W, self.best_lb, "the median's objective")
         return p, val, max(lb, 0.0)  # the objective is >= 0
 
-    def done(gap, val):  # the requested tolerance, floored at the rounding level of the bound
-        return gap <= max(tol * max(val, 1e-300), 4.0 * err_now)
+    def done(self, gap, val):
+        """The requested tolerance, floored at the rounding level of the bound."""
+        return gap <= max(self.tol * max(val, 1e-300), 4.0 * self.err_now)
 
-    Xs = engine.take(sub)  # the Newton matrix's subsample (random access, not a pass)
-    if not np.isfinite(Xs).all():  # streamed data are checked as they are read: find the first bad row
-        engine.reduce(_finite_chunk, lambda a, b: None, stage="check")
-    ws_sub = np.ones(m) if w is None else w[sub]
-    wsum_sub = float(ws_sub.sum())
-    mean_sub = ws_sub @ Xs / wsum_sub if wsum_sub > 0 else Xs.mean(axis=0)
-    if kind == "geometric":  # distances below this count as coinciding with b
-        eps_r = 8.0 * _EPS * max(1.0, float(np.abs(mean_sub).max()))
-    if state is None:
+    def start(self):
+        """The subsample in memory, then the first certified point: a warm start solved on the subsample
+        (or its mean), or the checkpoint's point. Returns ``(b, p, val, lb, line)`` with ``line`` the
+        data's line when they are collinear (``None`` otherwise or on resume)."""
+        w, sub, engine = self.w, self.sub, self.engine
+        Xs = self.Xs = engine.take(sub)  # the Newton matrix's subsample (random access, not a pass)
+        if not np.isfinite(Xs).all():  # streamed data are checked as they are read: find the first bad row
+            engine.reduce(_finite_chunk, lambda a, b: None, stage="check")
+        self.ws_sub = np.ones(self.m) if w is None else w[sub]
+        wsum_sub = self.wsum_sub = float(self.ws_sub.sum())
+        mean_sub = self.ws_sub @ Xs / wsum_sub if wsum_sub > 0 else Xs.mean(axis=0)
+        if self.kind == "geometric":  # distances below this count as coinciding with b
+            self.eps_r = 8.0 * _EPS * max(1.0, float(np.abs(mean_sub).max()))
+        if self.state is not None:
+            # resume: one certifying pass at the saved point re-reads (and hashes) every row; nothing saved is
+            # trusted for what certifies: the bound is this pass's, the saved mean is checked against the
+            # mean this pass computes (docs/theory.md §8.5)
+            meta, arr = self.state
+            N, W, gK = self.N, self.W, self.gK
+            b = saved_state(self.checkpoint, meta, arr, self.n, lambda v: 4.0 * gK * abs(v) + 4.0 * N * ETA / W)
+            p, val, lb = self.certify(b, "resume", stats=True)
+            if engine.fingerprint != meta["fingerprint"]:
+                raise mismatch_error(f"{self.checkpoint}: the checkpoint", meta["fingerprint"], engine.fingerprint)
+            self.mean, self.e_mean = verified_mean(self.checkpoint, arr["mean"], meta["e_mean"], b + p.dsum / W,
+                                                   4.0 * gK * (p.rmax + norm(b)))
+            return b, p, val, lb, None
         # warm start: solve on the subsample (in memory, cheap), then polish on all data
-        if m < N:
+        if self.m < self.N:
             # the subsample's median is within about scale / sqrt(m) of the full one: a modest accuracy suffices
-            warm = _solve(Xs, lam, None if w is None else w[sub], kind, 1e-8, 1e-6, max_iter, hess_rows, seed)
+            warm = _solve(Xs, self.lam, None if w is None else w[sub], self.kind, 1e-8, 1e-6, self.max_iter,
+                          self.hess_rows, self.seed)
             b = warm.point.copy()
         else:
             b = mean_sub.copy()  # the subsample is all of X
         # first pass: the value, gradient and bound at the warm start, plus the weighted mean and
         # the data scale (it also checks that every row is finite)
-        p, val, lb = certify(b, "mean", stats=True)
-        mean = b + p.dsum / W
-        e_mean = 4.0 * gK * (p.rmax + norm(b))
-        tol_abs = 64.0 * dtype_eps * max(p.xmax, 1e-300)  # rounding level of distances between rows
+        p, val, lb = self.certify(b, "mean", stats=True)
+        self.mean = b + p.dsum / self.W
+        self.e_mean = 4.0 * self.gK * (p.rmax + norm(b))
+        tol_abs = 64.0 * float(np.finfo(self.X.dtype).eps) * max(p.xmax, 1e-300)  # distances between rows
         line = collinear_fit(engine, sub, tol_abs)
-        report("mean", val, lb)
-    else:
-        # resume: one certifying pass at the saved point re-reads (and hashes) every row; nothing saved is
-        # trusted for what certifies: the bound is this pass's, the saved mean is checked against the
-        # mean this pass computes (docs/theory.md §8.5)
-        meta, arr = state
-        b = saved_state(checkpoint, meta, arr, n, lambda v: 4.0 * gK * abs(v) + 4.0 * N * ETA / W)
-        p, val, lb = certify(b, "resume", stats=True)
-        if engine.fingerprint != meta["fingerprint"]:
-            raise mismatch_error(f"{checkpoint}: the checkpoint", meta["fingerprint"], engine.fingerprint)
-        mean, e_mean = verified_mean(checkpoint, arr["mean"], meta["e_mean"], b + p.dsum / W,
-                                     4.0 * gK * (p.rmax + norm(b)))
-        line = None
-    fingerprint = engine.fingerprint
+        self.report("mean", val, lb)
+        return b, p, val, lb, line
 
-    if line is not None:
+    def collinear(self, line, b, p, val, lb):
+        """Data on one line: the 1-D optimum (docs/theory.md §3.1), certified on all data. Returns the
+        :class:`MedianResult` when it meets the tolerance, else ``(b, p, val, lb)`` to polish by Newton."""
         o, u = line
         if u is None:  # all points identical
             b = o.copy()
             seg = np.stack([b, b])
         else:
-            t = engine.map_rows(project_chunk, o, u, stage="collinear")
-            lo, hi = solve_1d(t, w, lam, kind)
+            t = self.engine.map_rows(project_chunk, o, u, stage="collinear")
+            lo, hi = solve_1d(t, self.w, self.lam, self.kind)
             seg = np.stack([o + lo * u, o + hi * u])
             b = o + 0.5 * (lo + hi) * u
-        tap_now = True
+        self.tap_now = True
         lb0 = lb
-        p, val, lb = certify(b, "certificate")
-        report("certificate", val, lb)
+        p, val, lb = self.certify(b, "certificate")
+        self.report("certificate", val, lb)
         gap = val - lb
-        if done(gap, val):
+        if self.done(gap, val):
             return MedianResult(
-                point=b, value=val, lower_bound=lb, gap=gap, segment=seg, n_passes=engine.passes, n_iter=0,
-                converged=True, method="collinear-exact", kind=kind, lam=lam_out,
-                fingerprint=fingerprint, rounding=err_now, radius=p.rmax,
+                point=b, value=val, lower_bound=lb, gap=gap, segment=seg, n_passes=self.engine.passes, n_iter=0,
+                converged=True, method="collinear-exact", kind=self.kind, lam=self.lam_out,
+                fingerprint=self.engine.fingerprint, rounding=self.err_now, radius=p.rmax,
             )
         # safeguard: collinear only to the data's precision (float32: up to ~64 eps |x| off the line), and
         # the 1-D optimum is not certified: polish it with the Newton iterations below
-        lb = max(lb, lb0)
-        tap_now = False
+        self.tap_now = False
+        return b, p, val, max(lb, lb0)
 
-    scale = max(1e-300, float(np.sqrt(np.mean(np.sum((Xs - Xs.mean(0)) ** 2, axis=1)))))
-    if state is None:
-        history = [(val, lb)]
-        it = 0
-        small_step = False
-        prev_step = 0.0
-        passes0 = 0
-        pairs = np.zeros((0, 2, n))  # secant pairs (step, change of the gradient) of the last iterations
-    else:  # the saved trajectory (iterations, secant pairs, history) steers the iterations; it certifies nothing
-        it, small_step = meta["it"], meta["small_step"]
-        prev_step = float(meta["prev_step"])
-        pairs = arr["pairs"] if "pairs" in arr else np.zeros((0, 2, n))
-        history = [tuple(h) for h in arr["history"].tolist()]
-        passes0 = meta["passes"]
-
-    def save():
-        if checkpoint is None:
-            return
-        save_checkpoint(checkpoint, {
-            "problem": problem, "fingerprint": fingerprint, "e_mean": e_mean, "lb": lb, "it": it,
-            "small_step": bool(small_step), "prev_step": prev_step, "passes": passes0 + engine.passes,
-        }, {"mean": mean, "b": b, "history": np.asarray(history, dtype=np.float64), "pairs": pairs})
-        # ("lb" is kept for people reading the file; a resume recomputes the bound, never reads it)
-
-    save()
-    report("newton", val, lb)
-    converged = False
-    precise = n <= 64  # Newton matrix in float64 (cheap for small n)
-    while it < max_iter:
-        gap = val - lb
-        if done(gap, val) and small_step:
-            converged = True
-            break
-        if kind == "geometric" and p.w0 > 0 and norm(p.g) <= p.w0:
-            converged = True  # 0 is in the subdifferential: b is an optimal data point
-            break
-        it += 1
-        tap_now = gap <= np.sqrt(tol) * max(val, 1e-300)  # the next pass may be the last one
-        gdir = _grad(p, kind)
-        a = p.a  # curvature of the majoriser (the isotropic part of the Newton matrix)
+    def step(self, b, p, val, gdir, pairs, precise):
+        """One safeguarded Newton step from ``b``: the subsample Newton direction, then a line search on the
+        subsample, backtracking, or the majorise-minimise step. Returns ``(trial, pt, vt, lbt, precise)``,
+        or ``None`` when even the majorise-minimise step does not lower the value (the rounding level)."""
+        kind, round_rel, a = self.kind, self.round_rel, p.a  # a: the majoriser's isotropic curvature
         # Newton step with the subsample Newton matrix (a I - M, secant-corrected): Bm d = g
-        d = newton_direction(Xs, ws_sub * (W / wsum_sub), b, lam, kind, eps_r, p.a, p.a_in, pairs, gdir, precise)
-
+        d = newton_direction(self.Xs, self.ws_sub * (self.W / self.wsum_sub), b, self.lam, kind, self.eps_r, p.a,
+                             p.a_in, pairs, gdir, precise)
         if not np.isfinite(d).all():  # a degenerate Newton matrix: take the majorise-minimise direction
             d = gdir / a
         trial = b + d
-        pt, vt, lbt = certify(trial)
+        pt, vt, lbt = self.certify(trial)
         ok = vt < val or (vt <= val * (1 + 8 * round_rel) and norm(_grad(pt, kind)) < norm(gdir))
         if not ok and kind == "geometric" and p.w0 == 0 and p.rmin < norm(d):
             # converging onto a data point: try it
-            trial = engine.take([p.imin])[0].copy()
-            pt, vt, lbt = certify(trial)
+            trial = self.engine.take([p.imin])[0].copy()
+            pt, vt, lbt = self.certify(trial)
             ok = vt <= val
         if not ok and kind == "huber" and vt > val * (1 + 8 * round_rel):
             # Overshoot: the Newton matrix jumps where points cross the lam sphere (and is nearly
             # singular when most points are beyond lam, e.g. nearly collinear data whose optimum
             # sits at such a crossing). Minimise along d on the in-memory subsample (exact when it
             # is all of X), then check the step on all data.
-            t = line_min(Xs, ws_sub, b, d, lam, kind)
+            t = line_min(self.Xs, self.ws_sub, b, d, self.lam, kind)
             if 0.0 < t < 1.0:
                 full = (trial, pt, vt, lbt)
                 trial = b + t * d
-                pt, vt, lbt = certify(trial)
+                pt, vt, lbt = self.certify(trial)
                 ok = vt < val
                 if not ok:  # no gain on all data: backtrack from the full step as before
                     trial, pt, vt, lbt = full
@@ -467,41 +400,84 @@ def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progres
             # backtrack along the Newton direction
             t *= 0.25
             trial = b + t * d
-            pt, vt, lbt = certify(trial)
+            pt, vt, lbt = self.certify(trial)
             ok = vt < val
-        if not ok:
-            precise = True  # the float32 Newton matrix may be what failed
-            # majorise-minimise step: never increases the value
-            if kind == "huber" or p.w0 == 0:
-                mm = b + gdir / a
-            else:  # Vardi-Zhang step for a point coinciding with b
-                ng = norm(p.g)
-                mm = b + (1.0 - min(1.0, p.w0 / ng)) * p.g / a
-            pt, vt, lbt = certify(mm)
-            if vt > val:  # rounding level: nothing left to gain
-                small_step = True
-                converged = done(val - lb, val)
-                break
-            trial = mm
-        step = norm(trial - b)
-        pair = np.stack([trial - b, gdir - _grad(pt, kind)])[None]  # (s, y): y = change of the gradient
-        pairs = np.concatenate([pairs, pair])[-SECANT_PAIRS:]
-        b, p, val, lb = trial, pt, vt, max(lb, lbt)  # any dual bound seen is valid
-        history.append((val, lb))
-        # the point is polished when this step is below xtol, or when the steps contract fast
-        # enough that the next one (about step^2 / prev_step) would be
-        small_step = step <= xtol * scale or (0 < step < 0.1 * prev_step and step * step <= xtol * scale * prev_step)
-        prev_step = step
+        if ok:
+            return trial, pt, vt, lbt, precise
+        # majorise-minimise step: never increases the value (the float32 Newton matrix may be what failed)
+        if kind == "huber" or p.w0 == 0:
+            mm = b + gdir / a
+        else:  # Vardi-Zhang step for a point coinciding with b
+            mm = b + (1.0 - min(1.0, p.w0 / norm(p.g))) * p.g / a
+        pt, vt, lbt = self.certify(mm)
+        return None if vt > val else (mm, pt, vt, lbt, True)
+
+    def iterate(self, b, p, val, lb):
+        """Newton iterations from ``b`` until the certified gap meets ``tol`` and the steps are below ``xtol``
+        (saving the checkpoint after each); returns the :class:`MedianResult`."""
+        n, kind = self.n, self.kind
+        scale = max(1e-300, float(np.sqrt(np.mean(np.sum((self.Xs - self.Xs.mean(0)) ** 2, axis=1)))))
+        if self.state is None:
+            history, it, small_step, prev_step, passes0 = [(val, lb)], 0, False, 0.0, 0
+            pairs = np.zeros((0, 2, n))  # secant pairs (step, change of the gradient) of the last iterations
+        else:  # the saved trajectory (iterations, secant pairs, history) steers the iterations; it certifies nothing
+            meta, arr = self.state
+            it, small_step = meta["it"], meta["small_step"]
+            prev_step = float(meta["prev_step"])
+            pairs = arr["pairs"] if "pairs" in arr else np.zeros((0, 2, n))
+            history = [tuple(h) for h in arr["history"].tolist()]
+            passes0 = meta["passes"]
+
+        def save():
+            if self.checkpoint is not None:
+                save_checkpoint(self.checkpoint, {
+                    "problem": self.problem, "fingerprint": self.engine.fingerprint, "e_mean": self.e_mean,
+                    "lb": lb, "it": it, "small_step": bool(small_step), "prev_step": prev_step,
+                    "passes": passes0 + self.engine.passes,
+                }, {"mean": self.mean, "b": b, "history": np.asarray(history, dtype=np.float64), "pairs": pairs})
+                # ("lb" is kept for people reading the file; a resume recomputes the bound, never reads it)
+
         save()
-        report("newton", val, lb)
-    gap = val - lb
-    converged = converged or done(gap, val)
-    check_consistent(val, 4.0 * gK * val + 4.0 * N * ETA / W, lb, "the median's objective")
-    return MedianResult(
-        point=b, value=val, lower_bound=lb, gap=gap, segment=np.stack([b, b]), n_passes=passes0 + engine.passes,
-        n_iter=it, converged=converged, method="newton", kind=kind, lam=lam_out, history=history,
-        fingerprint=fingerprint, rounding=err_now, radius=p.rmax,
-    )
+        self.report("newton", val, lb)
+        converged = False
+        precise = n <= 64  # Newton matrix in float64 (cheap for small n)
+        while it < self.max_iter:
+            gap = val - lb
+            if self.done(gap, val) and small_step:
+                converged = True
+                break
+            if kind == "geometric" and p.w0 > 0 and norm(p.g) <= p.w0:
+                converged = True  # 0 is in the subdifferential: b is an optimal data point
+                break
+            it += 1
+            self.tap_now = gap <= np.sqrt(self.tol) * max(val, 1e-300)  # the next pass may be the last one
+            gdir = _grad(p, kind)
+            out = self.step(b, p, val, gdir, pairs, precise)
+            if out is None:  # rounding level: nothing left to gain
+                small_step = True
+                converged = self.done(val - lb, val)
+                break
+            trial, pt, vt, lbt, precise = out
+            step = norm(trial - b)
+            pair = np.stack([trial - b, gdir - _grad(pt, kind)])[None]  # (s, y): y = change of the gradient
+            pairs = np.concatenate([pairs, pair])[-SECANT_PAIRS:]
+            b, p, val, lb = trial, pt, vt, max(lb, lbt)  # any dual bound seen is valid
+            history.append((val, lb))
+            # the point is polished when this step is below xtol, or when the steps contract fast
+            # enough that the next one (about step^2 / prev_step) would be
+            xs = self.xtol * scale
+            small_step = step <= xs or (0 < step < 0.1 * prev_step and step * step <= xs * prev_step)
+            prev_step = step
+            save()
+            self.report("newton", val, lb)
+        gap = val - lb
+        check_consistent(val, 4.0 * self.gK * val + 4.0 * self.N * ETA / self.W, lb, "the median's objective")
+        return MedianResult(
+            point=b, value=val, lower_bound=lb, gap=gap, segment=np.stack([b, b]),
+            n_passes=passes0 + self.engine.passes, n_iter=it, converged=converged or self.done(gap, val),
+            method="newton", kind=kind, lam=self.lam_out, history=history, fingerprint=self.engine.fingerprint,
+            rounding=self.err_now, radius=p.rmax,
+        )
 
 
 def huber_median(X, *, lam, weights=None, tol=1e-12, xtol=1e-10, max_iter=100, hess_rows=4096, seed=0,

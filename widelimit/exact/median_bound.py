@@ -77,7 +77,7 @@ def lower_bound(p, W: float, mb: np.ndarray, e_mb: float, lam, kind: str, K: int
 
     Parameters
     ----------
-    p : median._Pass
+    p : median_pass._Pass
         Sums at ``b`` (``value, g, A, B, w0, c0, rmax``).
     W : float
         Sum of the weights (``N`` for unit weights), as computed.

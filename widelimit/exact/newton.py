@@ -15,7 +15,7 @@ from scipy.optimize import minimize_scalar
 from .._runtime import matmul
 from .median_bound import norm
 
-__all__ = ["newton_direction", "line_min"]
+__all__ = ["newton_direction", "line_min", "dense_newton", "newton_bytes"]
 
 
 def newton_direction(Xs, ws, b, lam, kind, eps_r, a_all, a_in, pairs, gdir, precise):
@@ -34,6 +34,9 @@ def newton_direction(Xs, ws, b, lam, kind, eps_r, a_all, a_in, pairs, gdir, prec
         act = r > eps_r
         coef = np.where(act, 1.0 / np.where(act, r, 1.0) ** 3, 0.0)
     cw = ws * coef
+    if not dense_newton(D.shape[0], n, len(pairs)):  # few rows in many dimensions: never form n x n
+        a = a_all if not precise else a_in + float(cw @ (r * r))
+        return _low_rank_step(D, cw, a, pairs, gdir, (1e-14 * n if precise else 1e-9) * a)
     # the subsample's Newton matrix is an approximation anyway (its sampling error is about
     # 1/sqrt(m)): float32 products halve its cost and change nothing that is certified. But
     # a I - M cancels where the residuals are nearly parallel (nearly collinear data: its
@@ -64,6 +67,60 @@ def newton_direction(Xs, ws, b, lam, kind, eps_r, a_all, a_in, pairs, gdir, prec
     Bm += Bm.T
     Bm *= 0.5
     return _newton_step(Bm, gdir, (1e-14 * n if precise else 1e-9) * a)
+
+
+def dense_newton(m: int, n: int, n_pairs: int = 2) -> bool:
+    """Whether the Newton matrix is formed as a dense ``n x n`` matrix (else in low-rank form).
+
+    The matrix is ``a I`` plus a correction of rank at most ``k = m + 2 n_pairs`` (``m`` subsample
+    rows, two BFGS terms per secant pair). Dense costs ``n^2`` memory and ``2 m n^2 + n^3 / 3``
+    flops; the low-rank form ``n k`` memory and about ``2 n k^2 + 10 k^3`` flops: dense only when
+    ``3 k > n`` (the two costs cross near there).
+    """
+    return 3 * (m + 2 * n_pairs) > n
+
+
+def newton_bytes(m: int, n: int, n_pairs: int = 2) -> int:
+    """Peak bytes of one Newton direction from ``m`` subsample rows in dimension ``n`` (float64).
+
+    Dense: the matrix, its symmetrised copy and a factor or eigenvector matrix, ``3 n^2``, next to
+    the centred rows; low rank: the basis, its orthonormal factor and the centred rows,
+    ``2 n k + 2 m n``, with ``k^2`` terms of the small eigenproblem.
+    """
+    k = m + 2 * n_pairs
+    if dense_newton(m, n, n_pairs):
+        return 8 * (3 * n * n + 2 * m * n)
+    return 8 * (2 * n * k + 2 * m * n + 3 * k * k)
+
+
+def _low_rank_step(D, cw, a, pairs, g, floor):
+    """``d`` solving ``Bm d = g`` for ``Bm = a I - D^T diag(cw) D`` plus BFGS terms, without forming ``Bm``.
+
+    ``Bm = a I + U C U^T`` with ``U = [D^T, y_j, B s_j]`` (n x k) and ``C`` diagonal. With ``U = Q R``
+    (thin QR) and ``R C R^T = V diag(mu) V^T``, ``Bm``'s eigenvalues are ``a + mu`` on ``Q V`` and
+    ``a`` on the rest; each is raised to at least ``floor``, as the dense solve does (theory.md §4.2).
+    """
+    dmax = float(np.abs(D).max()) or 1.0
+    cols = [D.T / dmax]
+    coef = [-cw * dmax * dmax]
+    U, C = cols[0], coef[0]
+
+    def apply(v):  # Bm v with the terms so far
+        return a * v + U @ (C * (U.T @ v))
+
+    for s_, y_ in pairs:
+        sy = float(s_ @ y_)
+        Bs = apply(s_)
+        sBs = float(s_ @ Bs)
+        if sy > 1e-12 * norm(s_) * norm(y_) and sBs > 0:
+            U = np.column_stack([U, y_, Bs])
+            C = np.concatenate([C, [1.0 / sy, -1.0 / sBs]])
+    Q, R = np.linalg.qr(U)
+    S = R @ (C[:, None] * R.T)
+    mu, V = np.linalg.eigh(0.5 * (S + S.T))
+    QV = Q @ V
+    h = QV.T @ g
+    return QV @ (h / np.maximum(a + mu, floor)) + (g - QV @ h) / max(a, floor)
 
 
 def _newton_step(Bm, g, floor):

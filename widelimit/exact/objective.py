@@ -26,6 +26,7 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from .._validation import (
+    check_code_block,
     check_codes,
     check_data,
     check_dictionary,
@@ -127,6 +128,8 @@ def residual_pass(X, W, Z, b, fn, merge, *args, stage: str = "residuals"):
     """
 
     def chunk(c, s, Zc):
+        if W.shape[0]:
+            check_code_block(Zc, s, nonneg=False)  # dask blocks arrive unchecked (the sign is the caller's)
         E = residual_block(c, b, Zc, W)
         if not np.isfinite(E).all():
             raise_nonfinite(c, s)

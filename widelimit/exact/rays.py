@@ -27,7 +27,7 @@ import numpy as np
 
 from .._validation import check_data, check_lam, check_vector, chunk_rows
 from ..engine.kernels import grid_pairs, median_rows
-from .median import _NO_W
+from .median_pass import _NO_W
 from ..engine import engine_for
 from ..engine.local import raise_nonfinite
 
@@ -267,7 +267,6 @@ def _group_rays(X, b, lam, tol, signed, seed, rk=None) -> RayGroups:
     ends = np.concatenate([starts[1:], [order.size]])
     label = np.full(order.size, -1, dtype=np.int64)
     leader_of: list = []
-    label_next = 0
 
     def unit(idx):
         D = np.asarray(X[order[idx]], dtype=np.float64) - b
@@ -276,65 +275,9 @@ def _group_rays(X, b, lam, tol, signed, seed, rk=None) -> RayGroups:
             D *= _line_sign(D @ V[:, 0])[:, None]
         return D
 
-    single = (ends - starts) == 1
-    sing = starts[single]
-    label[sing] = np.arange(sing.size)
-    leader_of.extend(sing.tolist())
-    label_next = int(sing.size)
-    loose = []
-    def tight(st, en):
-        """Whether every direction of the run is within tol of its first (chunked, early exit)."""
-        u0 = unit(np.arange(st, st + 1))[0]
-        step = chunk_rows(n)
-        for c0 in range(st, en, step):
-            kk = K[c0 : min(en, c0 + step)]  # cheap screen on the projections first
-            if np.any(np.abs(kk - K[st]) > tol):
-                return False
-            if np.any(np.linalg.norm(unit(np.arange(c0, min(en, c0 + step))) - u0, axis=1) > tol):
-                return False
-        return True
-
-    m_st, m_en = starts[~single], ends[~single]
-    is_tight = np.zeros(m_st.size, dtype=bool)
-    short = (m_en - m_st) <= _SHORT_RUN
-    is_tight[short] = _tight_short_runs(m_st[short], m_en[short], K, unit, tol, chunk_rows(n))
-    for j in np.flatnonzero(~short):
-        is_tight[j] = tight(m_st[j], m_en[j])
-    for st, en, t in zip(m_st, m_en, is_tight):
-        if t:  # a tight run: one ray
-            label[st:en] = label_next
-            leader_of.append(int(st))
-            label_next += 1
-        else:
-            loose.append(np.arange(st, en))
+    label_next, loose = _label_runs(starts, ends, K, unit, tol, chunk_rows(n), label, leader_of)
     if loose:
-        pos = np.concatenate(loose)
-        src, dst, follow, head = _close_pairs(pos, K, unit, tol, chunk_rows(n))
-        has_edge = np.zeros(order.size, dtype=bool)
-        has_edge[src] = True
-        has_edge[dst] = True
-        has_edge[follow] = True  # followers are labelled through their head
-        iso = pos[~has_edge[pos]]
-        label[iso] = label_next + np.arange(iso.size)
-        leader_of.extend(iso.tolist())
-        label_next += int(iso.size)
-        if src.size:
-            import scipy.sparse as sp
-
-            A = sp.csr_array((np.ones(2 * src.size), (np.r_[src, dst], np.r_[dst, src])), shape=(order.size,) * 2)
-            reps = pos[has_edge[pos]]
-            reps = reps[~np.isin(reps, follow)]
-            for h in reps:  # leaders in key order, each takes its free neighbours
-                if label[h] >= 0:
-                    continue
-                label[h] = label_next
-                nb = A.indices[A.indptr[h] : A.indptr[h + 1]]
-                nb = nb[label[nb] < 0]
-                label[nb] = label_next
-                leader_of.append(int(h))
-                label_next += 1
-        label[follow] = label[head]
-
+        label_next = _label_loose(np.concatenate(loose), K, unit, tol, chunk_rows(n), label, leader_of, label_next)
     # number rays by the smallest point index they contain (deterministic, data order)
     first_point = np.full(label_next, N, dtype=np.int64)
     np.minimum.at(first_point, label, order)
@@ -345,6 +288,74 @@ def _group_rays(X, b, lam, tol, signed, seed, rk=None) -> RayGroups:
     leaders = np.empty(label_next, dtype=np.int64)
     leaders[renum] = order[np.asarray(leader_of, dtype=np.int64)]
     return RayGroups(rays, leaders, radii, b, lam, tol, signed, passes)
+
+
+def _label_runs(starts, ends, K, unit, tol, step, label, leader_of):
+    """Label the runs of keys that are one ray each -- a single point, or a tight run (every direction within
+    ``tol`` of the first) -- in ``label`` and ``leader_of``; returns the next label and the loose runs."""
+    single = (ends - starts) == 1
+    sing = starts[single]
+    label[sing] = np.arange(sing.size)
+    leader_of.extend(sing.tolist())
+    label_next = int(sing.size)
+    loose = []
+    m_st, m_en = starts[~single], ends[~single]
+    is_tight = np.zeros(m_st.size, dtype=bool)
+    short = (m_en - m_st) <= _SHORT_RUN
+    is_tight[short] = _tight_short_runs(m_st[short], m_en[short], K, unit, tol, step)
+    for j in np.flatnonzero(~short):
+        is_tight[j] = _tight(m_st[j], m_en[j], K, unit, tol, step)
+    for st, en, t in zip(m_st, m_en, is_tight):
+        if t:  # a tight run: one ray
+            label[st:en] = label_next
+            leader_of.append(int(st))
+            label_next += 1
+        else:
+            loose.append(np.arange(st, en))
+    return label_next, loose
+
+
+def _tight(st, en, K, unit, tol, step):
+    """Whether every direction of the run ``st:en`` is within tol of its first (chunked, early exit)."""
+    u0 = unit(np.arange(st, st + 1))[0]
+    for c0 in range(st, en, step):
+        kk = K[c0 : min(en, c0 + step)]  # cheap screen on the projections first
+        if np.any(np.abs(kk - K[st]) > tol):
+            return False
+        if np.any(np.linalg.norm(unit(np.arange(c0, min(en, c0 + step))) - u0, axis=1) > tol):
+            return False
+    return True
+
+
+def _label_loose(pos, K, unit, tol, step, label, leader_of, label_next):
+    """Label the points of the loose runs ``pos``: isolated points are rays of their own; the others are
+    grouped from their close pairs, leaders in key order taking their free neighbours. Returns the next label."""
+    import scipy.sparse as sp
+
+    src, dst, follow, head = _close_pairs(pos, K, unit, tol, step)
+    has_edge = np.zeros(K.shape[0], dtype=bool)
+    has_edge[src] = True
+    has_edge[dst] = True
+    has_edge[follow] = True  # followers are labelled through their head
+    iso = pos[~has_edge[pos]]
+    label[iso] = label_next + np.arange(iso.size)
+    leader_of.extend(iso.tolist())
+    label_next += int(iso.size)
+    if src.size:
+        A = sp.csr_array((np.ones(2 * src.size), (np.r_[src, dst], np.r_[dst, src])), shape=(K.shape[0],) * 2)
+        reps = pos[has_edge[pos]]
+        reps = reps[~np.isin(reps, follow)]
+        for h in reps:  # leaders in key order, each takes its free neighbours
+            if label[h] >= 0:
+                continue
+            label[h] = label_next
+            nb = A.indices[A.indptr[h] : A.indptr[h + 1]]
+            nb = nb[label[nb] < 0]
+            label[nb] = label_next
+            leader_of.append(int(h))
+            label_next += 1
+    label[follow] = label[head]
+    return label_next
 
 
 def _close_pairs(pos, K, unit, tol, step):

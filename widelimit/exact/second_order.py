@@ -32,7 +32,7 @@ import scipy.sparse as sp
 from ..coding.fista import fista_codes as optimal_codes
 from .objective import sae_objective
 
-__all__ = ["JointCurvature", "joint_curvature", "joint_witness", "tangent_bases"]
+__all__ = ["JointCurvature", "joint_curvature", "joint_witness", "merge_parallel", "tangent_bases"]
 
 
 @dataclass(frozen=True)
@@ -139,8 +139,38 @@ def _add_single_atom_rows(H, R, Wu, atom, z, pos, bases, n):
         H[bb, sl] += tb.T
 
 
+def merge_parallel(Wu, Zs, cos_tol: float = 1e-10):
+    """Codes with every group of equal unit atoms (``<w_d, w_e> >= 1 - cos_tol``) carried by its first atom.
+
+    The objective is unchanged (same reconstruction, same penalty); the other copies become dead atoms, so a
+    duplicated atom is a free slot (theory.md §5.4), not a singular code Gram in the joint test.
+    """
+    S = np.asarray(Zs.sum(axis=0)).ravel()
+    live = np.flatnonzero(S > 0)
+    if live.size < 2:
+        return Zs
+    C = Wu[live] @ Wu[live].T
+    target = np.arange(Wu.shape[0])
+    for a in range(live.size):
+        if target[live[a]] != live[a]:
+            continue
+        for c in np.flatnonzero(C[a, a + 1:] >= 1.0 - cos_tol) + a + 1:
+            target[live[c]] = live[a]
+    if np.all(target == np.arange(Wu.shape[0])):
+        return Zs
+    M = sp.csr_array((np.ones(target.size), (np.arange(target.size), target)), shape=(target.size, target.size))
+    out = sp.csr_array(Zs @ M)
+    out.eliminate_zeros()
+    return out
+
+
 def joint_curvature(X, Wu, Zs, b, lam, *, own_curvature=None, max_dim: int = 400) -> JointCurvature:
     r"""The least eigenvalue of the Hessian of the reduced objective ``F(W, b)`` (theory.md §5.4).
+
+    Equal atoms sharing points are merged first (:func:`merge_parallel`); if a point's active atoms are
+    still nearly dependent (their Gram's condition number above ``1e6``, i.e. two of them within about
+    ``2e-3`` rad) the supports are not stable under the moves the test is about and the value is NaN
+    (no test).
 
     Parameters
     ----------
@@ -163,7 +193,7 @@ def joint_curvature(X, Wu, Zs, b, lam, *, own_curvature=None, max_dim: int = 400
     """
     X = np.asarray(X, dtype=np.float64)
     N, n = X.shape
-    Zs = sp.csr_array(Zs)
+    Zs = merge_parallel(Wu, sp.csr_array(Zs))
     S = np.asarray(Zs.sum(axis=0)).ravel()
     live = np.flatnonzero(S > 0)
     cap = max(0, (int(max_dim) - n) // max(1, n - 1)) if n > 1 else 0
@@ -189,6 +219,8 @@ def joint_curvature(X, Wu, Zs, b, lam, *, own_curvature=None, max_dim: int = 400
     for i in np.flatnonzero(nnz > 1):  # points with several active atoms: the general Schur complement
         lo, hi = Zs.indptr[i], Zs.indptr[i + 1]
         sup = Zs.indices[lo:hi]
+        if np.linalg.cond(Wu[sup] @ Wu[sup].T) > 1e6:  # (nearly) dependent active atoms: no smooth F here
+            return JointCurvature(math.nan, None, feats, bases, False)
         Bd = [bases[pos[d]] if pos[d] >= 0 else None for d in sup]
         blk, cov = _point_block(X[i] - b, E[i], Wu[sup], Zs.data[lo:hi], Bd, lam)
         idx = np.concatenate([np.arange(pos[sup[j]] * m, pos[sup[j]] * m + m) for j in cov]

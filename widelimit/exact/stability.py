@@ -414,10 +414,57 @@ def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = Non
     atom_res = np.where(live, gnorm / np.where(live, lam * S, 1.0), 0.0)
     # feature-feature (§5.3)
     Gm = Wu @ Wu.T
+    low, up, exact, partner = _ff_bracket(Zs, S, Gm, st["M"], live, n_active, tol, options)
+    ff_low = np.where(live, low, np.nan)
+    ff_up = np.where(live, up, np.nan)
+    # second order (§5.4)
+    if exact_curv:
+        lmax = np.zeros(k)
+        for d in np.flatnonzero(live):
+            P = np.eye(n) - np.outer(Wu[d], Wu[d])
+            lmax[d] = np.linalg.eigvalsh(P @ st["R2"][d] @ P)[-1]
+    else:
+        lmax = st["lmax_lb"]
+    curvature = np.where(live, (2.0 / N) * (st["zz"] - lmax), np.nan)
+    jc = (joint_curvature(X, Wu, Zs, b, lam, own_curvature=curvature, max_dim=options.joint_curvature_dim)
+          if options.joint_curvature_dim > 0 and live.any() else None)
+    joint_neg = jc is not None and jc.value < -tol * lam * lam
+    dead = np.flatnonzero(~live)
+    orth = np.where(live, st["orth"], 0.0)
+    rmax = st["rmax"]
+
+    sev = _severity(lam, tol, code_margin, act_err, atom_res, ff_low, curvature, live, dead, orth, rmax)
+    failed = sev > 0
+    undecided_ff = live & (ff_up > tol) & (np.nan_to_num(ff_low) <= tol) & ~exact
+
+    witnesses, wvals, wmoves, n_searched = {}, {}, {}, 0
+    if options.witnesses and failed.any():
+        n_searched = _search_witnesses(X, Wu, Zs, b, lam, value, sev, failed, options, witnesses, wvals, wmoves, (
+            tol, code_margin, act_err, atom_res, ff_low, partner, curvature, live, dead, rmax, orth, st))
+    if joint_neg:  # one more search, within the witness budget
+        search = options.witnesses and (options.max_witnesses is None or n_searched < options.max_witnesses)
+        _joint_witness(X, Wu, Zs, b, lam, jc, options, search, failed, witnesses, wvals, wmoves)
+    verdict = tuple("unstable" if d in wvals else "violated" if failed[d] else "dead" if not live[d]
+                    else "undecided" if undecided_ff[d] else "stable" for d in range(k))
+    return FeatureStability(
+        value=value, lam=lam, n_active=n_active, code_margin=code_margin, code_active_error=act_err,
+        atom_residual=atom_res, ff_lower=ff_low, ff_upper=ff_up, ff_exact=exact & live, ff_partner=partner,
+        curvature=curvature, curvature_exact=bool(exact_curv), orth_residual=orth, max_residual=rmax,
+        bias_residual=st["bias"], verdict=verdict, witness_values=wvals, witness_moves=wmoves,
+        witnesses=witnesses, tol=tol, joint_curvature=math.nan if jc is None else jc.value,
+        joint_curvature_complete=bool(jc is not None and jc.complete))
+
+
+def _ff_bracket(Zs, S, Gm, M, live, n_active, tol, options):
+    """The bracket ``[low, up]`` of every feature's feature-feature distance ``delta_d`` (theory.md §5.3):
+    the co-occurrence lower bound and the weights' residual from above, tightened for the features whose
+    bracket straddles ``tol`` by the NNLS screening and, if still undecided, the LP. Returns
+    ``(low, up, exact, partner)``."""
+    k = Gm.shape[0]
     low, partner = _ff_lower(Zs, Gm, live)
     with np.errstate(invalid="ignore", divide="ignore"):
         T = 1.0 - Gm  # T[d, e] = t_de
-        Mq = st["M"].T / np.where(live, S, 1.0)[None, :]  # Mq[d, e] = sum_i nu_id z_ie / S_e
+        Mq = M.T / np.where(live, S, 1.0)[None, :]  # Mq[d, e] = sum_i nu_id z_ie / S_e
         D = np.abs(T - Mq)
     D[:, ~live] = 0.0
     np.fill_diagonal(D, 0.0)
@@ -440,26 +487,12 @@ def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = Non
             low[d] = up[d] = max(val, low[d])
             exact[d] = True
     exact |= np.isclose(low, up, rtol=0, atol=1e-12 + 1e-9 * up)
-    ff_low = np.where(live, low, np.nan)
-    ff_up = np.where(live, up, np.nan)
-    # second order (§5.4)
-    if exact_curv:
-        lmax = np.zeros(k)
-        for d in np.flatnonzero(live):
-            P = np.eye(n) - np.outer(Wu[d], Wu[d])
-            lmax[d] = np.linalg.eigvalsh(P @ st["R2"][d] @ P)[-1]
-    else:
-        lmax = st["lmax_lb"]
-    curvature = np.where(live, (2.0 / N) * (st["zz"] - lmax), np.nan)
-    jc = (joint_curvature(X, Wu, Zs, b, lam, own_curvature=curvature, max_dim=options.joint_curvature_dim)
-          if options.joint_curvature_dim > 0 and live.any() else None)
-    joint_neg = jc is not None and jc.value < -tol * lam * lam
-    dead = np.flatnonzero(~live)
-    orth = np.where(live, st["orth"], 0.0)
-    rmax = st["rmax"]
+    return low, up, exact, partner
 
-    # what failed, and how badly (scale: fraction of lam / dimensionless)
-    sev = np.zeros(k)
+
+def _severity(lam, tol, code_margin, act_err, atom_res, ff_low, curvature, live, dead, orth, rmax):
+    """What failed for each feature, and how badly (a fraction of ``lam``, or dimensionless); 0: nothing."""
+    sev = np.zeros(live.size)
     sev = np.maximum(sev, np.where(code_margin < -tol * lam, -code_margin / lam, 0.0))
     sev = np.maximum(sev, np.where(act_err > tol * lam, act_err / lam, 0.0))
     sev = np.maximum(sev, np.where(atom_res > tol, atom_res, 0.0))
@@ -468,54 +501,34 @@ def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = Non
     if dead.size and rmax > lam * (1 + tol):
         sev = np.maximum(sev, np.where(live & (orth > tol * lam), 1e-6, 0.0))
         sev[dead] = np.maximum(sev[dead], (rmax - lam) / lam)
-    failed = sev > 0
-    undecided_ff = live & (ff_up > tol) & (np.nan_to_num(ff_low) <= tol) & ~exact
+    return sev
 
-    witnesses, wvals, wmoves = {}, {}, {}
-    n_searched = 0
-    if options.witnesses and failed.any():
-        order = np.flatnonzero(failed)
-        order = order[np.argsort(-sev[order], kind="stable")]
-        if options.max_witnesses is not None:
-            order = order[: options.max_witnesses]
-        rnorm_cache = {}
-        n_searched = order.size
-        for d in order:
-            for move, cand in candidates(X, Wu, Zs, b, lam, d, tol, code_margin, act_err, atom_res, ff_low,
-                                          partner, curvature, live, dead, rmax, orth, st, rnorm_cache):
-                if cand is None:
-                    continue
-                W2, Z2, rows = cand
-                Z2 = recode(X, W2, Z2, b, lam, rows, options.coding_tol)
-                v2 = float(sae_objective(X, W2, Z2, b, lam=lam).value)
-                if v2 < value - 1e-13 * max(1.0, abs(value)):
-                    wvals[int(d)] = v2
-                    wmoves[int(d)] = move
-                    if options.keep_witnesses:
-                        witnesses[int(d)] = (W2, Z2, b.copy())
-                    break
-    if joint_neg:  # one more search, within the witness budget
-        search = options.witnesses and (options.max_witnesses is None or n_searched < options.max_witnesses)
-        _joint_witness(X, Wu, Zs, b, lam, jc, options, search, failed, witnesses, wvals, wmoves)
-    verdict = []
-    for d in range(k):
-        if d in wvals:
-            verdict.append("unstable")
-        elif failed[d]:
-            verdict.append("violated")
-        elif not live[d]:
-            verdict.append("dead")
-        elif undecided_ff[d]:
-            verdict.append("undecided")
-        else:
-            verdict.append("stable")
-    return FeatureStability(
-        value=value, lam=lam, n_active=n_active, code_margin=code_margin, code_active_error=act_err,
-        atom_residual=atom_res, ff_lower=ff_low, ff_upper=ff_up, ff_exact=exact & live, ff_partner=partner,
-        curvature=curvature, curvature_exact=bool(exact_curv), orth_residual=orth, max_residual=rmax,
-        bias_residual=st["bias"], verdict=tuple(verdict), witness_values=wvals, witness_moves=wmoves,
-        witnesses=witnesses, tol=tol, joint_curvature=math.nan if jc is None else jc.value,
-        joint_curvature_complete=bool(jc is not None and jc.complete))
+
+def _search_witnesses(X, Wu, Zs, b, lam, value, sev, failed, options, witnesses, wvals, wmoves, margins):
+    """Follow each failed feature (most violated first, at most ``options.max_witnesses``) along the moves of
+    :func:`widelimit.exact.witness.candidates`; keep the first whose recomputed objective is strictly below
+    ``value`` (in ``witnesses``, ``wvals``, ``wmoves``). Returns the number of features searched."""
+    tol, code_margin, act_err, atom_res, ff_low, partner, curvature, live, dead, rmax, orth, st = margins
+    order = np.flatnonzero(failed)
+    order = order[np.argsort(-sev[order], kind="stable")]
+    if options.max_witnesses is not None:
+        order = order[: options.max_witnesses]
+    rnorm_cache = {}
+    for d in order:
+        for move, cand in candidates(X, Wu, Zs, b, lam, d, tol, code_margin, act_err, atom_res, ff_low,
+                                      partner, curvature, live, dead, rmax, orth, st, rnorm_cache):
+            if cand is None:
+                continue
+            W2, Z2, rows = cand
+            Z2 = recode(X, W2, Z2, b, lam, rows, options.coding_tol)
+            v2 = float(sae_objective(X, W2, Z2, b, lam=lam).value)
+            if v2 < value - 1e-13 * max(1.0, abs(value)):
+                wvals[int(d)] = v2
+                wmoves[int(d)] = move
+                if options.keep_witnesses:
+                    witnesses[int(d)] = (W2, Z2, b.copy())
+                break
+    return int(order.size)
 
 
 def _joint_witness(X, Wu, Zs, b, lam, jc, options, search, failed, witnesses, wvals, wmoves):

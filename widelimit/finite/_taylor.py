@@ -247,108 +247,22 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
     d1 = np.zeros(N)
     tang = np.zeros(N)
     vb = np.zeros(N)
-    nm = 1 << k
+    fail = (np.zeros((1, n, k)), np.ones(1), np.zeros(1))
     for _round in range(N * k + 1):  # each round adds a pair, or stops
-        # per group of tight atoms (a bit mask): the smallest singular value's lower bound over the caps,
-        # the projector's largest move, and the group's sum of u_i
-        mask_of = np.zeros(N, dtype=np.int64)
+        mask_of = np.zeros(N, dtype=np.int64)  # each point's tight atoms, as a bit mask
         for i in range(N):
-            m = 0
             for j in range(k):
                 if act[i, j]:
-                    m |= 1 << j
-            mask_of[i] = m
-        used = np.zeros(nm, dtype=np.bool_)
+                    mask_of[i] |= 1 << j
+        used = np.zeros(1 << k, dtype=np.bool_)
         for i in range(N):
             used[mask_of[i]] = True
-        slo = np.ones(nm)
-        pmove = np.zeros(nm)
-        Pnull = np.zeros((nm, n, n))
-        gsum = np.zeros((nm, n))
-        Mplus = np.zeros((nm, n, k))  # M_g(C)^+, its column for atom j in Mplus[g, :, j]
-        sig = np.ones(nm)  # sigma_min(M_g(C))
-        dpinv = np.zeros(nm)  # bound on ||M_g(W)^+ - M_g(C)^+|| over the caps
-        for m in range(nm):
-            if not used[m]:
-                continue
-            a = 0
-            for j in range(k):
-                a += (m >> j) & 1
-            if a > n:
-                return -1.0, d1, vb, tang, 0.0, np.zeros((1, n, k)), np.ones(1), np.zeros(1)
-            for d in range(n):
-                Pnull[m, d, d] = 1.0
-            if a == 0:
-                continue
-            M = np.empty((a, n))
-            q = 0
-            E2 = 0.0
-            for j in range(k):
-                if (m >> j) & 1:
-                    for d in range(n):
-                        M[q, d] = C[j, d]
-                    E2 += chord[j] * chord[j]
-                    q += 1
-            G = M @ M.T
-            if a > 1 and np.linalg.eigvalsh(G)[0] <= 1e-8:
-                return -2.0, d1, vb, tang, 0.0, np.zeros((1, n, k)), np.ones(1), np.zeros(1)
-            Mp = M.T @ np.linalg.inv(G)
-            Pi = Mp @ M
-            for d in range(n):
-                for e in range(n):
-                    Pnull[m, d, e] -= Pi[d, e]
-            q = 0
-            for j in range(k):
-                if (m >> j) & 1:
-                    for d in range(n):
-                        Mplus[m, d, j] = Mp[d, q]
-                    q += 1
-            if a == 1:  # exact: delta' = w_j r, the projector moves by sin(angle) <= min(1, chord)
-                slo[m] = 1.0
-                pmove[m] = min(1.0, math.sqrt(E2))
-                dpinv[m] = math.sqrt(E2)  # M(W)^+ = w_j, M(C)^+ = c_j
-            else:
-                gmin = np.linalg.eigvalsh(G)[0]
-                E = math.sqrt(E2)
-                sig[m] = math.sqrt(max(gmin, 0.0)) * (1.0 - 1e-12)
-                sl = sig[m] - E
-                if sl <= 0.0:
-                    return -2.0, d1, vb, tang, 0.0, np.zeros((1, n, k)), np.ones(1), np.zeros(1)
-                slo[m] = sl
-                pmove[m] = E / sl
-                dpinv[m] = _WEDIN * E / (sl * sig[m])
-        S = np.zeros((n, n))
-        ptot = 0.0
-        carrier = np.zeros(N, dtype=np.bool_)
-        for i in range(N):
-            m = mask_of[i]
-            a = 0
-            cmax = 0.0
-            for j in range(k):
-                if (m >> j) & 1:
-                    a += 1
-                    cmax = max(cmax, chord[j])
-            # a point tight on n atoms has the null space {0} at C and at every W of the caps (its
-            # tight atoms stay independent, slo > 0): it can carry nothing, and its projector never moves
-            carrier[i] = a < n and (a == 0 or (carriers >= 1 and a == 1) or carriers >= 2)
-            d1[i] = _rbound(C, m, U[i], chord, omc, sth) / slo[m]
-            if a == 1:
-                jj = 0
-                for j in range(k):
-                    if (m >> j) & 1:
-                        jj = j
-                tang[i] = omc[jj] * d1[i]  # <c_j - w_j, w_j> r_ij
-            else:
-                tang[i] = cmax * d1[i]
-            for d in range(n):
-                gsum[m, d] += U[i, d]
-            if carrier[i]:
-                ptot += pmove[m]
-                for d in range(n):
-                    for e in range(n):
-                        S[d, e] += Pnull[m, d, e]
+        status, slo, pmove, Pnull, Mplus, sig, dpinv = _group_bounds(C, chord, used, n)
+        if status < 0.0:
+            return status, d1, vb, tang, 0.0, fail[0], fail[1], fail[2]
+        d1, tang, gsum, S, ptot, carrier = _point_bounds(U, C, mask_of, chord, omc, sth, slo, pmove, Pnull, carriers)
         sbound = 0.0
-        for m in range(1, nm):
+        for m in range(1, 1 << k):
             if used[m]:
                 sbound += _rbound(C, m, gsum[m], chord, omc, sth) / slo[m]
         sbound = min(sbound, _sbound_linear(C, used, gsum, Mplus, sig, dpinv, chord, omc, sth))
@@ -357,26 +271,143 @@ def _corrections(U, C, lam, lev, unorm, perp, chord, omc, sth, act, carriers):  
         if sbound > 0.0:
             smin = np.linalg.eigvalsh(S)[0] - 1e-12 * N - ptot
             if smin <= 0.0:
-                return -3.0, d1, vb, tang, 0.0, np.zeros((1, n, k)), np.ones(1), np.zeros(1)
+                return -3.0, d1, vb, tang, 0.0, fail[0], fail[1], fail[2]
             mu = sbound / smin
             v2 = sbound * mu * (1.0 + 8.0 * _U)
         for i in range(N):
             vb[i] = mu if carrier[i] else 0.0
-        added = False
-        for i in range(N):
-            for j in range(k):
-                if act[i, j]:
-                    continue
-                # <w_j, u_i + delta_i> <= lev + max(0, -lev)(1 - cos) + sin ||P_perp u_i|| + ||delta_i||,
-                # ||delta_i||^2 = ||delta'_i||^2 + ||v_i||^2 (row space and null space of M_i(W))
-                dn = math.sqrt(d1[i] * d1[i] + vb[i] * vb[i]) * (1.0 + 4.0 * _U)
-                rise = max(0.0, -lev[i, j]) * omc[j] + sth[j] * perp[i, j] + dn
-                if lam - lev[i, j] < rise * (1.0 + 16.0 * _U):
-                    act[i, j] = True
-                    added = True
-        if not added:
+        if not _tighten(act, lam, lev, perp, omc, sth, d1, vb):
             return 0.0, d1, vb, tang, v2, Mplus, sig, dpinv
     return -4.0, d1, vb, tang, 0.0, Mplus, sig, dpinv
+
+
+@nb.njit(**_JIT)
+def _group_bounds(C, chord, used, n):  # pragma: no cover - compiled
+    """Per group of tight atoms (bit mask ``m``, for the ``used`` ones): a lower bound ``slo`` on the smallest
+    singular value of ``M_m(W)`` over the caps, the largest move ``pmove`` of its projector, the null-space
+    projector ``Pnull`` at ``C``, ``M_m(C)^+`` (``Mplus``), ``sigma_min(M_m(C))`` (``sig``) and a bound
+    ``dpinv`` on ``||M_m(W)^+ - M_m(C)^+||``. Status ``-1`` (more than ``n`` tight atoms) or ``-2``
+    (ill-conditioned tight atoms) first when the construction does not apply, else 0."""
+    k = C.shape[0]
+    nm = 1 << k
+    slo = np.ones(nm)
+    pmove = np.zeros(nm)
+    Pnull = np.zeros((nm, n, n))
+    Mplus = np.zeros((nm, n, k))  # M_g(C)^+, its column for atom j in Mplus[g, :, j]
+    sig = np.ones(nm)  # sigma_min(M_g(C))
+    dpinv = np.zeros(nm)  # bound on ||M_g(W)^+ - M_g(C)^+|| over the caps
+    for m in range(nm):
+        if not used[m]:
+            continue
+        a = 0
+        for j in range(k):
+            a += (m >> j) & 1
+        if a > n:
+            return -1.0, slo, pmove, Pnull, Mplus, sig, dpinv
+        for d in range(n):
+            Pnull[m, d, d] = 1.0
+        if a == 0:
+            continue
+        M = np.empty((a, n))
+        q = 0
+        E2 = 0.0
+        for j in range(k):
+            if (m >> j) & 1:
+                for d in range(n):
+                    M[q, d] = C[j, d]
+                E2 += chord[j] * chord[j]
+                q += 1
+        G = M @ M.T
+        if a > 1 and np.linalg.eigvalsh(G)[0] <= 1e-8:
+            return -2.0, slo, pmove, Pnull, Mplus, sig, dpinv
+        Mp = M.T @ np.linalg.inv(G)
+        Pi = Mp @ M
+        for d in range(n):
+            for e in range(n):
+                Pnull[m, d, e] -= Pi[d, e]
+        q = 0
+        for j in range(k):
+            if (m >> j) & 1:
+                for d in range(n):
+                    Mplus[m, d, j] = Mp[d, q]
+                q += 1
+        if a == 1:  # exact: delta' = w_j r, the projector moves by sin(angle) <= min(1, chord)
+            slo[m] = 1.0
+            pmove[m] = min(1.0, math.sqrt(E2))
+            dpinv[m] = math.sqrt(E2)  # M(W)^+ = w_j, M(C)^+ = c_j
+        else:
+            gmin = np.linalg.eigvalsh(G)[0]
+            E = math.sqrt(E2)
+            sig[m] = math.sqrt(max(gmin, 0.0)) * (1.0 - 1e-12)
+            sl = sig[m] - E
+            if sl <= 0.0:
+                return -2.0, slo, pmove, Pnull, Mplus, sig, dpinv
+            slo[m] = sl
+            pmove[m] = E / sl
+            dpinv[m] = _WEDIN * E / (sl * sig[m])
+    return 0.0, slo, pmove, Pnull, Mplus, sig, dpinv
+
+
+@nb.njit(**_JIT)
+def _point_bounds(U, C, mask_of, chord, omc, sth, slo, pmove, Pnull, carriers):  # pragma: no cover - compiled
+    """Per point: the bound ``d1`` on ``||delta'_i||``, its tangential part ``tang``, whether it carries the
+    ``v_i`` (``carrier``); per group the sum ``gsum`` of its ``u_i``; and the carriers' projector sum ``S`` and
+    total move ``ptot`` (for ``sigma_min(S(W))``)."""
+    N, n = U.shape
+    k = C.shape[0]
+    d1 = np.zeros(N)
+    tang = np.zeros(N)
+    gsum = np.zeros((1 << k, n))
+    S = np.zeros((n, n))
+    ptot = 0.0
+    carrier = np.zeros(N, dtype=np.bool_)
+    for i in range(N):
+        m = mask_of[i]
+        a = 0
+        cmax = 0.0
+        for j in range(k):
+            if (m >> j) & 1:
+                a += 1
+                cmax = max(cmax, chord[j])
+        # a point tight on n atoms has the null space {0} at C and at every W of the caps (its
+        # tight atoms stay independent, slo > 0): it can carry nothing, and its projector never moves
+        carrier[i] = a < n and (a == 0 or (carriers >= 1 and a == 1) or carriers >= 2)
+        d1[i] = _rbound(C, m, U[i], chord, omc, sth) / slo[m]
+        if a == 1:
+            jj = 0
+            for j in range(k):
+                if (m >> j) & 1:
+                    jj = j
+            tang[i] = omc[jj] * d1[i]  # <c_j - w_j, w_j> r_ij
+        else:
+            tang[i] = cmax * d1[i]
+        for d in range(n):
+            gsum[m, d] += U[i, d]
+        if carrier[i]:
+            ptot += pmove[m]
+            for d in range(n):
+                for e in range(n):
+                    S[d, e] += Pnull[m, d, e]
+    return d1, tang, gsum, S, ptot, carrier
+
+
+@nb.njit(**_JIT)
+def _tighten(act, lam, lev, perp, omc, sth, d1, vb):  # pragma: no cover - compiled
+    """Mark tight (in ``act``) every pair whose slack the correction could use up; True when one was added."""
+    N, k = act.shape
+    added = False
+    for i in range(N):
+        for j in range(k):
+            if act[i, j]:
+                continue
+            # <w_j, u_i + delta_i> <= lev + max(0, -lev)(1 - cos) + sin ||P_perp u_i|| + ||delta_i||,
+            # ||delta_i||^2 = ||delta'_i||^2 + ||v_i||^2 (row space and null space of M_i(W))
+            dn = math.sqrt(d1[i] * d1[i] + vb[i] * vb[i]) * (1.0 + 4.0 * _U)
+            rise = max(0.0, -lev[i, j]) * omc[j] + sth[j] * perp[i, j] + dn
+            if lam - lev[i, j] < rise * (1.0 + 16.0 * _U):
+                act[i, j] = True
+                added = True
+    return added
 
 
 @nb.njit(**_JIT)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from .._memory import memory_budget
 from .._runtime import default_threads
 from .._validation import check_int
 from ..engine.local import Progress
@@ -53,7 +53,8 @@ class FiniteLimits:
     max_points: int = 5000
     #: memory of the open nodes (estimated from their arrays) at which the search stops with
     #: status ``"memory_limit"``, returning its best solution and certified gap as at a time limit;
-    #: ``None``: half of the machine's physical memory
+    #: ``None``: the memory budget (:func:`widelimit._memory.memory_budget`: half of the machine's memory,
+    #: or ``--memory-budget`` / ``WIDELIMIT_MEMORY_BUDGET``)
     max_queue_bytes: int | None = None
 
 
@@ -345,17 +346,8 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     X = np.ascontiguousarray(X, dtype=np.float64)
     N, n = X.shape
     k = int(width)
-    n_rays = int(wide.width)
-    wlb = float(wide.lower_bound)
-    if k >= n_rays:  # closed form: the wide-limit optimum, padded with unused atoms
-        W = np.asarray(wide.dictionary, dtype=np.float64)
-        pad = np.zeros((k - W.shape[0], n))
-        pad[:, 0] = 1.0
-        W = np.vstack([W, pad])
-        Z = np.hstack([wide.codes, np.zeros((N, k - n_rays))])
-        val = float(sae_objective(X, W, Z, wide.bias, lam=lam).value)
-        sol = _result(val, max(wlb, -np.inf), W, Z, np.asarray(wide.bias, np.float64), lam, rel_tol,
-                      "closed_form", 0, n_rays, wlb, t0, certified_hint=wide.certified)
+    if k >= int(wide.width):  # closed form: the wide-limit optimum, padded with unused atoms
+        sol = _closed_form(X, lam, k, wide, rel_tol, t0)
         _event(progress, 0, max_nodes, sol.value, sol.lower_bound, True)
         return sol
     if n > limits.max_dim or k > limits.max_width or N > limits.max_points:
@@ -364,136 +356,170 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
             f"N <= {limits.max_points} points (got dim {n}, N {N}); this problem is too large for it: use the "
             "gradient solver (widelimit.fit_dictionary / `widelimit fit`) and compare with the wide-limit bound")
     rng = np.random.default_rng(seed)
-    ub, W_best, Z_best, b_best = _initial(X, lam, k, rng, wide, n_starts, deadline=t0 + float(time_limit))
-    # the best value's certificate is computed by the project's objective at the end
-    root = _Node.root(N, k, n)
-    # the fixed-dictionary optimum's warm start (Z0, b0) exists only below the second-order bound's angle
-    # (docs/theory.md §7.6): coarse nodes, most of the queue, do not carry it
-    no_ref = (np.zeros((0, k)), np.zeros(0))
-    # an open node's memory: its buffer (the relaxation's iterate Y, its boxes and caps) and about 520 bytes of
-    # Python objects, array headers and allocator overhead (measured: 3.66 KB per open node at N = 40, n = k = 3,
-    # 4.94 KB before the buffer; most open nodes are coarse and carry no warm start Z0)
-    node_bytes = 8 * root.lay.size + 520
-    queue_bytes = _half_the_memory() if limits.max_queue_bytes is None else limits.max_queue_bytes
-    scale = max(abs(ub), 1e-300)
-    tol_abs = 1e-3 * rel_tol * scale  # the relaxation's own gap, far below the search's
+    incumbent = _initial(X, lam, k, rng, wide, n_starts, deadline=t0 + float(time_limit))
+    search = _Search(X, lam, k, incumbent, rel_tol=rel_tol, wide=wide, limits=limits, progress=progress,
+                     max_nodes=max_nodes, t0=t0, threads=n_threads)
+    return search.run(float(time_limit))
 
-    def target():
-        return ub - rel_tol * scale * 0.999
 
-    def bound(node: _Node):
+def _closed_form(X, lam, k, wide, rel_tol, t0) -> FiniteSolution:
+    """At a width of at least the wide limit's number of rays: its optimum, padded with unused atoms."""
+    N, n = X.shape
+    n_rays = int(wide.width)
+    wlb = float(wide.lower_bound)
+    W = np.asarray(wide.dictionary, dtype=np.float64)
+    pad = np.zeros((k - W.shape[0], n))
+    pad[:, 0] = 1.0
+    W = np.vstack([W, pad])
+    Z = np.hstack([wide.codes, np.zeros((N, k - n_rays))])
+    val = float(sae_objective(X, W, Z, wide.bias, lam=lam).value)
+    return _result(val, max(wlb, -np.inf), W, Z, np.asarray(wide.bias, np.float64), lam, rel_tol, "closed_form", 0,
+                   n_rays, wlb, t0, certified_hint=wide.certified)
+
+
+class _Search:
+    """One best-first branch and bound over the atoms' directions: the incumbent ``(ub, W, Z, b)``, the
+    queue of open nodes, the bounds of closed ones, the progress marks and the bounding threads."""
+
+    def __init__(self, X, lam, k, incumbent, *, rel_tol, wide, limits, progress, max_nodes, t0, threads):
+        N, n = X.shape
+        self.X, self.lam, self.k, self.rel_tol, self.t0 = X, lam, k, rel_tol, t0
+        self.progress, self.max_nodes, self.threads = progress, max_nodes, threads
+        self.n_rays, self.wlb = int(wide.width), float(wide.lower_bound)
+        self.ub, self.W_best, self.Z_best, self.b_best = incumbent
+        # the best value's certificate is computed by the project's objective at the end
+        self.root = _Node.root(N, k, n)
+        # the fixed-dictionary optimum's warm start (Z0, b0) exists only below the second-order bound's angle
+        # (docs/theory.md §7.6): coarse nodes, most of the queue, do not carry it
+        self.no_ref = (np.zeros((0, k)), np.zeros(0))
+        # an open node's memory: its buffer (the relaxation's iterate Y, its boxes and caps) and about 520 bytes of
+        # Python objects, array headers and allocator overhead (measured: 3.66 KB per open node at N = 40,
+        # n = k = 3, 4.94 KB before the buffer; most open nodes are coarse and carry no warm start Z0)
+        self.node_bytes = 8 * self.root.lay.size + 520
+        self.queue_bytes = memory_budget() if limits.max_queue_bytes is None else limits.max_queue_bytes
+        self.scale = max(abs(self.ub), 1e-300)
+        self.tol_abs = 1e-3 * rel_tol * self.scale  # the relaxation's own gap, far below the search's
+        self.n_nodes = 0
+        self.history = []
+        self.next_mark = 1.0  # record the bounds each time the relative gap passes the next power of ten
+        self.next_event = time.perf_counter() + _PROGRESS_EVERY
+        self.pool = None
+
+    def target(self):
+        return self.ub - self.rel_tol * self.scale * 0.999
+
+    def bound(self, node: _Node):
         """Certify ``node.lb``; return an explicit candidate ``(value, W, Z, b)`` or None (thread-safe: it
         writes only into ``node``, and ``ub`` does not change while children are bounded)."""
+        X, k = self.X, self.k
         if node.Z0 is None and node.th.max() < _TAYLOR_MAX_ANGLE:  # from here on the node's descendants carry it
-            node.Z0, node.b0 = np.zeros((N, k)), X.mean(axis=0)
-        Z0, b0 = no_ref if node.Z0 is None else (node.Z0, node.b0)
-        lb, cval, node.mass[:] = T.bound_node(X, float(lam), node.C, node.cth, node.sth, node.free, node.th, node.Y,
-                                              Z0, b0, node.lb, wlb, target(), tol_abs, _TAYLOR_MAX_ANGLE)
+            node.Z0, node.b0 = np.zeros((X.shape[0], k)), X.mean(axis=0)
+        Z0, b0 = self.no_ref if node.Z0 is None else (node.Z0, node.b0)
+        lb, cval, node.mass[:] = T.bound_node(X, float(self.lam), node.C, node.cth, node.sth, node.free, node.th,
+                                              node.Y, Z0, b0, node.lb, self.wlb, self.target(), self.tol_abs,
+                                              _TAYLOR_MAX_ANGLE)
         node.lb = float(lb)
         return None if cval == np.inf else (float(cval), node.C, node.Z0, node.b0)
 
-    heap: list = []
-    counter = itertools.count()
-    n_nodes = 0
-    if time.perf_counter() - t0 <= time_limit:  # else the root stays at -inf: the bound is the wide limit's
-        bound(root)
-        n_nodes = 1
-    pool = ThreadPoolExecutor(n_threads - 1) if n_threads > 1 else None
-
-    def bound_all(kids):
+    def bound_all(self, kids):
         """``bound`` of each node, the list split over the pool's threads and this one, in order."""
-        if pool is None or len(kids) < 2:
-            return [bound(ch) for ch in kids]
+        n_threads = self.threads
+        if self.pool is None or len(kids) < 2:
+            return [self.bound(ch) for ch in kids]
         parts = [kids[t::n_threads] for t in range(n_threads)]
-        futs = [pool.submit(lambda part: [bound(ch) for ch in part], part) for part in parts[1:] if part]
-        got = [[bound(ch) for ch in parts[0]]] + [f.result() for f in futs]
+        futs = [self.pool.submit(lambda part: [self.bound(ch) for ch in part], part) for part in parts[1:] if part]
+        got = [[self.bound(ch) for ch in parts[0]]] + [f.result() for f in futs]
         out = [None] * len(kids)
         for t, res in enumerate(got):
             out[t::n_threads] = res
         return out
 
-    heapq.heappush(heap, (root.lb, next(counter), root))
-    history = []
-    next_mark = [1.0]  # record the bounds each time the relative gap passes the next power of ten
-    next_event = [time.perf_counter() + _PROGRESS_EVERY]
-
-    def report(lb_now, value, done=False):
-        _event(progress, n_nodes, max_nodes, value, lb_now, done)
-
-    def mark(lb_now):
-        g = (ub - lb_now) / scale
+    def mark(self, lb_now):
+        """Record the bounds when the relative gap passes the next power of ten; report every half second."""
+        g = (self.ub - lb_now) / self.scale
         now = time.perf_counter()
-        if g <= next_mark[0]:
-            history.append((now - t0, float(lb_now), float(ub)))
-            while next_mark[0] >= g and next_mark[0] > 1e-12:
-                next_mark[0] /= 10.0
-            report(max(lb_now, wlb), ub)
-            next_event[0] = now + _PROGRESS_EVERY
-        elif now >= next_event[0]:
-            report(max(lb_now, wlb), ub)
-            next_event[0] = now + _PROGRESS_EVERY
+        if g <= self.next_mark:
+            self.history.append((now - self.t0, float(lb_now), float(self.ub)))
+            while self.next_mark >= g and self.next_mark > 1e-12:
+                self.next_mark /= 10.0
+        elif now < self.next_event:
+            return
+        _event(self.progress, self.n_nodes, self.max_nodes, self.ub, max(lb_now, self.wlb), False)
+        self.next_event = now + _PROGRESS_EVERY
 
-    leaves_lb = np.inf  # bounds of nodes that cannot be split further
-    closed_lb = np.inf  # bounds of nodes pruned or closed (each >= the target of its time)
-    min_width = 1e-9
-    status = "optimal"
-    try:
-        while heap:
-            if time.perf_counter() - t0 > time_limit:
-                status = "time_limit"
-                break
-            if max_nodes is not None and n_nodes >= max_nodes:
-                status = "node_limit"
-                break
-            if len(heap) * node_bytes > queue_bytes:
-                status = "memory_limit"
-                break
-            # the _BATCH best open nodes are branched together and their children bounded on the threads;
-            # best-first expands every node below the final target anyway, so batching adds (almost) no nodes
-            first = heap[0][0]
-            mark(min(first, leaves_lb, closed_lb))
-            if first >= target():
-                closed_lb = min(closed_lb, first)
-                heap.clear()
-                break
-            children = []
-            while heap and len(children) < _BATCH and heap[0][0] < target():
-                lb, _, node = heapq.heappop(heap)
-                kids = _branch(node, n, min_width)
-                if kids is None:
-                    leaves_lb = min(leaves_lb, lb)
-                    continue
-                children += [ch for ch in kids if _symmetric_ok(ch)]
-            for ch, cand in zip(children, bound_all(children)):  # all bounded against the same ub
-                n_nodes += 1
-                if cand is not None and cand[0] < ub:  # the fixed-dictionary optimum at the caps' centres
-                    ub, W_best, Z_best, b_best = cand[0], cand[1].copy(), cand[2].copy(), cand[3].copy()
-                if n_nodes < 2000 or n_nodes % 16 == 0:  # upper bounds matter most early on
-                    cand = K.heuristic(X, float(lam), ch.Y, ch.C, 30)
-                    if cand[0] < ub:
-                        ub, W_best, Z_best, b_best = cand
-                if ch.lb < target():
-                    heapq.heappush(heap, (ch.lb, next(counter), ch))
-                else:
-                    closed_lb = min(closed_lb, ch.lb)
-    finally:
-        if pool is not None:
-            pool.shutdown()
-    open_lb = min([h[0] for h in heap] + [leaves_lb, closed_lb, ub])
-    val = float(sae_objective(X, W_best, Z_best, b_best, lam=lam).value)
-    history.append((time.perf_counter() - t0, float(max(open_lb, wlb)), val))
-    sol = _result(val, max(open_lb, wlb), W_best, Z_best, b_best, lam, rel_tol, status, n_nodes, n_rays, wlb, t0,
-                   history=tuple(history))
-    report(sol.lower_bound, sol.value, done=True)
-    return sol
+    def offer(self, ch, cand):
+        """The bounded child's candidates (the fixed-dictionary optimum at its caps' centres, early on a
+        heuristic from its relaxation) replace the incumbent when lower."""
+        if cand is not None and cand[0] < self.ub:
+            self.ub, self.W_best, self.Z_best, self.b_best = cand[0], cand[1].copy(), cand[2].copy(), cand[3].copy()
+        if self.n_nodes < 2000 or self.n_nodes % 16 == 0:  # upper bounds matter most early on
+            cand = K.heuristic(self.X, float(self.lam), ch.Y, ch.C, 30)
+            if cand[0] < self.ub:
+                self.ub, self.W_best, self.Z_best, self.b_best = cand
 
+    def run(self, time_limit: float) -> FiniteSolution:
+        """Best first until the open nodes' bound meets the target or a limit is hit; the certified result."""
+        t0, n = self.t0, self.X.shape[1]
+        root = self.root
+        if time.perf_counter() - t0 <= time_limit:  # else the root stays at -inf: the bound is the wide limit's
+            self.bound(root)
+            self.n_nodes = 1
+        self.pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
+        heap = [(root.lb, 0, root)]
+        counter = itertools.count(1)
+        leaves_lb = np.inf  # bounds of nodes that cannot be split further
+        closed_lb = np.inf  # bounds of nodes pruned or closed (each >= the target of its time)
+        status = "optimal"
+        try:
+            while heap:
+                status = self._limit(time_limit, len(heap))
+                if status != "optimal":
+                    break
+                # the _BATCH best open nodes are branched together and their children bounded on the threads;
+                # best-first expands every node below the final target anyway, so batching adds (almost) no nodes
+                first = heap[0][0]
+                self.mark(min(first, leaves_lb, closed_lb))
+                if first >= self.target():
+                    closed_lb = min(closed_lb, first)
+                    heap.clear()
+                    break
+                children = []
+                while heap and len(children) < _BATCH and heap[0][0] < self.target():
+                    lb, _, node = heapq.heappop(heap)
+                    kids = _branch(node, n, 1e-9)
+                    if kids is None:
+                        leaves_lb = min(leaves_lb, lb)
+                        continue
+                    children += [ch for ch in kids if _symmetric_ok(ch)]
+                for ch, cand in zip(children, self.bound_all(children)):  # all bounded against the same ub
+                    self.n_nodes += 1
+                    self.offer(ch, cand)
+                    if ch.lb < self.target():
+                        heapq.heappush(heap, (ch.lb, next(counter), ch))
+                    else:
+                        closed_lb = min(closed_lb, ch.lb)
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown()
+        return self._result(status, min([h[0] for h in heap] + [leaves_lb, closed_lb, self.ub]))
 
-def _half_the_memory() -> int:
-    """Half of the machine's physical memory (8 GiB where the platform does not say)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-    except (AttributeError, ValueError, OSError):
-        return 8 * 2**30
+    def _limit(self, time_limit, n_open) -> str:
+        """``"optimal"`` while the search may go on, else the limit it hit."""
+        if time.perf_counter() - self.t0 > time_limit:
+            return "time_limit"
+        if self.max_nodes is not None and self.n_nodes >= self.max_nodes:
+            return "node_limit"
+        if n_open * self.node_bytes > self.queue_bytes:
+            return "memory_limit"
+        return "optimal"
+
+    def _result(self, status, open_lb) -> FiniteSolution:
+        val = float(sae_objective(self.X, self.W_best, self.Z_best, self.b_best, lam=self.lam).value)
+        self.history.append((time.perf_counter() - self.t0, float(max(open_lb, self.wlb)), val))
+        sol = _result(val, max(open_lb, self.wlb), self.W_best, self.Z_best, self.b_best, self.lam, self.rel_tol,
+                      status, self.n_nodes, self.n_rays, self.wlb, self.t0, history=tuple(self.history))
+        _event(self.progress, self.n_nodes, self.max_nodes, sol.value, sol.lower_bound, True)
+        return sol
 
 
 def _event(progress, n_nodes, max_nodes, value, lower_bound, done):

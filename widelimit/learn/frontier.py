@@ -12,12 +12,14 @@ number of rays, and draws loss vs width with the bound line.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from .._validation import check_data, check_int, check_lam, check_seed
+from .._validation import check_data, check_int, check_lam, check_real, check_seed
 from .crossval import best_fit
+from .gradient import check_fit_memory
 from ..engine.local import Progress
 from ..exact.solve import WideLimitSolution, solve
 from ..plot import save_figure, subplots
@@ -56,6 +58,10 @@ class Frontier:
         With ``exact_widths=True``: the certified optimum ``L*(k)`` per width (best found and
         its certified lower bound; equal up to the relative gap when certified).
     exact_certified : list of bool or None
+    status : str
+        ``"done"`` (every width fitted) or ``"time_limit"`` (the budget ran out: ``skipped_widths`` were not).
+    skipped_widths : list of int
+        Widths asked for but not fitted within ``time_limit``.
     """
 
     widths: list
@@ -74,6 +80,8 @@ class Frontier:
     exact_values: list | None = None
     exact_lower_bounds: list | None = None
     exact_certified: list | None = None
+    status: str = "done"
+    skipped_widths: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         """Plain-Python summary (JSON-serialisable)."""
@@ -84,13 +92,13 @@ class Frontier:
             "saturation_width": self.saturation_width, "respects_bound": self.respects_bound,
             "monotone": self.monotone, "sat_tol": self.sat_tol, "lam": self.lam, "plot": self.plot,
             "exact_values": self.exact_values, "exact_lower_bounds": self.exact_lower_bounds,
-            "exact_certified": self.exact_certified,
+            "exact_certified": self.exact_certified, "status": self.status, "skipped_widths": self.skipped_widths,
         }
 
 
 def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays", "data"),
              sat_tol: float = 1e-4, out=None, exact: WideLimitSolution | None = None, progress=None,
-             exact_widths: bool = False, exact_time_limit: float = 600.0,
+             exact_widths: bool = False, exact_time_limit: float = 600.0, time_limit: float | None = None,
              **fit_kwargs) -> Frontier:
     """Best objective per width (restarts), the wide-limit bound, the saturation width and a plot.
 
@@ -118,6 +126,10 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
         Also compute the certified optimum at each width (``widelimit.solve(X, lam=, width=k)``,
         branch and bound; small data only), each capped at ``exact_time_limit`` seconds; each reuses
         the wide-limit solve's median.
+    time_limit : float, optional
+        Seconds for the gradient fits of all widths together (smallest width first). Each run's
+        ``max_time`` is capped by what is left; once nothing is left, the remaining widths are skipped
+        (``status="time_limit"``, ``skipped_widths``); the first width is always fitted.
     **fit_kwargs
         Passed to :func:`widelimit.fit_dictionary`.
 
@@ -134,16 +146,30 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
         raise ValueError("widths is empty")
     check_int(n_restarts, "n_restarts", low=1), check_seed(seed)
     ws = sorted(set(ws))
+    check_real(time_limit, "time_limit", low=0, strict=True, none_ok=True)
+    # the largest width's fit is refused now, not after the smaller ones ran
+    check_fit_memory(X.shape[0], X.shape[1], ws[-1], encoder=fit_kwargs.get("encoder", "none"),
+                     batch_size=fit_kwargs.get("batch_size"), device=fit_kwargs.get("device", "auto"))
+    t0 = time.perf_counter()
     ex = solve(X, lam=lam) if exact is None else exact
     lb = float(ex.lower_bound)
-    values, restarts = [], []
+    values, restarts, skipped = [], [], []
     for i, w in enumerate(ws):
-        best, fits = best_fit(X, lam=lam, width=w, n_restarts=n_restarts, seed=seed, inits=inits, **fit_kwargs)
+        kw = dict(fit_kwargs)
+        if time_limit is not None:
+            left = float(time_limit) - (time.perf_counter() - t0)
+            if left <= 0 and i > 0:
+                skipped = ws[i:]
+                break
+            per_run = max(left, 1e-3) / int(n_restarts)
+            kw["max_time"] = per_run if kw.get("max_time") is None else min(float(kw["max_time"]), per_run)
+        best, fits = best_fit(X, lam=lam, width=w, n_restarts=n_restarts, seed=seed, inits=inits, **kw)
         values.append(best.value)
         restarts.append([f.value for f in fits])
         if progress is not None:
             progress(Progress(stage=f"width {w}", pass_index=i + 1, rows_done=i + 1, rows_total=len(ws),
                               value=best.value, done=i + 1 == len(ws)))
+    ws = ws[:len(values)]
     slack = 1e-9 * max(abs(lb), 1e-300)
     respects = all(v >= lb - slack for vs in restarts for v in vs)
     sat = next((w for w, v in zip(ws, values) if v - lb <= sat_tol * abs(v)), None)
@@ -156,7 +182,8 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
         ev, el, ec = [s.value for s in sols], [s.lower_bound for s in sols], [bool(s.certified) for s in sols]
     res = Frontier(widths=ws, values=values, restart_values=restarts, lower_bound=lb, exact_value=ex.value,
                    n_rays=ex.width, saturation_width=sat, respects_bound=respects, monotone=mono,
-                   sat_tol=sat_tol, lam=lam, exact=ex, exact_values=ev, exact_lower_bounds=el, exact_certified=ec)
+                   sat_tol=sat_tol, lam=lam, exact=ex, exact_values=ev, exact_lower_bounds=el, exact_certified=ec,
+                   status="time_limit" if skipped else "done", skipped_widths=list(skipped))
     if out is not None:
         path = plot_frontier(res, out)
         res = Frontier(**{**res.__dict__, "plot": str(path)})

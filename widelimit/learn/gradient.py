@@ -76,6 +76,7 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
+from .._memory import check_memory
 from .._runtime import resolve_device, with_thread_limit
 from .._validation import (check_data, check_dictionary, check_int, check_lam, check_real, check_seed, check_vector,
                            writable)
@@ -90,7 +91,7 @@ from ._steps import _fit_free, _fit_free_minibatch, _init_dictionary, _rownorm
 from ..sae.model import SAE
 from .amortised import _fit_amortised, encoder_codes
 
-__all__ = ["FitResult", "fit_dictionary", "encoder_codes", "ENCODERS", "INITS"]
+__all__ = ["FitResult", "fit_dictionary", "encoder_codes", "ENCODERS", "INITS", "fit_bytes", "check_fit_memory"]
 
 ENCODERS = ("none", "standard", "jumprelu", "topk")
 INITS = ("rays", "data", "random")
@@ -215,6 +216,24 @@ class FitResult:
 
 #: Share of ``max_time`` kept for the final certified re-coding after the steps.
 _FINAL_SHARE = 0.15
+
+#: Measured peak memory of a full-batch free-code fit: ``base + c * N * width`` bytes (codes, scores,
+#: working sets and their copies per point and atom), fitted by ``benchmarks/memory_models.py`` at
+#: N * width = 1e6..1.6e7 (``benchmarks/results/memory_models.md``: base 79 MiB, c = 24.0; largest
+#: measured / fitted 1.07), with a 1.25 margin.
+_FIT_BASE, _FIT_PER_ENTRY, _FIT_SAFETY = 79 * 2**20, 24.0, 1.25
+
+
+def fit_bytes(N: int, n: int, width: int, *, batch: int | None = None) -> int:
+    """Peak memory (bytes) of :func:`fit_dictionary` on ``N x n`` data at ``width`` atoms, from measurements.
+
+    ``batch``: rows per step (``None``: all ``N``, the full-batch free codes). The per point-and-atom
+    arrays scale with the rows of a step; the data (float32), the atoms with their optimiser state
+    and the final coding's Gram matrix (float64, ``width^2``) come on top (docs/theory.md §9).
+    """
+    rows = N if batch is None else min(N, int(batch))
+    per_entry = _FIT_BASE + _FIT_PER_ENTRY * rows * width
+    return int(_FIT_SAFETY * (per_entry + 4 * N * n + 6 * 4 * width * n + 8 * width * width))
 _FLOAT32_LIMIT = 16  # data whose largest |x - b| lies outside [2^-16, 2^16] are fitted rescaled (float32 squares)
 
 
@@ -266,6 +285,18 @@ class _Reporter:
 
 
 @with_thread_limit
+def check_fit_memory(N: int, n: int, width: int, *, encoder: str = "none", batch_size=None, device="cpu") -> None:
+    """Refuse (one :class:`widelimit._memory.MemoryBudgetError` line) a fit whose :func:`fit_bytes` is above
+    the memory budget, before anything is allocated. On a GPU the large arrays live in its own memory: not checked."""
+    if resolve_device(device).type != "cpu":
+        return
+    batch = None if encoder == "none" and batch_size is None else (batch_size or 4096)
+    how = "full batch" if batch is None else f"batches of {min(N, batch)}"
+    check_memory(fit_bytes(N, n, width, batch=batch),
+                 f"fit_dictionary at width {width} on N = {N} points in n = {n} dimensions ({how})",
+                 hint="use a smaller width" + ("" if batch is not None else ", or minibatches (batch_size)"))
+
+
 def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device="auto", seed: int = 0,
                    max_steps: int | None = None, rtol: float = 1e-8, window: int = 10,
                    max_time: float | None = None, batch_size: int | None = None, code_steps: int | None = None,
@@ -391,6 +422,7 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     if int(max_steps) < 0:
         raise ValueError(f"max_steps must be >= 0, got {max_steps!r}")
     gen = torch.Generator().manual_seed(int(seed))
+    check_fit_memory(N, n, width, encoder=encoder, batch_size=batch_size, device=dev)
 
     if bias is None:
         b0 = huber_median(X, lam=lam).point
@@ -402,23 +434,8 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     f = normaliser(X, limit=_FLOAT32_LIMIT, centre=b0)
     Xs = X if f == 1.0 else ScaledRows(X, f)
     lam_s = lam * f
-    # the data on the device (float32), unless a minibatch / encoder run on data too large for
-    # that reads its batches from X (then the initialisation sees a subsample)
-    fits = N * n * 4 <= (1 << 34 if dev.type == "cuda" else 1 << 32)
-    stream = (minibatch or amortised) and not fits
-    with torch.no_grad():
-        if stream:
-            sub = np.sort(np.random.default_rng(seed).choice(N, size=min(N, 200_000), replace=False))
-            Xd, src = None, torch.as_tensor(writable(np.asarray(Xs[sub], dtype=np.float32)), device=dev)
-        else:
-            Xd = torch.as_tensor(writable(np.asarray(X if f == 1.0 else Xs[:], dtype=np.float32)), device=dev)
-            src = Xd
-        b = torch.as_tensor(b0 * f, dtype=cdt, device=dev)
-        if init_arr is not None:
-            W = _rownorm(torch.as_tensor(init_arr, dtype=cdt, device=dev))
-        else:
-            W, b = _init_dictionary(src, b, lam_s, width, init, gen, learn_bias=bool(learn_bias))
-        del src
+    Xd, W, b = _start(X, Xs, f, b0, lam_s, width, init, init_arr, gen, bool(learn_bias), seed, dev,
+                      stream=minibatch or amortised)
     # stochastic objectives (minibatches, Adam) are judged over a longer window
     stochastic = amortised or minibatch
     # the budget covers the whole fit: the steps stop early enough to leave the final certified
@@ -432,39 +449,17 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
             "seed": int(seed), "batch_code_steps": 60 if code_steps is None else max(30, 3 * int(code_steps)),
             "lr": float(lr), "topk": topk,
             "bandwidth": bandwidth, "learn_bias": bool(learn_bias)}
-    enc_params: dict = {}
-    enc_value = None
-    if amortised:
-        Wt, bt, steps, reason, enc_params = _fit_amortised(Xs, Xd, W, b, lam_s, encoder, opts, report, dev, cdt)
-        for name in ("b_enc", "threshold"):  # codes scale with the data; W_enc does not
-            if name in enc_params:
-                enc_params[name] = enc_params[name] / f
-        Z_warm = None
-    elif minibatch:
-        with torch.no_grad():
-            Wt, bt, _, steps, reason = _fit_free_minibatch(Xs, W, b, lam_s, opts, report, dev, cdt)
-        Z_warm = None
-    else:
-        with torch.no_grad():
-            Wt, bt, Zt, steps, reason = _fit_free(Xd, W, b, lam_s, opts, report)
-        rows = max(1, (1 << 26) // max(1, width))
-        Z_warm = sp.csr_array(sp.vstack([sp.csr_array(Zt[s:s + rows].cpu().double().numpy() / f)
-                                         for s in range(0, N, rows)], format="csr"))
-        del Zt
+    Wt, bt, steps, reason, enc_params, Z_warm = _run(Xs, Xd, W, b, lam_s, f, encoder, opts, report, dev, cdt,
+                                                     minibatch=minibatch)
     Wf = Wt.detach().cpu().double().numpy()
     Wf /= np.where(np.linalg.norm(Wf, axis=1) > 0, np.linalg.norm(Wf, axis=1), 1.0)[:, None]
     bf = bt.detach().cpu().double().numpy() / f
+    enc_value = None
     if amortised:
-        enc_codes = encoder_codes(X, encoder, enc_params, bf)
-        enc_value = sae_objective(X, Wf, enc_codes, bf, lam=lam).value
-        Z_warm = enc_codes
-    # near-duplicate atoms make some lassos degenerate (sublinear convergence): a generous budget,
-    # spent only on the points that need it
-    if dev.type == "cpu" and Wf.shape[0] <= GRAM_LIMIT:  # the fastest certified coder on the CPU
-        left = None if max_time is None else max(0.0, float(max_time) - (time.perf_counter() - t0))
-        coded = _entry_codes(X, Wf, bf, lam=lam, algorithm="cd", tol=coding_tol, Z0=Z_warm, max_time=left)
-    else:
-        coded = optimal_codes(X, Wf, bf, lam=lam, tol=coding_tol, device=dev, Z0=Z_warm, max_iter=20000)
+        Z_warm = encoder_codes(X, encoder, enc_params, bf)
+        enc_value = sae_objective(X, Wf, Z_warm, bf, lam=lam).value
+    left = None if max_time is None else max(0.0, float(max_time) - (time.perf_counter() - t0))
+    coded = _final_codes(X, Wf, bf, lam, coding_tol, Z_warm, dev, left)
     return FitResult(
         dictionary=Wf, codes=coded.codes, bias=bf, value=coded.value, reconstruction=coded.reconstruction,
         penalty=coded.penalty, coding_gap=coded.gap, history=report.history, n_steps=int(steps),
@@ -472,3 +467,66 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
         width=width, init=init if isinstance(init, str) else "array", seed=int(seed), device=str(dev),
         time_s=time.perf_counter() - t0,
     )
+
+
+def _start(X, Xs, f, b0, lam_s, width, init, init_arr, gen, learn_bias, seed, dev, *, stream):
+    """The data on the device (float32) and the starting dictionary and bias (on the scaled data ``Xs``).
+
+    A minibatch or encoder run (``stream``) on data too large for the device reads its batches from ``X``
+    and returns ``Xd = None`` (the initialisation then sees a subsample of 200,000 rows).
+    """
+    import torch
+
+    N, n = X.shape
+    cdt = torch.float32
+    stream = stream and not N * n * 4 <= (1 << 34 if dev.type == "cuda" else 1 << 32)
+    with torch.no_grad():
+        if stream:
+            sub = np.sort(np.random.default_rng(seed).choice(N, size=min(N, 200_000), replace=False))
+            Xd, src = None, torch.as_tensor(writable(np.asarray(Xs[sub], dtype=np.float32)), device=dev)
+        else:
+            Xd = torch.as_tensor(writable(np.asarray(X if f == 1.0 else Xs[:], dtype=np.float32)), device=dev)
+            src = Xd
+        b = torch.as_tensor(b0 * f, dtype=cdt, device=dev)
+        if init_arr is not None:
+            W = _rownorm(torch.as_tensor(init_arr, dtype=cdt, device=dev))
+        else:
+            W, b = _init_dictionary(src, b, lam_s, width, init, gen, learn_bias=learn_bias)
+    return Xd, W, b
+
+
+def _run(Xs, Xd, W, b, lam_s, f, encoder, opts, report, dev, cdt, *, minibatch):
+    """The steps of the fit on the scaled data: an encoder's (amortised), minibatches of free codes, or
+    free codes on all data. Returns ``(W, b, steps, stop reason, encoder parameters, warm-start codes)``,
+    the encoder's parameters and the codes in the units of ``X``."""
+    import torch
+
+    enc_params: dict = {}
+    Z_warm = None
+    if encoder != "none":
+        Wt, bt, steps, reason, enc_params = _fit_amortised(Xs, Xd, W, b, lam_s, encoder, opts, report, dev, cdt)
+        for name in ("b_enc", "threshold"):  # codes scale with the data; W_enc does not
+            if name in enc_params:
+                enc_params[name] = enc_params[name] / f
+    elif minibatch:
+        with torch.no_grad():
+            Wt, bt, _, steps, reason = _fit_free_minibatch(Xs, W, b, lam_s, opts, report, dev, cdt)
+    else:
+        with torch.no_grad():
+            Wt, bt, Zt, steps, reason = _fit_free(Xd, W, b, lam_s, opts, report)
+        N, width = Zt.shape
+        rows = max(1, (1 << 26) // max(1, width))
+        Z_warm = sp.csr_array(sp.vstack([sp.csr_array(Zt[s:s + rows].cpu().double().numpy() / f)
+                                         for s in range(0, N, rows)], format="csr"))
+        del Zt
+    return Wt, bt, steps, reason, enc_params, Z_warm
+
+
+def _final_codes(X, Wf, bf, lam, coding_tol, Z_warm, dev, time_left):
+    """The certified optimal codes of the fitted dictionary and bias on ``X`` itself, warm-started."""
+    # near-duplicate atoms make some lassos degenerate (sublinear convergence): a generous budget,
+    # spent only on the points that need it
+    if dev.type == "cpu" and Wf.shape[0] <= GRAM_LIMIT:  # the fastest certified coder on the CPU
+        return _entry_codes(X, Wf, bf, lam=lam, algorithm="cd", tol=coding_tol, Z0=Z_warm, max_time=time_left)
+    return optimal_codes(X, Wf, bf, lam=lam, tol=coding_tol, device=dev, Z0=Z_warm, max_iter=20000)
+

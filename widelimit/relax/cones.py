@@ -57,6 +57,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from .._memory import check_memory, gib
+from .._runtime import stdout_to_stderr
 from .._validation import check_data, check_lam, check_vector
 
 __all__ = [
@@ -69,6 +71,8 @@ __all__ = [
     "horn_matrix",
     "horn_separation",
     "estimate_memory",
+    "problem_entries",
+    "check_relax_memory",
 ]
 
 #: Outer approximations of CP (their optimal values are lower bounds).
@@ -80,8 +84,19 @@ CONES = OUTER_CONES + INNER_CONES
 #: Conic solvers accepted by name.
 SOLVERS = ("SCS", "CLARABEL")
 
-#: Default cap on the estimated solver memory (bytes) before :func:`relax` refuses.
-DEFAULT_MAX_MEMORY = 2**30
+#: ``(base MiB, c, p)`` of the measured peak memory ``base + c * m^p`` bytes per (solver, cone), ``m`` =
+#: :func:`problem_entries`: fitted by ``benchmarks/memory_models.py`` to solves at N = 20..400 (results in
+#: ``benchmarks/results/memory_models.{json,md}``). SCS: about 1.1 KB per entry (N = 1,000, n = 8: 2.5 GB);
+#: Clarabel: a dense block per PSD cone, quadratic in the entries.
+_MEMORY_FITS = {
+    ("SCS", "nonneg"): (8.3, 1069, 1), ("SCS", "dnn"): (0.0, 1247, 1), ("SCS", "sdd"): (8.3, 1615, 1),
+    ("SCS", "nndd"): (8.9, 1229, 1), ("SCS", "diagonal"): (8.7, 707.6, 1),
+    ("CLARABEL", "nonneg"): (11.8, 8.535, 2), ("CLARABEL", "dnn"): (15.0, 8.877, 2),
+    ("CLARABEL", "sdd"): (16.2, 2.991, 2), ("CLARABEL", "nndd"): (12.3, 10.09, 2),
+    ("CLARABEL", "diagonal"): (9.0, 0.5127, 2),
+}
+#: Margin on the fitted models: the largest measured point was 1.21x its fit.
+_SAFETY = 1.25
 
 _OK = "optimal"
 
@@ -187,21 +202,44 @@ def _horn_constraint(Q, cycle):
     return cp.sum(cp.multiply(H, Q[S][:, S])) >= 0
 
 
-def estimate_memory(N: int, n: int, cone: str, solver: str) -> int:
-    """Rough peak memory (bytes) the solver needs for the problem of size ``N x n``.
+def problem_entries(N: int, n: int, cone: str) -> int:
+    """Scalar entries of the conic constraints of the Q-problem on ``N x n`` data over ``cone``.
 
-    The objective's LMI has side ``d = N + n`` and ``m = d(d+1)/2`` scalar
-    entries. An interior-point method (Clarabel) factors a KKT system whose
-    PSD block is a dense ``m x m`` matrix: about ``16 m^2`` bytes. SCS keeps
-    only vectors and a sparse factorisation: about ``400 m`` bytes.
+    The objective's LMI has side ``d = N + n`` (``d(d+1)/2`` entries); the cone adds ``N^2``
+    entries for ``Q >= 0``, ``N(N+1)/2`` for ``Q`` PSD (``dnn``), ``3 N(N-1)/2`` for the 2x2
+    blocks of ``sdd``, ``N`` for the diagonal dominance of ``nndd``, ``N`` for a diagonal ``Q``.
+    The size that :func:`estimate_memory`'s measured models are fitted in.
     """
     d = N + n
     m = d * (d + 1) // 2
-    if cone == "sdd":
-        m += 3 * N * (N - 1) // 2
-    if solver.upper() == "CLARABEL":
-        return 16 * m * m
-    return 400 * m
+    extra = {"diagonal": N, "nonneg": N * N, "dnn": N * N + N * (N + 1) // 2,
+             "dnn_horn": N * N + N * (N + 1) // 2, "nndd": N * N + N, "sdd": N * N + 3 * N * (N - 1) // 2}
+    return m + extra.get(cone, N * N)
+
+
+def estimate_memory(N: int, n: int, cone: str, solver: str) -> int:
+    """Peak memory (bytes) a solve of the ``N x n`` Q-problem over ``cone`` adds, from measurements.
+
+    ``SAFETY * (base + c * m^p)`` with ``m`` = :func:`problem_entries` and ``(base, c, p)`` fitted per
+    solver and cone to the peak resident memory of solves at several ``N`` (``benchmarks/memory_models.py``;
+    the fits are recorded in ``benchmarks/results/memory_models.json``; theory.md §9). SCS grows linearly
+    in ``m`` (a sparse factorisation, about 1.1 KB per entry); Clarabel factors a dense block for each
+    PSD cone (``m^2``). Model building in cvxpy is included. ``dnn_horn`` is estimated as ``dnn``
+    (its cuts add a few scalar constraints).
+    """
+    base, c, p = _MEMORY_FITS[(solver.upper(), "dnn" if cone == "dnn_horn" else cone)]
+    return int(_SAFETY * (base * 2**20 + c * float(problem_entries(N, n, cone)) ** p))
+
+
+def check_relax_memory(N: int, n: int, cone: str, solver: str, budget=None) -> None:
+    """Refuse (one :class:`widelimit._memory.MemoryBudgetError` line) a :func:`relax` solve whose
+    :func:`estimate_memory` is above the memory budget; called before anything is built."""
+    solver, cone = str(solver).upper(), str(cone).lower()
+    hint = "use a smaller N, or widelimit's own first-order DNN solver (widelimit.relax.dnn, relax --solver TORCH)"
+    if solver == "CLARABEL":
+        hint = f"the SCS solver needs about {gib(estimate_memory(N, n, cone, 'SCS'))} here; or {hint}"
+    check_memory(estimate_memory(N, n, cone, solver), f"{solver} on cone {cone!r} with N = {N}, n = {n}",
+                 hint=hint, budget=budget)
 
 
 @dataclass(frozen=True)
@@ -319,7 +357,7 @@ def _cone_constraints(cone: str, Q, N: int):
 
 def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float = 1e-6,
           max_iters: int | None = None, solver_opts: dict | None = None,
-          max_memory: float = DEFAULT_MAX_MEMORY, horn_rounds: int = 5, horn_cuts: int = 50,
+          max_memory: float | None = None, horn_rounds: int = 5, horn_cuts: int = 50,
           horn_subsets: int = 300_000, verbose: bool = False) -> RelaxationResult:
     r"""Minimise the Q-form ``f(Q, b)`` over an approximation of the CP cone.
 
@@ -344,8 +382,10 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
         Iteration cap passed to the solver.
     solver_opts : dict, optional
         Extra keyword arguments for the solver (override the tolerance mapping).
-    max_memory : float
-        Refuse (``MemoryError``) when :func:`estimate_memory` exceeds this many bytes.
+    max_memory : float or str, optional
+        Memory budget in bytes (or ``"4G"``); default :func:`widelimit._memory.memory_budget` (half of
+        the machine's memory, or ``$WIDELIMIT_MEMORY_BUDGET``). A solve whose measured-model estimate
+        (:func:`estimate_memory`) is above it is refused before anything is built.
     horn_rounds, horn_cuts, horn_subsets : int
         ``dnn_horn`` only: cutting-plane rounds, cuts added per round, and
         5-subsets searched per separation (all of them when ``C(N,5)`` is smaller).
@@ -362,10 +402,9 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
     ValueError
         Unknown cone or solver, bad data, ``lam <= 0``, ``dnn_horn`` with ``N < 5``.
     MemoryError
-        The problem is too large for the solver (Clarabel's dense KKT block grows like ``N^4``).
+        (:class:`widelimit._memory.MemoryBudgetError`) the solve's estimated memory is above the budget
+        (Clarabel's dense PSD blocks grow like ``N^4``, SCS's work space like ``N^2``).
     """
-    import cvxpy as cp
-
     X = np.asarray(check_data(X), dtype=np.float64)
     lam = check_lam(lam)
     N, n = X.shape
@@ -379,15 +418,47 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
         raise ValueError(f"tol must be a positive number, got {tol!r}")
     if cone == "dnn_horn" and N < 5:
         raise ValueError(f"cone 'dnn_horn' needs N >= 5 points (Horn cuts are 5x5), got N = {N}")
-    mem = estimate_memory(N, n, cone, solver)
-    if mem > max_memory:
-        raise MemoryError(
-            f"{solver} on cone {cone!r} with N = {N}, n = {n} needs about {mem / 2**30:.1f} GiB "
-            f"(limit {max_memory / 2**30:.1f} GiB); use solver='SCS', widelimit.relax.dnn, or a smaller N"
-        )
+    check_relax_memory(N, n, cone, solver, max_memory)
     b_fixed = None if b is None else check_vector(b, n, "b")
     kind = "outer" if cone in OUTER_CONES else "inner"
 
+    Q, q, bv, obj, cons = _model(X, lam, cone, b_fixed)
+    solver_opts = dict(solver_opts or {})
+    verbose = bool(solver_opts.pop("verbose", verbose))
+    if "solver" in solver_opts:
+        raise ValueError("choose the solver with solver=..., not inside solver_opts")
+    kw = _solver_kwargs(solver, float(tol), max_iters, solver_opts)
+    t0 = time.perf_counter()
+    status, sval, message, solve_time, cuts, rounds = _solve_with_cuts(
+        obj, cons, Q, cone, solver, verbose, kw, tol, horn_rounds, horn_cuts, horn_subsets)
+    elapsed = time.perf_counter() - t0
+    Qval = None
+    if cone == "diagonal":
+        if q.value is not None:
+            Qval = np.diag(np.asarray(q.value, dtype=np.float64))
+    elif Q.value is not None:
+        Qval = np.asarray(Q.value, dtype=np.float64)
+        Qval = 0.5 * (Qval + Qval.T)
+    bval = b_fixed if b_fixed is not None else None if bv.value is None else np.asarray(bv.value, dtype=np.float64)
+    info = {}
+    if cone == "dnn_horn":
+        info["horn_exhaustive"] = math.comb(N, 5) <= horn_subsets
+    return RelaxationResult(
+        cone=cone, kind=kind, solver=solver, status=status,
+        value=sval if status == _OK else float("nan"), solver_value=sval, Q=Qval, b=bval,
+        time_s=elapsed, solve_time_s=solve_time, tol=float(tol), N=N, n=n, lam=lam,
+        n_cuts=len(cuts), n_rounds=rounds, message=message, info=info,
+    )
+
+
+def _model(X, lam, cone, b_fixed):
+    """The cvxpy problem: ``Q`` over ``cone`` (``q`` its diagonal for the diagonal cone), the bias variable
+    ``bv`` (``None`` when fixed), the objective ``(lam/N)(tr(Xt^T (Q + lam I)^{-1} Xt) + sum Q)`` and the
+    cone's constraints."""
+    import cvxpy as cp
+
+    N, n = X.shape
+    q = None
     if cone == "diagonal":
         q = cp.Variable(N, nonneg=True)
         Q = cp.diag(q)
@@ -402,13 +473,14 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
         bv = None
         Xt = X - b_fixed[None, :]
     obj = (lam / N) * (cp.matrix_frac(Xt, Q + lam * np.eye(N)) + cp.sum(Q))
-    solver_opts = dict(solver_opts or {})
-    verbose = bool(solver_opts.pop("verbose", verbose))
-    if "solver" in solver_opts:
-        raise ValueError("choose the solver with solver=..., not inside solver_opts")
-    kw = _solver_kwargs(solver, float(tol), max_iters, solver_opts)
+    return Q, q, bv, obj, cons
 
-    t0 = time.perf_counter()
+
+def _solve_with_cuts(obj, cons, Q, cone, solver, verbose, kw, tol, horn_rounds, horn_cuts, horn_subsets):
+    """Solve, and for ``"dnn_horn"`` add the violated Horn cuts and solve again (at most ``horn_rounds`` times).
+    Returns ``(status, solver value, message, solve time, cuts, rounds)``."""
+    import cvxpy as cp
+
     solve_time = 0.0
     cuts: list = []
     rounds = 0
@@ -417,7 +489,9 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
         rounds += 1
         prob = cp.Problem(cp.Minimize(obj), cons + [_horn_constraint(Q, c) for c in cuts])
         try:
-            with warnings.catch_warnings():  # the status is reported instead of cvxpy's warning
+            # the status is reported instead of cvxpy's warning; the C solvers' own lines (SCS:
+            # "ERROR: work memory allocation failure") go to stderr, never into a --json stdout
+            with warnings.catch_warnings(), stdout_to_stderr():
                 warnings.filterwarnings("ignore", message="Solution may be inaccurate")
                 prob.solve(solver=solver, verbose=verbose, **kw)
             status = str(prob.status)
@@ -437,27 +511,4 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
         if not new:
             break
         cuts.extend(new)
-    elapsed = time.perf_counter() - t0
-
-    Qval = None
-    if cone == "diagonal":
-        if q.value is not None:
-            Qval = np.diag(np.asarray(q.value, dtype=np.float64))
-    elif Q.value is not None:
-        Qval = np.asarray(Q.value, dtype=np.float64)
-        Qval = 0.5 * (Qval + Qval.T)
-    if b_fixed is not None:
-        bval = b_fixed
-    elif bv.value is not None:
-        bval = np.asarray(bv.value, dtype=np.float64)
-    else:
-        bval = None
-    info = {}
-    if cone == "dnn_horn":
-        info["horn_exhaustive"] = math.comb(N, 5) <= horn_subsets
-    return RelaxationResult(
-        cone=cone, kind=kind, solver=solver, status=status,
-        value=sval if status == _OK else float("nan"), solver_value=sval, Q=Qval, b=bval,
-        time_s=elapsed, solve_time_s=solve_time, tol=float(tol), N=N, n=n, lam=lam,
-        n_cuts=len(cuts), n_rounds=rounds, message=message, info=info,
-    )
+    return status, sval, message, solve_time, cuts, rounds

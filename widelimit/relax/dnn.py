@@ -83,11 +83,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._memory import check_memory
 from .._runtime import limit_threads, resolve_device
 from ..engine.local import Progress
 from .._validation import check_data, check_int, check_lam, check_real, check_vector, to_numpy
 
-__all__ = ["DNNResult", "solve_dnn", "dnn_dual_bound"]
+__all__ = ["DNNResult", "solve_dnn", "dnn_dual_bound", "dnn_bytes"]
+
+
+def dnn_bytes(N: int) -> int:
+    """Peak memory (bytes) :func:`solve_dnn` adds on the CPU for ``N`` points: ``1.25 (27 MiB + 142 N^2)``.
+
+    About 18 float64 ``N x N`` matrices (iterates, gradients, the PSD projection's eigenvectors),
+    fitted by ``benchmarks/memory_models.py`` at N = 500, 1000, 2000 (largest measured / fitted 1.17;
+    docs/theory.md §9).
+    """
+    return int(1.25 * (27 * 2**20 + 142.0 * N * N))
 
 #: Plain steps before the momentum starts (accelerate): the well-conditioned instances finish in a few
 #: dozen iterations, where the extra PSD test of the extrapolated point would cost more than it saves.
@@ -325,6 +336,9 @@ def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
     if not isinstance(accelerate, bool):
         raise ValueError(f"accelerate must be True or False, got {accelerate!r}")
     dev = resolve_device(device)
+    if dev.type == "cpu":  # refused before any N x N matrix exists (GPU memory is the device's own)
+        check_memory(dnn_bytes(X.shape[0]), f"solve_dnn on N = {X.shape[0]} points",
+                     hint="use a smaller N, or a GPU (device='cuda')")
     if threads is None and X.shape[0] <= 512:
         threads = 1
     with limit_threads(threads):
@@ -334,38 +348,17 @@ def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
 
 def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every, dev, progress,
                grow: float = 1.2, sweeps: int = 3, accelerate: bool = True) -> DNNResult:
+    """The iterations of :func:`solve_dnn`: accelerated forward-backward steps on the nonnegative matrices, the
+    PSD projection, and every ``check_every`` steps feasible points and dual bounds (:func:`_check`)."""
     import torch
 
     t0 = time.perf_counter()
     X = np.asarray(check_data(X), dtype=np.float64)
     lam = check_lam(lam)
-    N, n = X.shape
-    bf = None if b is None else check_vector(b, n, "b")
     if not (tol > 0):
         raise ValueError(f"tol must be > 0, got {tol!r}")
-    prob = _Problem(X, lam, bf, dev)
-    f64 = dict(dtype=torch.float64, device=dev)
-
-    def as_matrix(A, name):
-        A = np.asarray(to_numpy(A, name), dtype=np.float64)
-        if A.shape != (N, N):
-            raise ValueError(f"{name} must have shape ({N}, {N}), got {A.shape}")
-        if not np.isfinite(A).all():
-            raise ValueError(f"{name} has a non-finite value in row {int(np.flatnonzero(~np.isfinite(A).all(1))[0])}")
-        return torch.as_tensor(0.5 * (A + A.T), **f64)
-
-    Xt0 = prob.X - (prob.X.mean(dim=0, keepdim=True) if prob.b_fixed is None else prob.b_fixed[None, :])
-    # the best multiple of the identity: g(cI) = (lam/N)(||Xt||_F^2/(c + lam) + N c)
-    c = max(0.0, float(torch.linalg.norm(Xt0)) / math.sqrt(N) - lam)
-    QB = c * prob.I if Q0 is None else prob.psd_project(as_matrix(Q0, "Q0"))[0]
-    u = torch.zeros(N, N, **f64) if u0 is None else as_matrix(u0, "u0")
-    if step0 is None:
-        # local Lipschitz estimate of grad g at Q = cI (backtracking corrects it)
-        s2 = float(torch.linalg.matrix_norm(Xt0, ord=2)) ** 2
-        gamma = (lam + c) ** 3 / (2.0 * prob.a * max(s2, 1e-300))
-    else:
-        gamma = float(step0)
-
+    prob = _Problem(X, lam, None if b is None else check_vector(b, X.shape[1], "b"), dev)
+    QB, u, gamma = _start(prob, Q0, u0, step0)
     fB, G, R, bcur = prob.evaluate(QB)
     history = []
     best = (math.inf, None, None)  # (upper, Q, b)
@@ -380,28 +373,12 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
         # the point of the gradient step: extrapolated along QB - Q_prev (accelerate), or QB
         Y = None
         if accelerate and t_mom > 1.0 and it > _PLAIN_STEPS:
-            t_next = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t_mom * t_mom))
-            Yx = QB + ((t_mom - 1.0) / t_next) * (QB - Q_prev)
-            # while the PSD projections are identities, an extrapolated point outside the PSD cone would
-            # cost an eigendecomposition (25 Cholesky factorisations): restart instead
-            if not identity or prob.is_psd(Yx):
-                fx, Gx, _, _ = prob.evaluate(Yx)
-                if fx < math.inf:
-                    Y, fY, GY = Yx, fx, Gx
-            else:
-                t_mom = 1.0
+            Y, fY, GY, t_mom = _extrapolate(prob, QB, Q_prev, t_mom, identity)
         if Y is None:
             if G is None:  # (the gradient at QB is computed only when the step starts there)
                 fB, G, R, bcur = prob.evaluate(QB)
             Y, fY, GY = QB, fB, G
-        # forward-backward step onto the nonnegative matrices, with backtracking on g
-        for _ in range(60):
-            QA = torch.clamp(Y - gamma * (u + GY), min=0.0)
-            D = QA - Y
-            fA, _, RA, bA = prob.evaluate(QA, need_grad=False)
-            if fA <= fY + float(torch.sum(GY * D)) + float(torch.sum(D * D)) / (2 * gamma) + 1e-15 * abs(fY):
-                break
-            gamma *= 0.5
+        QA, fA, RA, bA, gamma = _forward_backward(prob, Y, fY, GY, u, gamma)
         QB_new, identity = prob.psd_project(QA + gamma * u)
         n_eigh += not identity
         u = u + (QA - QB_new) / gamma
@@ -418,38 +395,11 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
         t_mom = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t_mom * t_mom)) if accelerate and fB < fB_old else 1.0
         gamma *= grow
         if it % check_every == 0 or it == max_iter:
-            # feasible points: QA (nonnegative) when it is PSD, else QA + s I; QB + t 11^T (QB is PSD)
-            if prob.is_psd(QA):
-                cand = [(fA, QA, RA, bA)]
-            else:
-                smin = float(torch.linalg.eigvalsh(0.5 * (QA + QA.T))[0])
-                Qc = QA + max(0.0, -smin) * prob.I
-                v, _, Rc, bc = prob.evaluate(Qc, need_grad=False)
-                cand = [(v, Qc, Rc, bc)]
-            t = max(0.0, -float(QB.min()))
-            if t > 0:
-                Qc = QB + t
-                v, _, Rc, bc = prob.evaluate(Qc, need_grad=False)
-                cand.append((v, Qc, Rc, bc))
-            else:
-                cand.append((fB, QB, R, bcur))
-            for v, Qc, Rc, bc in cand:
-                if v < best[0]:
-                    best = (v, Qc, bc)
-                if Rc is not None:
-                    lower = max(lower, prob.dual_bound(Rc, bc, sweeps))
-            lower = max(lower, prob.dual_bound(R, bcur, sweeps))
-            # second dual candidate: the residuals of the per-point optimum at the current bias
-            # (x_i - b shortened to length lam), the dual point of theory.md §4.1
-            Xt = prob.X - bcur[None, :]
-            nr = torch.sqrt((Xt * Xt).sum(dim=1, keepdim=True))
-            lower = max(lower, prob.dual_bound(Xt * torch.clamp(lam / torch.clamp(nr, min=1e-300), max=1.0), bcur,
-                                               sweeps))
+            best, lower = _check(prob, (fA, QA, RA, bA), (fB, QB, R, bcur), best, lower, sweeps)
             upper = best[0]
             rel = (upper - lower) / max(abs(upper), 1e-300)
-            rec = {"iter": it, "time_s": time.perf_counter() - t0, "value": upper, "lower_bound": lower,
-                   "rel_gap": rel, "step": gamma, "n_eigh": n_eigh}
-            history.append(rec)
+            history.append({"iter": it, "time_s": time.perf_counter() - t0, "value": upper, "lower_bound": lower,
+                            "rel_gap": rel, "step": gamma, "n_eigh": n_eigh})
             if rel <= tol:
                 converged = True
                 break
@@ -467,3 +417,98 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
         Q=Qbest.cpu().numpy(), b=bbest.cpu().numpy().copy(), converged=converged, n_iter=it,
         time_s=time.perf_counter() - t0, step=gamma, u=u.cpu().numpy(), device=str(dev), history=history,
     )
+
+
+def _start(prob, Q0, u0, step0):
+    """The first iterate ``QB`` (the best multiple of the identity, or ``Q0`` projected), the multiplier ``u``
+    and the step (a local Lipschitz estimate of ``grad g`` at ``c I``, or ``step0``)."""
+    import torch
+
+    N = prob.X.shape[0]
+    lam = prob.lam
+    f64 = dict(dtype=torch.float64, device=prob.X.device)
+
+    def as_matrix(A, name):
+        A = np.asarray(to_numpy(A, name), dtype=np.float64)
+        if A.shape != (N, N):
+            raise ValueError(f"{name} must have shape ({N}, {N}), got {A.shape}")
+        if not np.isfinite(A).all():
+            raise ValueError(f"{name} has a non-finite value in row {int(np.flatnonzero(~np.isfinite(A).all(1))[0])}")
+        return torch.as_tensor(0.5 * (A + A.T), **f64)
+
+    Xt0 = prob.X - (prob.X.mean(dim=0, keepdim=True) if prob.b_fixed is None else prob.b_fixed[None, :])
+    # the best multiple of the identity: g(cI) = (lam/N)(||Xt||_F^2/(c + lam) + N c)
+    c = max(0.0, float(torch.linalg.norm(Xt0)) / math.sqrt(N) - lam)
+    QB = c * prob.I if Q0 is None else prob.psd_project(as_matrix(Q0, "Q0"))[0]
+    u = torch.zeros(N, N, **f64) if u0 is None else as_matrix(u0, "u0")
+    if step0 is not None:
+        return QB, u, float(step0)
+    # local Lipschitz estimate of grad g at Q = cI (backtracking corrects it)
+    s2 = float(torch.linalg.matrix_norm(Xt0, ord=2)) ** 2
+    return QB, u, (lam + c) ** 3 / (2.0 * prob.a * max(s2, 1e-300))
+
+
+def _extrapolate(prob, QB, Q_prev, t_mom, identity):
+    """Nesterov's extrapolated point ``(Y, g(Y), grad g(Y), t)``; ``Y`` is None when it is not taken."""
+    t_next = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t_mom * t_mom))
+    Yx = QB + ((t_mom - 1.0) / t_next) * (QB - Q_prev)
+    # while the PSD projections are identities, an extrapolated point outside the PSD cone would
+    # cost an eigendecomposition (25 Cholesky factorisations): restart instead
+    if not identity or prob.is_psd(Yx):
+        fx, Gx, _, _ = prob.evaluate(Yx)
+        if fx < math.inf:
+            return Yx, fx, Gx, t_mom
+        return None, None, None, t_mom
+    return None, None, None, 1.0
+
+
+def _forward_backward(prob, Y, fY, GY, u, gamma):
+    """The forward-backward step onto the nonnegative matrices from ``Y``, with backtracking on ``g``:
+    ``(QA, g(QA), its residuals, its bias, the step)``."""
+    import torch
+
+    for _ in range(60):
+        QA = torch.clamp(Y - gamma * (u + GY), min=0.0)
+        D = QA - Y
+        fA, _, RA, bA = prob.evaluate(QA, need_grad=False)
+        if fA <= fY + float(torch.sum(GY * D)) + float(torch.sum(D * D)) / (2 * gamma) + 1e-15 * abs(fY):
+            break
+        gamma *= 0.5
+    return QA, fA, RA, bA, gamma
+
+
+def _check(prob, A, B, best, lower, sweeps):
+    """Feasible points from the iterates ``A = (g, QA, R, b)`` (nonnegative) and ``B`` (PSD) -- QA when it is
+    PSD, else ``QA + s I``; ``QB + t 11^T`` -- and dual bounds from their residuals and from the per-point
+    optimum at the current bias. Returns the updated ``(best, lower)``."""
+    import torch
+
+    fA, QA, RA, bA = A
+    fB, QB, R, bcur = B
+    if prob.is_psd(QA):
+        cand = [(fA, QA, RA, bA)]
+    else:
+        smin = float(torch.linalg.eigvalsh(0.5 * (QA + QA.T))[0])
+        Qc = QA + max(0.0, -smin) * prob.I
+        v, _, Rc, bc = prob.evaluate(Qc, need_grad=False)
+        cand = [(v, Qc, Rc, bc)]
+    t = max(0.0, -float(QB.min()))
+    if t > 0:
+        Qc = QB + t
+        v, _, Rc, bc = prob.evaluate(Qc, need_grad=False)
+        cand.append((v, Qc, Rc, bc))
+    else:
+        cand.append((fB, QB, R, bcur))
+    for v, Qc, Rc, bc in cand:
+        if v < best[0]:
+            best = (v, Qc, bc)
+        if Rc is not None:
+            lower = max(lower, prob.dual_bound(Rc, bc, sweeps))
+    lower = max(lower, prob.dual_bound(R, bcur, sweeps))
+    # second dual candidate: the residuals of the per-point optimum at the current bias
+    # (x_i - b shortened to length lam), the dual point of theory.md §4.1
+    Xt = prob.X - bcur[None, :]
+    nr = torch.sqrt((Xt * Xt).sum(dim=1, keepdim=True))
+    lower = max(lower, prob.dual_bound(Xt * torch.clamp(prob.lam / torch.clamp(nr, min=1e-300), max=1.0), bcur,
+                                       sweeps))
+    return best, lower

@@ -15,14 +15,23 @@ from pathlib import Path
 import numpy as np
 
 from ..._validation import LAM_MIN as _LAM_MIN
-from ...data.readers import unpickle_reason
+from ...data.readers import plain_tensor, unpickle_reason
+from ...data.shards import DataError, special_file, special_message
 from ..model import SAEFormatError
 
 _MISSING = object()
 
 
+def check_regular(p: Path) -> None:
+    """Refuse a named pipe, device or socket where an SAE file is expected (reading it could block forever)."""
+    kind = special_file(p)
+    if kind is not None:
+        raise SAEFormatError(special_message(p, kind))
+
+
 def read_json(p: Path) -> dict:
     """A JSON object from ``p`` (anything else is an :class:`SAEFormatError` naming the file)."""
+    check_regular(p)
     try:
         with open(p) as fh:
             d = json.load(fh)
@@ -41,6 +50,7 @@ def read_safetensors(p: Path) -> dict:
 
     if not p.exists():
         raise SAEFormatError(f"{p}: no such file")
+    check_regular(p)
     try:
         return dict(load_file(str(p)))
     except Exception as e:  # noqa: BLE001 - any reader failure is one line naming the file
@@ -54,6 +64,7 @@ def read_pt(p: Path) -> dict:
 
     if not p.exists():
         raise SAEFormatError(f"{p}: no such file")
+    check_regular(p)
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -70,6 +81,11 @@ def read_pt(p: Path) -> dict:
     for k, v in obj.items():
         if not isinstance(v, torch.Tensor):
             raise SAEFormatError(f"{p}: entry {k!r} is a {type(v).__name__}, expected a tensor")
+        if v.dtype != torch.bool:  # sparse, meta, quantized, nested, float8 ...: one line naming file and key
+            try:
+                plain_tensor(v, p, f"tensor {str(k)!r}")
+            except DataError as e:
+                raise SAEFormatError(str(e)) from None
         out[str(k)] = v
     return out
 
@@ -80,6 +96,51 @@ def get_tensor(sd: dict, name: str, where, why: str):
         have = ", ".join(sorted(sd)) or "nothing"
         raise SAEFormatError(f"{where}: missing tensor {name!r} ({why}); the file holds: {have}")
     return sd[name]
+
+
+def check_unused(sd: dict, used, where, arch: str, warnings: list, ignored: dict | None = None) -> None:
+    """Refuse tensors of ``sd`` that the architecture does not read: the file may hold another model, and
+    certifying what is left would certify something else without a word.
+
+    ``used``: the names the loader read; ``ignored``: ``{name: why}`` for extras that a library
+    legitimately stores next to the weights (dictionary_learning's ``AutoEncoderTopK`` keeps a
+    ``threshold`` its top-k encoder does not read): those present are noted in ``warnings`` (the report).
+    """
+    ignored = ignored or {}
+    extra = sorted(set(sd) - set(used) - set(ignored))
+    if extra:
+        names = ", ".join(repr(e) for e in extra)
+        raise SAEFormatError(f"{where}: tensor{'s' if len(extra) > 1 else ''} {names} not used by a {arch} SAE "
+                             f"(it reads {', '.join(repr(u) for u in sorted(used))}); the file may hold another "
+                             "model: refused rather than certified as this one")
+    for name in sorted(set(ignored) & set(sd)):
+        warnings.append(f"tensor {name!r} of {where} ignored: {ignored[name]}")
+
+
+def _flat(v) -> np.ndarray:
+    return np.asarray(v.detach().cpu().double() if hasattr(v, "detach") else v, dtype=np.float64).reshape(-1)
+
+
+def _num(v) -> str:
+    """A stored number as written: ``2`` for integral values, else the float's repr (``0.07500000000000002``)."""
+    v = float(v)
+    return str(int(v)) if v.is_integer() and abs(v) < 2**53 else repr(v)
+
+
+def same_values(name_a: str, a, name_b: str, b, where, *, rtol: float = 0.0, what: str = "") -> None:
+    """Refuse two stored forms of one quantity that disagree (``threshold`` vs ``exp(log_threshold)``, a
+    top-level ``l1_coefficient`` vs the metadata's), naming both values and ``where``. ``rtol``: the
+    rounding the two forms may differ by."""
+    va, vb = _flat(a), _flat(b)
+    if va.shape != vb.shape:
+        raise SAEFormatError(f"{where}: {name_a} has {va.size} values but {name_b} has {vb.size}{what}; refused "
+                             "(which one the SAE uses cannot be told)")
+    bad = np.flatnonzero(~(np.abs(va - vb) <= rtol * np.maximum(np.abs(va), np.abs(vb))))
+    if bad.size:
+        i = int(bad[0])
+        at = f" at entry {i}" if va.size > 1 else ""
+        raise SAEFormatError(f"{where}: {name_a} = {_num(va[i])} but {name_b} = {_num(vb[i])}{at}{what}; they disagree, "
+                             "refused (which one the SAE uses cannot be told): remove one")
 
 
 def tensor_int(sd: dict, name: str, where) -> int:

@@ -13,7 +13,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..model import SAE, SAEFormatError
-from ._io import cfg_get, check_dims, dtype_name, get_tensor, read_json, read_pt, tensor_int
+from ._io import cfg_get, check_dims, check_unused, dtype_name, get_tensor, read_json, read_pt, tensor_int
+
+#: Tensors a dictionary_learning class stores that its encoder and decoder do not read: noted, not refused.
+_IGNORED = {
+    "AutoEncoderTopK": {"threshold": "AutoEncoderTopK keeps a threshold for its optional thresholded inference "
+                                     "(encode(use_threshold=True)); its top-k encoder, certified here, does not read it"},
+    "MatryoshkaBatchTopKSAE": {"group_sizes": "the nested groups shape the Matryoshka training loss, not the encoder"},
+}
+
+#: The tensors each class's encoder and decoder read (as loaded below).
+_READ = {
+    "AutoEncoder": {"encoder.weight", "encoder.bias", "decoder.weight", "bias"},
+    "JumpReluAutoEncoder": {"W_enc", "b_enc", "W_dec", "b_dec", "threshold"},
+    "GatedAutoEncoder": {"encoder.weight", "decoder.weight", "decoder_bias", "gate_bias", "mag_bias", "r_mag"},
+    "AutoEncoderTopK": {"encoder.weight", "encoder.bias", "decoder.weight", "b_dec", "k"},
+    "BatchTopKSAE": {"encoder.weight", "encoder.bias", "decoder.weight", "b_dec", "k", "threshold"},
+    "MatryoshkaBatchTopKSAE": {"W_enc", "b_enc", "W_dec", "b_dec", "k", "threshold"},
+}
 
 CLASSES = {"AutoEncoder": "standard", "JumpReluAutoEncoder": "jumprelu", "AutoEncoderTopK": "topk",
            "BatchTopKSAE": "batchtopk", "MatryoshkaBatchTopKSAE": "matryoshka", "GatedAutoEncoder": "gated"}
@@ -101,6 +118,7 @@ def dl_from_dicts(sd: dict, cfg: dict, *, ae_path, cfg_path, architecture=None, 
             raise SAEFormatError(f"{ae_path}: {cls} without k (no 'k' tensor and no {pre}k in a config)")
         if arch != "topk" and "threshold" in sd:
             kw["threshold"] = sd["threshold"]
+    check_unused(sd, _READ[cls], ae_path, f"dictionary_learning {cls}", warnings, _IGNORED.get(cls))
     l1 = cfg_get(trainer, "l1_penalty", where, "l1", None, prefix=pre)
     sae = SAE(**kw, architecture=arch, k=k, apply_b_dec_to_input=apply, source_format=source_format,
               path=str(ae_path), dtype=dtype_name(sd), l1_coefficient=l1, config=cfg, warnings=warnings)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model import SAE, SAEFormatError
-from ._io import get_tensor, read_pt, read_safetensors, tensor_int
+from ._io import check_regular, check_unused, get_tensor, read_pt, read_safetensors, tensor_int
 
 
 def load_plain(p: Path, *, architecture: str | None = None) -> SAE:
@@ -23,6 +23,7 @@ def load_plain(p: Path, *, architecture: str | None = None) -> SAE:
     ext = p.suffix.lower()
     stated = None
     if ext == ".npz":
+        check_regular(p)
         try:
             with np.load(p, allow_pickle=False) as z:
                 sd = {k: z[k] for k in z.files}
@@ -79,5 +80,7 @@ def load_plain(p: Path, *, architecture: str | None = None) -> SAE:
         if a.size != 1 or a.reshape(()).item() not in (0, 1):
             raise SAEFormatError(f"{p}: tensor 'apply_b_dec_to_input' must hold one flag (0/1 or a bool)")
         apply = bool(a.reshape(()).item())
+    read = {"W_dec", "b_dec", "apply_b_dec_to_input"} | ({"W_enc", "b_enc", "threshold", "k"} if has_enc else set())
+    check_unused(sd, read, p, arch, warnings)
     return SAE(**kw, architecture=arch, k=k, apply_b_dec_to_input=apply, source_format="plain", path=str(p),
                dtype=str(getattr(W_dec, "dtype", "float32")).replace("torch.", ""), warnings=warnings)

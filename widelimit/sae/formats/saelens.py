@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from ..model import SAE, SAEFormatError, _arr
-from ._io import (cfg_get, check_config_dtype, check_dims, dtype_name, get_tensor, read_json,
-                  read_safetensors)
+from ._io import (cfg_get, check_config_dtype, check_dims, check_unused, dtype_name, get_tensor, read_json,
+                  read_safetensors, same_values)
 
 _ARCHS = ("standard", "jumprelu", "topk", "gated")
 _TRAINING_ONLY = {"batchtopk": "batchtopk", "matryoshka_batchtopk": "matryoshka"}
@@ -33,6 +33,55 @@ def _fold_norm_scaling(kw: dict, s: float) -> None:
     kw["W_enc"] = np.asarray(_arr(kw["W_enc"], "W_enc", ""), dtype=np.float64) * s
     kw["W_dec"] = np.asarray(_arr(kw["W_dec"], "W_dec", ""), dtype=np.float64) / s
     kw["b_dec"] = np.asarray(_arr(kw["b_dec"], "b_dec", ""), dtype=np.float64) / s
+
+
+#: The tensors each architecture's encoder and decoder read (SAELens v6 ``sae_weights.safetensors``; the
+#: legacy ``scaling_factor`` is read by every architecture).
+_USED = {"standard": {"W_enc", "b_enc", "W_dec", "b_dec"}, "topk": {"W_enc", "b_enc", "W_dec", "b_dec"},
+         "jumprelu": {"W_enc", "b_enc", "W_dec", "b_dec", "threshold", "log_threshold"},
+         "gated": {"W_enc", "b_gate", "b_mag", "r_mag", "W_dec", "b_dec"}}
+
+
+def _jumprelu_threshold(cfg, sd, kw, cfg_path, w_path, warnings):
+    """The JumpReLU threshold from ``threshold``, ``exp(log_threshold)`` or the config's ``jump_relu_threshold``.
+
+    Two of them stored: they must agree (``log_threshold`` up to the rounding of its storage dtype
+    and of ``exp``), else the file is refused naming both values; when they agree the SAE's notes say
+    which was used.
+    """
+    forms = []
+    if "threshold" in sd:
+        forms.append(("tensor 'threshold'", sd["threshold"].double(), 0.0))
+    if "log_threshold" in sd:
+        lt = sd["log_threshold"]
+        eps = float(np.finfo(np.float32).eps) if lt.dtype.itemsize >= 4 else 2.0 ** -7
+        rt = 4 * (eps if lt.dtype.itemsize < 8 else float(np.finfo(np.float64).eps))
+        rt *= 1.0 + float(lt.double().abs().max()) if lt.numel() else 1.0
+        forms.append(("exp(tensor 'log_threshold')", lt.double().exp(), rt))
+    if "jump_relu_threshold" in cfg:
+        t = cfg_get(cfg, "jump_relu_threshold", cfg_path, "float")
+        forms.append((f"{cfg_path} field 'jump_relu_threshold'", np.full(int(kw["W_dec"].shape[0]), t), 0.0))
+    if not forms:
+        return get_tensor(sd, "threshold", w_path, "jumprelu thresholds")
+    for name, v, rt in forms[1:]:
+        same_values(forms[0][0], forms[0][1], name, v, w_path, rtol=max(rt, forms[0][2]))
+    if len(forms) > 1:
+        warnings.append(f"{w_path}: {' and '.join(f[0] for f in forms)} agree; {forms[0][0]} used")
+    return forms[0][1]
+
+
+def _l1_coefficient(cfg, meta, cfg_path, warnings):
+    """``l1_coefficient`` from the top level of the config or SAELens v6's
+    ``metadata.training_architecture_details``; both given: equal (then noted), else refused naming both."""
+    top = cfg_get(cfg, "l1_coefficient", cfg_path, "l1", None)
+    details = cfg_get(meta, "training_architecture_details", cfg_path, "dict", {}, prefix="metadata.")
+    inner = cfg_get(details, "l1_coefficient", cfg_path, "l1", None, prefix="metadata.training_architecture_details.")
+    if top is not None and inner is not None:
+        same_values("field 'l1_coefficient'", top, "field 'metadata.training_architecture_details.l1_coefficient'",
+                    inner, cfg_path)
+        warnings.append(f"{cfg_path}: l1_coefficient {top:g} is given both at the top level and in "
+                        "metadata.training_architecture_details (equal); used")
+    return top if top is not None else inner
 
 
 def _version_major(cfg, meta, cfg_path) -> int:
@@ -122,23 +171,23 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
                                      "a JumpReLU SAE needs architecture 'jumprelu'")
     k = None
     if arch == "jumprelu":
-        if "threshold" in sd:
-            kw["threshold"] = sd["threshold"]
-        elif "log_threshold" in sd:
-            kw["threshold"] = sd["log_threshold"].double().exp()
-        elif "jump_relu_threshold" in cfg:
-            kw["threshold"] = np.full(int(kw["W_dec"].shape[0]),
-                                      cfg_get(cfg, "jump_relu_threshold", cfg_path, "float"))
-        else:
-            get_tensor(sd, "threshold", w_path, "jumprelu thresholds")
+        kw["threshold"] = _jumprelu_threshold(cfg, sd, kw, cfg_path, w_path, warnings)
     if arch == "topk":
         k = cfg_get(cfg, "k", cfg_path, "pos_int", None)
-        if k is None:
-            kwargs = cfg_get(cfg, "activation_fn_kwargs", cfg_path, "dict", {})
-            k = cfg_get(kwargs, "k", cfg_path, "pos_int", None, prefix="activation_fn_kwargs.")
+        kwargs = cfg_get(cfg, "activation_fn_kwargs", cfg_path, "dict", {})
+        k_old = cfg_get(kwargs, "k", cfg_path, "pos_int", None, prefix="activation_fn_kwargs.")
+        if k is not None and k_old is not None:
+            same_values("field 'k'", k, "field 'activation_fn_kwargs.k'", k_old, cfg_path)
+            warnings.append(f"{cfg_path}: k = {k} is given both as 'k' and as 'activation_fn_kwargs.k' (equal); used")
+        k = k if k is not None else k_old
         if k is None:
             raise SAEFormatError(f"{cfg_path}: topk SAE without k (neither 'k' nor activation_fn_kwargs.k)")
     if "scaling_factor" in sd or "finetuning_scaling_factor" in sd:
+        if "scaling_factor" in sd and "finetuning_scaling_factor" in sd:
+            same_values("tensor 'scaling_factor'", sd["scaling_factor"], "tensor 'finetuning_scaling_factor'",
+                        sd["finetuning_scaling_factor"], w_path)
+            warnings.append(f"{w_path}: tensors 'scaling_factor' and 'finetuning_scaling_factor' are equal; "
+                            "'finetuning_scaling_factor' used")
         sf = sd.get("finetuning_scaling_factor", sd.get("scaling_factor"))
         if hasattr(sf, "ndim") and sf.ndim == 1 and sf.shape[0] == kw["W_dec"].shape[0]:
             W = _arr(kw["W_dec"], "W_dec", w_path).astype(np.float64)
@@ -161,17 +210,14 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
         warnings.append(f"norm scaling factor {float(norm_scaling_factor):g} folded into the weights")
     elif norm_scaling_factor is not None:
         raise SAEFormatError(f"{cfg_path}: norm_scaling_factor given but the SAE uses normalize_activations={norm!r}")
-    l1 = cfg_get(cfg, "l1_coefficient", cfg_path, "l1", None)
-    details = cfg_get(meta, "training_architecture_details", cfg_path, "dict", {}, prefix="metadata.")
-    if l1 is None:
-        l1 = cfg_get(details, "l1_coefficient", cfg_path, "l1", None,
-                     prefix="metadata.training_architecture_details.")
+    l1 = _l1_coefficient(cfg, meta, cfg_path, warnings)
     if folded is not None and l1 is not None:
         # SAELens trains on s x: ||s x - xhat_s||^2 + l1 sum f ||W_dec_s||. With W_dec = W_dec_s / s and the same
         # codes f, that is s^2 (||x - xhat||^2 + (l1 / s) sum f ||W_dec||): on raw x the coefficient is l1 / s
         l1 = float(l1) / folded
         warnings.append(f"l1_coefficient divided by the norm scaling factor (the SAE's objective on raw "
                         f"activations): {l1:g}")
+    check_unused(sd, _USED[arch] | {"scaling_factor", "finetuning_scaling_factor"}, w_path, arch, warnings)
     saved = meta.get("widelimit_warnings", cfg.get("widelimit_warnings", []))
     warnings.extend(str(w) for w in saved if isinstance(saved, list))
     train_arch = cfg_get(meta, "training_architecture", cfg_path, "str", None, prefix="metadata.")

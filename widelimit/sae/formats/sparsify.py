@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..model import SAE, SAEFormatError
-from ._io import cfg_get, check_dims, dtype_name, get_tensor, read_json, read_safetensors
+from ._io import cfg_get, check_dims, check_unused, dtype_name, get_tensor, read_json, read_safetensors
 
 _UNSUPPORTED = (("transcode", "transcoders"), ("skip_connection", "a skip connection (W_skip)"),
                 ("signed", "signed top-k codes"), ("embed_skip", "an embedding skip connection"),
@@ -41,6 +41,8 @@ def sparsify_from_dicts(cfg: dict, sd: dict | None, *, cfg_path, w_path, path, a
           "b_enc": get_tensor(sd, "encoder.bias", w_path, "sparsify encoder"),
           "W_dec": get_tensor(sd, "W_dec", w_path, "sparsify decoder"),
           "b_dec": get_tensor(sd, "b_dec", w_path, "sparsify decoder bias")}
+    warnings: list[str] = []
+    check_unused(sd, {"encoder.weight", "encoder.bias", "W_dec", "b_dec"}, w_path, "sparsify topk", warnings)
     sae = SAE(**kw, architecture="topk", k=k, apply_b_dec_to_input=True, source_format=source_format,
               path=path, dtype=dtype_name(sd), config=cfg)
     check_dims(sae, cfg_path, d_in, d_sae)

@@ -19,7 +19,7 @@ import widelimit as wl
 from widelimit.cli import main
 from widelimit.engine.checkpoint import CheckpointInUse, checkpoint_lock, load_checkpoint, save_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class _Stop(Exception):

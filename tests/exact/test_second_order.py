@@ -11,28 +11,7 @@ from scipy.optimize import brentq
 import widelimit as wl
 from widelimit.exact.second_order import joint_curvature, move
 
-from test_stability import check_witnesses, plain_objective, two_shared_rays
-
-
-def exact_codes_value(X, W, b, lam):
-    """Brute force, independent of widelimit: each point's nonnegative lasso solved on every support."""
-    N, k = X.shape[0], W.shape[0]
-    total = 0.0
-    for i in range(N):
-        y = X[i] - b
-        best = float(y @ y)
-        for s in range(1, k + 1):
-            for S in itertools.combinations(range(k), s):
-                WS = W[list(S)]
-                G = WS @ WS.T
-                if np.linalg.cond(G) > 1e10:
-                    continue
-                z = np.linalg.solve(G, WS @ y - lam)
-                if np.all(z > 0):
-                    r = y - z @ WS
-                    best = min(best, float(r @ r + 2 * lam * z.sum()))
-        total += best
-    return total / N
+from fixtures.stability import check_witnesses, exact_codes_value, plain_objective, two_shared_rays
 
 
 def threshold(rho, lam):
@@ -107,3 +86,15 @@ def test_hessian_quadratic_form_against_brute_force_on_a_fitted_point():
         jv = type(jc)(jc.value, v, jc.features, jc.bases, jc.complete, jc.hessian)
         Fp, Fm = (exact_codes_value(X, *move(W, b, jv, t), lam) for t in (h, -h))
         assert (Fp - 2 * F0 + Fm) / h**2 == pytest.approx(v @ jc.hessian @ v, rel=1e-3, abs=1e-6)
+
+
+def test_duplicated_atom_is_merged_and_nearly_dependent_atoms_give_no_value():
+    X, W, Z, b = two_shared_rays(0.5, rho=1.0, lam=0.3, dead=False)
+    ref = joint_curvature(X, W, sp.csr_array(Z), b, 0.3).value
+    W3 = np.vstack([W, W[0]])                               # atom 0 twice, its codes split 30/70
+    Z3 = np.hstack([Z, 0.7 * Z[:, :1]])
+    Z3[:, 0] *= 0.3
+    assert plain_objective(X, W3, Z3, b, 0.3) == pytest.approx(plain_objective(X, W, Z, b, 0.3), rel=1e-14)
+    assert joint_curvature(X, W3, sp.csr_array(Z3), b, 0.3).value == pytest.approx(ref, rel=1e-12)
+    W3[2] = [math.cos(1e-4), math.sin(1e-4), 0.0]             # a copy 1e-4 rad away: no smooth reduced objective
+    assert math.isnan(joint_curvature(X, W3, sp.csr_array(Z3), b, 0.3).value)
