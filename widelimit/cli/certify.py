@@ -95,13 +95,17 @@ def _sae_paths(specs) -> list[str]:
     out = []
     for spec in specs:
         path = Path(spec)
-        if path.is_dir() and not _is_sae(path):
+        if not path.is_dir():
+            out.append(spec)
+            continue
+        try:
+            load_sae(path)
+            out.append(spec)
+        except (ValueError, OSError):  # not an SAE itself: its SAE sub-folders, or its own error
             subs = sorted(str(d) for d in path.iterdir() if d.is_dir() and _is_sae(d))
             if not subs:
-                raise ValueError(f"SAE {spec}: neither an SAE folder nor a folder of SAE folders")
+                raise
             out += subs
-        else:
-            out.append(spec)
     return out
 
 

@@ -261,6 +261,19 @@ def _penalised(A, xt, Cx, S, valid, y, mse, C, c):
     return S, valid, y, mse, drop | keep
 
 
+def _round(A, xt, Cx, S, valid, y, mse, budget, opts, Lsq):
+    """One round on a subset of tokens: ``(S, valid, y, mse, moved)``."""
+    C = A.corr(residuals(A, xt, S, y, valid))  # the round's one product with the dictionary
+    if opts.penalty is None:
+        S, valid, y, mse, m1 = _add(A, xt, Cx, S, valid, y, mse, budget, C)
+        S, valid, y, mse, m2 = _swap(A, xt, Cx, S, valid, y, mse, budget, C, opts, Lsq)
+    else:  # swaps at each token's current count, then the penalised drops and adds
+        S, valid, y, mse, m1 = _swap(A, xt, Cx, S, valid, y, mse, valid.sum(1), C, opts, Lsq)
+        C = A.corr(residuals(A, xt, S, y, valid))
+        S, valid, y, mse, m2 = _penalised(A, xt, Cx, S, valid, y, mse, C, float(opts.penalty))
+    return S, valid, y, mse, m1 | m2
+
+
 def _pick(mask, a, b):
     """Per token, the tuple ``a`` where ``mask`` else ``b`` (tensors with the batch first)."""
     return tuple(torch.where(mask.view(-1, *([1] * (x.dim() - 1))), x, z) for x, z in zip(a, b))
@@ -309,7 +322,8 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
     dict
         ``codes`` (CSR (B, k), unit-atom codes), ``mse`` (per token, float64 numpy, evaluated from the
         codes), ``l0`` (per token), ``start_mse`` (per token, the start's own MSE, or its refit where
-        lower; ``None`` without a start), ``residuals`` (B, n), ``rounds``, ``correlations`` (``x_t U^T``).
+        lower; ``None`` without a start), ``residuals`` (B, n), ``rounds``, ``correlations`` (``x_t U^T``) and
+        ``stopped`` (``"converged"``: no token improved in the last round, ``"max_iter"`` or ``"time_limit"``).
     """
     A = Atoms(U) if atoms is None else atoms
     Lsq = spectral_norm_sq(U) if Lsq is None else Lsq
@@ -335,25 +349,31 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
             best = _pick(cold[3] < best[3], cold, best)
     S, valid, y = _compact(*best[:3])
     mse = best[3]
-    rounds = 0
+    rounds, stopped = 0, "converged"
     active = torch.ones(xt.shape[0], dtype=torch.bool, device=xt.device)
-    while rounds < opts.max_iter and time.perf_counter() <= deadline and bool(active.any()):
+    while bool(active.any()):
+        if rounds >= opts.max_iter or time.perf_counter() > deadline:
+            stopped = "max_iter" if rounds >= opts.max_iter else "time_limit"
+            break
         rounds += 1
-        C = A.corr(residuals(A, xt, S, y, valid))  # the round's one product with the dictionary
-        if opts.penalty is None:
-            S, valid, y, mse, m1 = _add(A, xt, Cx, S, valid, y, mse, budget, C)
-            S, valid, y, mse, m2 = _swap(A, xt, Cx, S, valid, y, mse, budget, C, opts, Lsq)
-        else:  # swaps at each token's current count, then the penalised drops and adds
-            S, valid, y, mse, m1 = _swap(A, xt, Cx, S, valid, y, mse, valid.sum(1), C, opts, Lsq)
-            C = A.corr(residuals(A, xt, S, y, valid))
-            S, valid, y, mse, m2 = _penalised(A, xt, Cx, S, valid, y, mse, C, float(opts.penalty))
-        active = m1 | m2
+        # only the tokens that moved in the last round: the others' trials are the same and fail again
+        idx = torch.nonzero(active)[:, 0]
+        sub = _round(A, xt[idx], Cx[idx], S[idx], valid[idx], y[idx], mse[idx], budget[idx], opts, Lsq)
+        w = sub[0].shape[1] - S.shape[1]
+        if w > 0:
+            S, valid, y = (torch.cat([a, a.new_zeros((a.shape[0], w))], 1) for a in (S, valid, y))
+        S, valid, y, mse = S.clone(), valid.clone(), y.clone(), mse.clone()
+        for full, part in zip((S, valid, y), sub[:3]):
+            full[idx] = torch.cat([part, part.new_zeros((part.shape[0], full.shape[1] - part.shape[1]))], 1)
+        mse[idx] = sub[3]
+        active = torch.zeros_like(active)
+        active[idx] = sub[4]
         S, valid, y = _compact(S, valid, y)
     R = residuals(A, xt, S, y, valid)
     codes = _to_csr(S, valid, y, A.k)
     return {"codes": codes, "mse": (R * R).sum(1).cpu().numpy(), "l0": np.diff(codes.indptr),  # the witness
             "start_mse": None if start_mse is None else start_mse.cpu().numpy(), "residuals": R, "rounds": rounds,
-            "correlations": Cx}
+            "correlations": Cx, "stopped": stopped}
 
 
 def _support_of(Z, device, dtype):

@@ -28,9 +28,9 @@ Three numbers bracket it, every one certified:
 ``certified_optimal`` is :func:`widelimit.exact.certificate.is_certified`
 (``global_gap <= tol * sae_objective``, the one definition the toolkit uses):
 then the SAE is a global minimiser of its objective over *all* widths, to that
-tolerance. Which objective (and ``lam``) is certified for each architecture is
-decided by :func:`widelimit.sae.objective.resolve_objective`: an L0-trained SAE
-(TopK, BatchTopK, JumpReLU, Matryoshka) is compared at equal sparsity.
+tolerance. Which objective is certified is decided by :func:`widelimit.sae.objective.resolve_objective`:
+an L0-trained SAE (TopK, BatchTopK, JumpReLU, Matryoshka) gets, unless an L1 stand-in is asked for, only the
+bracket at its own sparsity (:mod:`widelimit.sae.certify_l0`; every SAE gets it: :mod:`widelimit.sae.sparsity`).
 
 First-order diagnostics (theory.md §5), at the SAE's own codes with residual
 ``r_i = x_i - b - z_i W``:
@@ -42,36 +42,24 @@ First-order diagnostics (theory.md §5), at the SAE's own codes with residual
 * atom stationarity on the sphere: the Riemannian gradient
   ``(2/N) sum_i z_id (r_i - <r_i, u_d> u_d)`` must vanish (its norm per feature,
   also at the optimal codes, where it measures the dictionary alone);
-* bias stationarity ``||mean_i r_i||`` and dual feasibility ``max_i ||r_i|| <= lam``
-  (theory.md §4: ``G >= 0``).
+* bias stationarity ``||mean_i r_i||`` and dual feasibility ``max_i ||r_i|| <= lam`` (theory.md §4).
 
-Feature flags: dead (never fires), dense (fires on at least ``dense_threshold``
-of tokens), antipodal pairs (decoder cosine ``<= antipodal_cosine``, the dense
-antipodal pattern of theory.md §6), and absorbed-looking features (feature ``a``
-whose firing set is contained, to ``containment``, in that of a more frequent
-feature ``b`` with decoder cosine ``>= absorb_cosine``).
+Feature flags: dead (never fires), dense (fires on at least ``dense_threshold`` of tokens), antipodal pairs
+(decoder cosine ``<= antipodal_cosine``, theory.md §6), absorbed-looking features (``a``'s firing set inside,
+to ``containment``, that of a more frequent ``b`` with decoder cosine ``>= absorb_cosine``).
 
-Metrics under SAELens / SAEBench names (:mod:`widelimit.sae.metrics`): ``mse``,
-``explained_variance``, ``cossim``, ``l2_ratio``, ``relative_reconstruction_bias``,
-``l0``, ``l1``, ``frac_alive``, plus ``l1_unit`` = mean of ``sum_d f_id ||W_dec,d||``
-(the penalised quantity) and the optimal codes' ``optimal_mse`` / ``optimal_l0``.
-
-A first-order condition counts as violated only above
-:func:`violation_tolerance`, which adds to ``kkt_tol * lam`` the rounding of the
-data and weights' storage precision (float32 rounding of ``<u_d, r_i>`` is about
-``eps32 * max ||x_i - b||``), so that real violations stand out from rounding.
-
-Activations are read in row batches ``acts[s:e]`` (any array-like with
-``shape``, ``dtype`` and slicing: memory maps, :func:`widelimit.open_activations`),
-converted to float64 per batch; memory is bounded by the batch except for the
-wide-limit bound, which reads float16/bfloat16 or normalised activations as one
-array (see :func:`certify_sae`).
+Metrics under SAELens / SAEBench names (:mod:`widelimit.sae.metrics`), plus ``l1_unit`` = mean of
+``sum_d f_id ||W_dec,d||`` and the optimal codes' ``optimal_mse`` / ``optimal_l0``. Violated: above
+:func:`violation_tolerance` (``kkt_tol * lam`` plus the storage precision's rounding). Activations are read in row batches (any array-like with ``shape``, ``dtype``
+and slicing), float64 per batch; memory is bounded by the batch except for the wide-limit bound, which reads
+float16/bfloat16 or normalised activations as one array (see :func:`certify_sae`).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from types import SimpleNamespace
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -96,6 +84,8 @@ from ._util import _DENSE_K, csr_pair as _csr_pair, diag as _diag, finish_codes 
 from ._util import Rows as _Rows, check_acts as _check_acts, pair_candidates as _pair_candidates, sample_rows
 from ._util import stability_columns as _stability_columns, violation_tolerance
 from .objective import resolve_lam, resolve_objective
+from .certify_l0 import certify_l0
+from .sparsity import SparsityOptions, SparsityPart
 from .report import flat_dict, plot_sae_certificate, write_sae_certificate  # noqa: F401  (re-exported)
 
 #: On the CPU, the products with the sparse codes run in :mod:`widelimit.sae._kernels` (numba); ``False``
@@ -153,11 +143,13 @@ class SAECertificate:
     violation_tolerance: float = 0.0
     n_tokens_total: int | None = None
     wide_optimum_width: int | None = None
+    sparsity: dict | None = None  # the bracket at the SAE's own L0 (widelimit.sae.sparsity, theory.md §9)
+    downstream: dict | None = None  # CE loss score and KL with the SAE spliced in (widelimit.sae.downstream)
 
     @property
-    def l1_coefficient(self) -> float:
-        """``2 lam``."""
-        return 2.0 * self.lam
+    def l1_coefficient(self) -> float | None:
+        """``2 lam`` (``None`` without an L1 objective)."""
+        return None if self.lam is None else 2.0 * self.lam
 
     def violating_features(self, condition: str | None = None) -> list[int]:
         """Features listed in :attr:`violations` (optionally only those of one condition)."""
@@ -174,8 +166,8 @@ class SAECertificate:
             "huber_median_gap": self.huber_median_gap,
             "encoder_gap": self.encoder_gap, "encoder_gap_upper": enc_hi,
             "decoder_gap_at_bias": self.decoder_gap_at_bias, "bias_gap": self.bias_gap,
-            "global_gap": self.global_gap, "rel_global_gap": relative_gap(self.global_gap, self.sae_objective),
-            "certified_optimal": bool(self.certified_optimal), "tol": self.tol,
+            "global_gap": self.global_gap, "rel_global_gap": _rel(self.global_gap, self.sae_objective),
+            "certified_optimal": None if self.certified_optimal is None else bool(self.certified_optimal), "tol": self.tol,
             "lam": self.lam, "l1_coefficient": self.l1_coefficient,
             "n_tokens": self.n_tokens, "d_in": self.d_in, "d_sae": self.d_sae,
             "bias_stationarity": self.bias_stationarity, "max_residual_norm": self.max_residual_norm,
@@ -190,11 +182,16 @@ class SAECertificate:
             "same_width": self.same_width,
             "objective": dict(self.objective), "violation_tolerance": self.violation_tolerance,
             "n_tokens_total": self.n_tokens_total, "wide_optimum_width": self.wide_optimum_width,
+            "sparsity": self.sparsity, "downstream": self.downstream,
         }
 
     def as_flat_dict(self, prefix: str = "") -> dict:
         """Scalars only, ``/``-separated keys (``gap/encoder``, ``metrics/l0``): ready for a logger (see report)."""
         return flat_dict(self, prefix=prefix)
+
+
+def _rel(gap, value):
+    return None if gap is None else relative_gap(gap, value)
 
 
 @validate_params(CERTIFY_CONSTRAINTS)
@@ -205,7 +202,8 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
                 absorb_cosine: float = 0.5, containment: float = 0.9, kkt_tol: float = 1e-6,
                 max_pairs: int = 200_000, coding_algorithm: str = "auto", threads: int | None = None,
                 progress: Callable[[Progress], None] | None = None, stability: bool = False,
-                stability_witnesses: int = 8, same_width_steps: int = 0) -> SAECertificate:
+                stability_witnesses: int = 8, same_width_steps: int = 0, objective: str = "auto",
+                sparsity=None, calibration_time: float | None = 60.0) -> SAECertificate:
     r"""Certify a trained SAE against the global optimum of its own objective.
 
     Parameters
@@ -270,7 +268,10 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
         When ``> 0``, run :func:`widelimit.learn.same_width.same_width_witness` (the gradient solver started at the
         decoder, this many steps, certified optimal codes): :attr:`SAECertificate.same_width` says
         whether a dictionary of the same width reaches a lower objective than the decoder's optimal codes.
-
+    objective, sparsity, calibration_time : str, SparsityOptions, float
+        ``"auto"`` (the SAE's own: L1 for L1-trained SAEs, the bracket at its L0 alone -- no ``lam``, L1 fields
+        ``None`` -- for L0-trained ones), ``"l1"`` (also for L0 SAEs; ``lam`` calibrated at equal L0 within
+        ``calibration_time`` s when not given) or ``"l0"``; the bracket's options (theory.md §9).
 
     Returns
     -------
@@ -284,12 +285,15 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
                         antipodal_cosine=antipodal_cosine, absorb_cosine=absorb_cosine, containment=containment,
                         kkt_tol=kkt_tol, max_pairs=max_pairs, coding_algorithm=coding_algorithm, progress=progress,
                         stability=stability, stability_witnesses=stability_witnesses,
-                        same_width_steps=same_width_steps)
+                        same_width_steps=same_width_steps, objective=objective,
+                        sparsity=SparsityOptions() if sparsity is None else sparsity,
+                        calibration_time=calibration_time)
 
 
 def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, tol, coding_tol, batch_size, device, optimal_codes_diagnostics,
              dead_threshold, dense_threshold, antipodal_cosine, absorb_cosine, containment, kkt_tol, max_pairs,
-             coding_algorithm, progress, stability, stability_witnesses, same_width_steps):
+             coding_algorithm, progress, stability, stability_witnesses, same_width_steps, objective, sparsity,
+             calibration_time):
     """The body of :func:`certify_sae` (inside its thread limits)."""
     import torch
 
@@ -302,12 +306,21 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     dev = resolve_device(device)
     on_cpu = dev.type == "cpu" and _NUMBA_KERNELS  # sparse-code products in numba, else torch
     sample = sae.preprocess(np.asarray(sample_rows(acts, 2048, seed), dtype=np.float64))  # calibration, scale
-    choice = resolve_objective(sae, sample, lam, l1_coefficient, coding_tol=coding_tol, device=dev)
+    choice = resolve_objective(sae, sample, lam, l1_coefficient, objective=objective, coding_tol=coding_tol,
+                               device=dev, time_limit=calibration_time, progress=progress)
     lam = choice.lam
+    if lam is None:  # the SAE's own sparsity alone: no L1 objective (widelimit.sae.certify_l0)
+        flags = dict(dead_threshold=dead_threshold, dense_threshold=dense_threshold, max_pairs=max_pairs,
+                     antipodal_cosine=antipodal_cosine, absorb_cosine=absorb_cosine, containment=containment)
+        return certify_l0(SAECertificate, acts, sae, choice, dev=dev, sparsity=sparsity, batch_size=batch_size,
+                          progress=progress, notes=[str(w) for w in sae.warnings], n_total=n_total, flags=flags)
+    cal = choice.calibration
+    notes_cal = [f"lam calibration stopped at its time limit: optimal codes' L0 {cal['optimal_l0']:.4g}, the SAE's "
+                 f"{cal['target_l0']:.4g}"] if cal.get("stopped") else []
     t0 = time.perf_counter()
     N, n = int(acts.shape[0]), int(acts.shape[1])
     k = sae.d_sae
-    notes: list[str] = [str(w) for w in sae.warnings]  # what loading or exporting the SAE changed or substituted
+    notes: list[str] = [str(w) for w in sae.warnings] + notes_cal  # what loading the SAE changed or substituted
     if sae.normalize_activations != "none":
         notes.append(f"activations normalised per token ({sae.normalize_activations}) as the SAE does; "
                      "all numbers are in that normalised space")
@@ -355,6 +368,8 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     n_batches = -(-N // batch_size)
     stab_codes = []
     stats = ReconstructionStats(k)
+    spart = SparsityPart(SimpleNamespace(sae=sae, U=U, b=b, norms=norms, dev=dev, k=k), sparsity) \
+        if sparsity.enabled and sae.has_encoder else None
 
     # the batches are a sequential pass of the data's engine: read ahead for sources, computed block by
     # block for Dask, a NaN / Inf row named with its shard
@@ -374,6 +389,8 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
             zv = fv * nt[cols]  # codes on unit atoms
             if on_cpu or coder is not None:
                 Y0 = sp.csr_array((zv.cpu().numpy(), (rows.cpu().numpy(), cols.cpu().numpy())), shape=(nb_, k))
+            if spart is not None:  # the bracket at the SAE's own L0 (before the coder reuses the workspaces)
+                spart.update(SimpleNamespace(xt=xt, Y0=Y0, m=nb_, rows=rows, cols=cols, zv=zv))
             if on_cpu:  # sparse products in numba, O(L0 n) per token (widelimit.sae._kernels)
                 R0, tok = _kernels.residuals(Xb, b, U, Y0)
                 R, tok = torch.from_numpy(R0), torch.from_numpy(tok)
@@ -585,5 +602,5 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
         violations=violations, antipodal_pairs=antipodal, absorbed=absorbed, sae_info=sae.summary(),
         optimal_bias=np.asarray(med.point), seconds=secs, device=str(dev), notes=notes, stability=stab_summary,
         same_width=same_width, objective=choice.as_dict(), violation_tolerance=float(thr), n_tokens_total=n_total,
-        wide_optimum_width=width_opt,
+        wide_optimum_width=width_opt, sparsity=None if spart is None else spart.result(),
     )

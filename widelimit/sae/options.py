@@ -5,8 +5,8 @@ Checked once, when ``certify_sae`` is called, before any work (docs/api.md, the 
 
 from __future__ import annotations
 
-from .._params import (DEVICE, LAM, NONNEG_INT, POSITIVE_INT, PROGRESS, SEED, THREADS, TOL, ArrayLike, Boolean,
-                       Interval, Lam, Passed, StrOptions)
+from .._params import (DEVICE, LAM, NONNEG_INT, POSITIVE_INT, PROGRESS, SEED, THREADS, TIME_LIMIT, TOL, ArrayLike,
+                       Boolean, InstanceOf, Interval, Lam, Passed, StrOptions)
 from .model import ARCHITECTURES
 
 __all__ = ["CERTIFY_CONSTRAINTS", "CODING_ALGORITHMS"]
@@ -27,4 +27,7 @@ CERTIFY_CONSTRAINTS = {
     "coding_algorithm": StrOptions(CODING_ALGORITHMS), "threads": THREADS,
     "progress": PROGRESS, "stability": Boolean(), "stability_witnesses": NONNEG_INT,
     "same_width_steps": NONNEG_INT,
+    "objective": StrOptions(("auto", "l1", "l0")),
+    "sparsity": [InstanceOf("widelimit.sae.sparsity:SparsityOptions"), None],
+    "calibration_time": TIME_LIMIT,
 }

@@ -115,7 +115,7 @@ class SparsityPart:
         U = torch.as_tensor(setup.U, device=setup.dev)
         self._atoms, self._Lsq, self._mu = Atoms(U), spectral_norm_sq(U), None
         self.sums = dict(n=0, value=0.0, lower=0.0, sae=0.0, start=0.0, l0=0.0, sae_l0=0.0, pen_value=0.0,
-                         pen_lower=0.0, pen_sae=0.0, rounds=0, own_s=0.0, rest_s=0.0)
+                         pen_lower=0.0, pen_sae=0.0, rounds=0, own_s=0.0, rest_s=0.0, timed_out=0)
         self.methods = np.zeros(len(METHODS), dtype=np.int64)
         self._mark = time.perf_counter()
 
@@ -152,6 +152,7 @@ class SparsityPart:
                                opts=self.pen_opts, deadline=self._deadline(time.perf_counter()), Lsq=self._Lsq,
                                atoms=self._atoms)
         self._add(out["mse"], np.minimum(lb, out["mse"]), out["start_mse"], out, own, meth, xt, pen)
+        self.sums["timed_out"] += int(out["stopped"] == "time_limit")
         self.sums["own_s"] += time.perf_counter() - now
         self._mark = time.perf_counter()
 
@@ -183,15 +184,17 @@ class SparsityPart:
         n = max(1, S["n"])
         value, lower, sae = S["value"] / n, S["lower"] / n, S["sae"] / n
         counts = {METHODS[j]: int(c) for j, c in enumerate(self.methods) if c}
-        status = ("proven for every token" if counts.get(METHODS[0], 0) == 0 else
-                  "none proven beyond MSE >= 0 on some tokens (the decoder's atoms are too coherent for a "
-                  "restricted-eigenvalue bound at this L0, and its supports too many to enumerate)")
+        none = counts.get(METHODS[0], 0)
+        status = ("proven on every token" if none == 0 else
+                  f"only MSE >= 0 proven on {none} of {S['n']} tokens: the decoder is too coherent for a "
+                  "restricted-eigenvalue bound at this L0, its supports too many to enumerate")
         out = {"objective": "mse at L0 <= budget", "budget": self.rule, "value": value, "lower_bound": lower,
                "gap": value - lower, "rel_gap": relative_gap(value - lower, value),
                "certified": is_certified(value - lower, value, tol=self.o.tol), "tol": self.o.tol,
                "sae_value": sae, "gain": sae - value, "gain_upper": sae - lower, "l0": S["l0"] / n,
                "sae_l0": S["sae_l0"] / n, "status": status, "bound_methods": counts, "n_iter": S["rounds"],
-               "time_s": S["own_s"], "n_points": S["n"], "time_limit": self.o.time_limit, "penalised": None}
+               "time_s": S["own_s"], "n_points": S["n"], "time_limit": self.o.time_limit, "penalised": None,
+               "batches_stopped_by_time": S["timed_out"]}
         if self.penalty is not None:
             pv, pl, ps = S["pen_value"] / n, S["pen_lower"] / n, S["pen_sae"] / n
             out["penalised"] = {"objective": f"mse + {self.penalty:g} * L0 (JumpReLU's recorded l0_coefficient)",
