@@ -75,7 +75,7 @@ def test_cli_type_gives_the_python_message():
     ("dense_threshold", "x", r"^dense_threshold must be a finite number in \[0, 1\], got str 'x'$"),
     ("seed", "abc", r"^seed must be an integer >= 0, got str 'abc'$"),
     ("batch_size", 0, r"^batch_size must be an integer >= 1, got 0$"),
-    ("coding_algorithm", "lbfgs", r"^coding_algorithm must be one of 'auto', 'cd', 'working_set', 'fista', got"),
+    ("coding_algorithm", "lbfgs", r"^coding_algorithm must be one of 'auto', 'cd', 'working_set', 'fista', 'screened', got"),
     ("device", "tpu", r"^device must be 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device or None, got str 'tpu'$"),
 ])
 def test_certify_sae_refuses_bad_options_before_work(option, value, message, monkeypatch):

@@ -1,4 +1,4 @@
-"""Codes at a sparsity budget (widelimit.coding.pursuit, widelimit.coding.sparse_bound; theory.md §9): the witness
+"""Codes at a sparsity budget (widelimit.coding.pursuit, widelimit.coding.sparse_bound; theory.md §10): the witness
 against brute-force enumeration with scipy's NNLS, the lower bounds against the exact optimum, and the pursuit
 against dictionary_learning's grad_pursuit on the decoders of the real libraries' SAEs."""
 

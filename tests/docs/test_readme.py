@@ -11,7 +11,7 @@ _FLOAT = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 
 def test_readme_python_example_runs(capsys):
     text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    blocks = re.findall(r"```python[^\n]*\n(.*?)```", text, flags=re.S)
     assert blocks, "README has no python example"
     ns: dict = {}
     exec(compile(blocks[0], "README.md", "exec"), ns)
@@ -48,7 +48,7 @@ def test_readme_python_example_runs(capsys):
 def test_readme_second_example_streams_the_same_optimum(capsys, tmp_path, monkeypatch):
     """The README's on-disk example (run in a scratch folder): the memory-mapped file gives the same optimum."""
     text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    blocks = re.findall(r"```python[^\n]*\n(.*?)```", text, flags=re.S)
     assert len(blocks) >= 2
     monkeypatch.chdir(tmp_path)
     ns: dict = {}
@@ -59,3 +59,63 @@ def test_readme_second_example_streams_the_same_optimum(capsys, tmp_path, monkey
     assert (tmp_path / "acts.npy").exists()
     # the printed True is the comparison of two independently computed optima
     assert ns["src"].shape == ns["X"].shape
+
+
+# --------------------------------------------------------------------------------------
+# the set-up commands
+# --------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def _bash_lines(text: str) -> list[str]:
+    """The command lines of the README's bash blocks (comments and blank lines left out)."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    return [ln.strip() for b in blocks for ln in b.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+
+
+def _requirements(path: Path) -> list[str]:
+    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.strip().startswith("#")]
+
+
+def test_ci_runs_exactly_the_readme_set_up_and_test_command():
+    lines = _bash_lines((ROOT / "README.md").read_text())
+    venv = next(ln for ln in lines if "venv" in ln)
+    test = next(ln for ln in lines if ln.endswith("pytest -q"))
+    assert venv == "python3 -m venv .venv && . .venv/bin/activate"
+    assert lines.index(venv) < lines.index(test)  # the environment first
+    ci = [ln for ln in _requirements(ROOT / ".ci" / "run") if not ln.startswith(("set ", "cd "))]
+    assert ci == [venv, test]
+
+
+def test_both_commands_install_torch_cpu_build_first_from_the_cpu_index():
+    """Step one asks the PyTorch CPU index about torch alone (--no-deps: an unreachable index costs one
+    look-up, not one per package), at the pinned version; every later install keeps the pin."""
+    lines = _bash_lines((ROOT / "README.md").read_text())
+    installs = [ln for ln in lines if "pip install" in ln and "venv" not in ln]
+    assert len(installs) == 2
+    for ln in installs:
+        steps = [s.strip() for s in ln.split("&&")]
+        assert steps[0] == "python3 -m pip install --no-deps -r torch-cpu.txt", steps
+        assert steps[1].startswith("python3 -m pip install -c constraints-cpu.txt -e "), steps
+    assert _requirements(ROOT / "torch-cpu.txt") == [f"--extra-index-url {CPU_INDEX}", "-c constraints-cpu.txt", "torch"]
+
+
+@pytest.mark.parametrize("platform, want, refused", [
+    ("linux", "2.13.0+cpu", ["2.13.0", "2.13.1+cpu", "2.13.0+cu128"]),  # PyPI's Linux build is the CUDA one
+    ("darwin", "2.13.0", ["2.13.1"]),  # PyPI's macOS and Windows wheels are CPU builds
+    ("win32", "2.13.0", ["2.13.1"]),
+])
+def test_the_pin_admits_only_the_cpu_build(platform, want, refused):
+    from packaging.requirements import Requirement
+
+    pins = [Requirement(ln) for ln in _requirements(ROOT / "constraints-cpu.txt")]
+    env = {"sys_platform": platform}
+    active = [r for r in pins if r.marker is None or r.marker.evaluate(env)]
+    assert len(active) == 1 and active[0].name == "torch"
+    assert active[0].specifier.contains(want) and not any(active[0].specifier.contains(v) for v in refused)
+    # the package itself accepts the pinned build
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    torch_req = Requirement(re.search(r'"(torch[^"]*)"', pyproject).group(1))
+    assert torch_req.specifier.contains(want)

@@ -211,7 +211,54 @@ def test_sparse_limit_ceiling_holds_for_small_p():
         assert v <= sp.sparse_limit_ceiling(d, m, n=n) + 1e-6
     ff = sp.finite_field_optimum(5, 5 - 1, p, m)
     assert ff["value"] / p <= sp.sparse_limit_ceiling(25, m) * (1 + 1e-6)
-    assert sp.sparse_limit_ceiling(4, 3) == math.comb(6, 3)
+    assert sp.sparse_limit_ceiling(4, 3) == pytest.approx(4 * 6 * 8 / 15, rel=1e-15)  # not C(6, 3) = 20
+
+
+def _welch_ratio_max(d, m, n, seed):
+    """Maximise (sum_i ||w_i||^{2m})^2 / sum_ij <w_i, w_j>^{2m} over W (d x n) by L-BFGS (analytic gradient)."""
+    from scipy.optimize import minimize
+
+    def f(x):
+        W = x.reshape(d, n)
+        G = W.T @ W
+        s = np.diag(G)
+        a, b = np.sum(s**m), np.sum(G ** (2 * m))
+        ga = 2 * m * W * s ** (m - 1)
+        gb = 4 * m * W @ G ** (2 * m - 1)
+        return -a * a / b, -(2 * a / b * ga - a * a / b**2 * gb).ravel()
+
+    x0 = np.random.default_rng(seed).standard_normal(d * n)
+    return -minimize(f, x0, jac=True, method="L-BFGS-B", options={"maxiter": 5000, "gtol": 1e-12, "ftol": 1e-15}).fun
+
+
+@pytest.mark.parametrize("d, expected", [(2, 3.2), (3, 7.0), (4, 12.8)])
+def test_real_frames_reach_d_d2_d4_over_15_and_never_more(d, expected):
+    """docs/superposition.md: the p -> 0 constant is d(d+2)...(d+2m-2)/(2m-1)!!, not C(d+m-1, m)."""
+    m = 3
+    assert sp.sphere_moment_constant(d, m) == pytest.approx(expected, rel=1e-15)
+    assert expected < math.comb(d + m - 1, m)
+    vals = [_welch_ratio_max(d, m, 4 * d * d, seed) for seed in range(4)]
+    assert max(vals) <= expected * (1 + 1e-9)            # never exceeded
+    assert max(vals) >= expected * (1 - 1e-6)            # and reached
+    # E[u_1^{2m}] of a uniform unit vector by Monte Carlo: the moment identity behind the constant
+    u = np.random.default_rng(0).standard_normal((400_000, d))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    assert 1 / np.mean(u[:, 0] ** (2 * m)) == pytest.approx(expected, rel=0.02)
+
+
+@pytest.mark.parametrize("m", [3, 5])
+def test_a_spherical_design_attains_the_constant_in_the_plane(m):
+    """A regular N-gon with N >= 2m + 1 is a spherical 2m-design of the circle: it attains 2.4...(2m)/(2m-1)!!,
+    and so does the lab's exact Ltilde/p at tiny p, after the best rescaling."""
+    N = 2 * m + 1
+    t = 2 * np.pi * np.arange(N) / N
+    V = np.vstack([np.cos(t), np.sin(t)])
+    G = V.T @ V
+    ratio = N * N / np.sum(G ** (2 * m))
+    const = math.prod(range(2, 2 * m + 1, 2)) / math.prod(range(1, 2 * m, 2))
+    assert ratio == pytest.approx(const, rel=1e-12) and sp.sphere_moment_constant(2, m) == pytest.approx(const)
+    p = 1e-12
+    assert sp.optimal_scale(V, p, m).value / p == pytest.approx(sp.sparse_limit_ceiling(2, m), rel=1e-6)
 
 
 def test_bound_orders():
@@ -358,7 +405,7 @@ def test_monte_carlo_on_cuda():
     assert np.isfinite(res.value)
 
 
-def test_experiments_quick(tmp_path):
+def test_experiments_quick(quick_experiment):
     """The five experiments' JSON numbers against closed forms and theorems, computed here independently."""
     from widelimit.lab import experiments
 
@@ -368,7 +415,7 @@ def test_experiments_quick(tmp_path):
     out = {}
     for name in todo:
         assert name in names
-        experiments.get(name)(tmp_path, quick=True)
+        tmp_path = quick_experiment(name)[1]
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         out[name] = json.loads((tmp_path / f"{name}.json").read_text(), parse_constant=pytest.fail)
     mu = {"rademacher": {2: 1.0, 4: 1.0, 6: 1.0}, "gaussian": {2: 1.0, 4: 3.0, 6: 15.0}}  # E xi^k
@@ -380,12 +427,13 @@ def test_experiments_quick(tmp_path):
         G = (lambda V: V.T @ V)(fr.random_frame(r["d"], r["n"], seed=r["n"]).vectors)
         assert r["random_frame"] == pytest.approx(r["p"] * mu[r["law"]][2] * np.trace(G) ** 2 / np.sum(G * G), rel=1e-9)
         assert r["random_frame"] <= opt * (1 + 1e-12)
-    # very sparse regime, Rademacher: the p -> 0 ceiling is C(d + m - 1, m), the unsuperposed value d
+    # very sparse regime, Rademacher: the p -> 0 ceiling is d(d+2)...(d+2m-2)/(2m-1)!!, the unsuperposed value d
     growth = out["superposition-sparse-growth"]
     for m in (1, 3):
         pts = growth[f"m={m}"]["points"]
         for t in pts:
-            assert t["ceiling_over_p"] == pytest.approx(math.comb(t["d"] + m - 1, m), rel=1e-12)
+            assert t["ceiling_over_p"] == pytest.approx(
+                math.prod(t["d"] + 2 * j for j in range(m)) / math.prod(range(1, 2 * m, 2)), rel=1e-12)
             assert t["unsuperposed_over_p"] == pytest.approx(t["d"], rel=1e-12)
             if m == 1:  # the best-scaled finite-field frame, by the m = 1 closed form
                 V = fr.finite_field_frame(t["q"], t["r"]).vectors

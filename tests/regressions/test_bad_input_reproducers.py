@@ -201,7 +201,7 @@ def pt_weights_only_advice_rephrased(tmp, capsys, files):
 def state_json_outside_the_cache(tmp, capsys, files):
     c = tmp / "cache"
     c.mkdir()
-    for name in ("/etc/passwd", "../x.arrow", str(files["arrow"])):
+    for name in ("/etc/passwd", "../x.arrow", str(files["dir"] / "x.arrow")):  # a real file outside, with or without pyarrow
         (c / "state.json").write_text(json.dumps({"_data_files": [{"filename": name}]}))
         with pytest.raises(wl.DataError, match="lies outside the cache folder"):
             wl.open_activations(c)

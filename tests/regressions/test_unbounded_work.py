@@ -177,7 +177,7 @@ def test_low_rank_direction_equals_the_dense_one():
 
 
 def test_bound_subsample_fits_the_budget_and_refuses_when_one_row_does_not(tmp_path, capsys, monkeypatch):
-    from widelimit.exact.median import median_bytes, subsample_rows
+    from widelimit.exact.newton import median_bytes, subsample_rows
 
     assert subsample_rows(10_000, 64, 4096, budget=2**40) == 4096
     m = subsample_rows(10_000, 64, 4096, budget=2**21)

@@ -22,8 +22,8 @@ SYMMETRIC = [f for f in FAMILIES if f != "random"]
 
 
 def _sdpa_value(path):
-    """Optimal value of an SDPA sparse file, read and solved by SDPA (sdpa-python)."""
-    import sdpap
+    """Optimal value of an SDPA sparse file, read and solved by SDPA (sdpa-python; skipped without it)."""
+    sdpap = pytest.importorskip("sdpap")
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -39,8 +39,9 @@ def _sdpa_value(path):
 
 
 def _cbf_value(path):
-    """Optimal value of a CBF file, read by PICOS's CBF reader and solved by CVXOPT."""
-    import picos
+    """Optimal value of a CBF file, read by PICOS's CBF reader and solved by CVXOPT (skipped without them)."""
+    picos = pytest.importorskip("picos")
+    pytest.importorskip("cvxopt")
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # PICOS warns that the file's CBF version is not 1
@@ -152,7 +153,7 @@ def test_cbf_and_sdpa_hold_the_same_problem(tmp_path):
     The SDPA file's c and the CBF's OBJACOORD must be the same vector (variables are in the
     same order); checked by the readers' own matrices, not by widelimit's writer.
     """
-    import sdpap
+    sdpap = pytest.importorskip("sdpap")
 
     inst = make_bench_instance("rays", 6, seed=1, dim=2)
     write_cbf(inst.X, tmp_path / "p.cbf", lam=inst.lam)

@@ -351,11 +351,9 @@ def test_sparse_code_kernels_match_dense_products(monkeypatch, parts_bytes):
     np.testing.assert_allclose(out, 0.5 + Z.toarray().T @ Rd, rtol=0, atol=1e-12)
 
 
-def test_numba_kernels_and_torch_products_give_the_same_certificate(monkeypatch):
-    # the CPU path (sparse-code products in numba) against the torch products a GPU runs, on a random SAE
-    # whose codes are neither optimal nor trivial, over several batches
-    import widelimit.sae.certify as C
-
+def test_numba_kernels_and_torch_products_give_the_same_certificate():
+    # the CPU path (sparse-code products in numba) against the torch products a GPU runs (backend="torch":
+    # the GPU's code path on the CPU), on a random SAE whose codes are neither optimal nor trivial, over batches
     rng = np.random.default_rng(8)
     n, k, N = 12, 40, 300
     W_dec = rng.standard_normal((k, n)) * rng.uniform(0.5, 2.0, (k, 1))
@@ -363,9 +361,8 @@ def test_numba_kernels_and_torch_products_give_the_same_certificate(monkeypatch)
               b_enc=-0.2 + 0.1 * rng.standard_normal(k), architecture="standard")
     X = 2.0 * rng.standard_normal((N, n))
     runs = []
-    for numba_kernels in (True, False):
-        monkeypatch.setattr(C, "_NUMBA_KERNELS", numba_kernels)
-        runs.append(certify_sae(X, sae, lam=0.4, device="cpu", batch_size=70, coding_tol=1e-10))
+    for backend in ("numba", "torch"):
+        runs.append(certify_sae(X, sae, lam=0.4, device="cpu", batch_size=70, coding_tol=1e-10, backend=backend))
     a, b = runs
     assert 0 < a.metrics["l0"] < k  # codes are sparse, not trivial
     for key in ("sae_objective", "optimal_code_objective", "coding_gap", "lower_bound", "bias_stationarity",

@@ -1,4 +1,4 @@
-"""The bracket at an SAE's own L0 (widelimit.sae.sparsity, theory.md §9) inside certify_sae: budgets per
+"""The bracket at an SAE's own L0 (widelimit.sae.sparsity, theory.md §10) inside certify_sae: budgets per
 architecture, JumpReLU's own L0-penalised objective from its SAELens config, and the time budget."""
 
 from __future__ import annotations

@@ -64,8 +64,8 @@ def _run_relax(args) -> int:
         raise ValueError("--lam is required for data files")
     # the solver's memory is estimated (and refused above the budget) before any work, the exact solve included
     if args.solver == "TORCH":
-        check_memory(dnn_bytes(X.shape[0]), f"the TORCH solver on N = {X.shape[0]} points",
-                     hint="use a smaller N") if resolve_device(args.device or "auto").type == "cpu" else None
+        if resolve_device(args.device or "auto").type == "cpu":  # (a GPU's memory is its own)
+            check_memory(dnn_bytes(X.shape[0]), f"the TORCH solver on N = {X.shape[0]} points", hint="use a smaller N")
     else:
         check_relax_memory(X.shape[0], X.shape[1], args.cone, args.solver)
     exact = solve(X, lam=lam).value

@@ -6,7 +6,7 @@ For a batch of tokens, each with its own support of at most ``s`` unit atoms (ga
 .. math:: \min_{y \ge 0} \|x_t - y\,U_S\|^2 \quad (\text{per token})
 
 by the Lawson--Hanson active-set method run on every token of the batch at once
-(theory.md §9.2): a batched Cholesky solve on the passive set per step, the passive set of a
+(theory.md §10.2): a batched Cholesky solve on the passive set per step, the passive set of a
 token whose unconstrained step leaves the orthant shrunk by the interpolation step.
 The start is the least-squares fit on the whole support with the negative entries dropped
 until none is left (a point of the Lawson--Hanson invariant: least squares on its passive set,

@@ -1,7 +1,7 @@
 r"""Codes at a given sparsity for a fixed decoder and bias: a strong pursuit and its verified witness.
 
 For unit atoms ``U`` (rows, ``k x n``), a bias ``b`` and a per-token budget ``s_i``, the best MSE of
-nonnegative codes that fire at most ``s_i`` atoms is (theory.md §9)
+nonnegative codes that fire at most ``s_i`` atoms is (theory.md §10)
 
 .. math:: m_{s}(x_i) = \min_{y \ge 0,\ \|y\|_0 \le s_i} \|x_i - b - y\,U\|^2 .
 
@@ -406,7 +406,7 @@ __all__ += ["PursuitResult"]
 
 @dataclass(frozen=True)
 class PursuitResult:
-    """Codes at a sparsity budget, as a bracket on the best MSE at that budget (theory.md §9).
+    """Codes at a sparsity budget, as a bracket on the best MSE at that budget (theory.md §10).
 
     ``value``: mean MSE of ``codes`` (the verified witness); ``lower_bound``: a proven lower bound on the
     mean of the per-token optima ``m_s(x_i)`` (:mod:`widelimit.coding.sparse_bound`); ``gap = value -
@@ -437,7 +437,7 @@ class PursuitResult:
 def sparse_codes(X, W, b, *, budget, Z0=None, opts: PursuitOptions = PursuitOptions(), tol: float = 1e-6,
                  time_limit: float | None = None, batch_size: int = 2048, device="auto", max_subsets: int = 2000,
                  progress=None) -> PursuitResult:
-    r"""Codes at a sparsity budget for a fixed decoder and bias, bracketed (theory.md §9).
+    r"""Codes at a sparsity budget for a fixed decoder and bias, bracketed (theory.md §10).
 
     Parameters
     ----------

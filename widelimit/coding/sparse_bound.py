@@ -1,8 +1,8 @@
-r"""Proven lower bounds on the best MSE of nonnegative codes at a sparsity budget (theory.md §9.3).
+r"""Proven lower bounds on the best MSE of nonnegative codes at a sparsity budget (theory.md §10.3).
 
 For unit atoms ``U`` (``k x n``), a centred token ``x_t = x - b`` and a budget ``s``,
 ``m_s = min_{y >= 0, ||y||_0 <= s} ||x_t - y U||^2``. Every bound here comes from one inequality
-(theory.md §9.3, Lemma 1): for any vector ``r`` and any ``B`` with ``||y*||_1 <= B`` for an optimal
+(theory.md §10.3, Lemma 1): for any vector ``r`` and any ``B`` with ``||y*||_1 <= B`` for an optimal
 ``y*``,
 
 .. math:: m_s \ \ge\ \frac{\big((\langle r, x_t\rangle - c\,B)_+\big)^2}{\|r\|^2},
@@ -62,7 +62,7 @@ def babel(U: torch.Tensor, s_max: int, chunk: int = 1024) -> np.ndarray:
 
 
 def lagrangian_bound(xt: torch.Tensor, r: torch.Tensor, c: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """``((<r, x_t> - c B)_+)^2 / ||r||^2`` per token (Lemma 1 of theory.md §9.3); ``||x_t||^2`` where ``r = 0``
+    """``((<r, x_t> - c B)_+)^2 / ||r||^2`` per token (Lemma 1 of theory.md §10.3); ``||x_t||^2`` where ``r = 0``
     is not usable (0 then)."""
     p = (r * xt).sum(1) - torch.where(c > 0, c * B, torch.zeros_like(c))
     rr = (r * r).sum(1)

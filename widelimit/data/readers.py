@@ -58,7 +58,9 @@ def array_shard(arr: np.ndarray, path, what: str = "array", kind: str | None = N
         dt = np.dtype(arr.dtype)
         if dt.kind == "b":
             raise DataError(f"{show(path)}: {what} has dtype bool; expected floating point or integer numbers")
-        if dt.kind in "iu" or (dt.kind == "f" and dt not in _NP_FLOATS):
+        if dt.kind == "f" and not dt.isnative and dt.newbyteorder("=") in _NP_FLOATS:  # byte-swapped: native copy
+            arr = np.ascontiguousarray(arr, dtype=dt.newbyteorder("="))
+        elif dt.kind in "iu" or (dt.kind == "f" and dt not in _NP_FLOATS):
             try:
                 arr = exact_float64(arr, show(path))
             except ValueError as e:
@@ -142,7 +144,7 @@ def read_npy(path: Path) -> list:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as e:  # noqa: BLE001
         raise DataError(f"{show(path)}: could not read .npy file ({first_line(e)})") from None
-    if dtype in _NP_FLOATS:  # Fortran order or byte-swapped: one C-ordered native copy
+    if dtype.newbyteorder("=") in _NP_FLOATS:  # Fortran order or byte-swapped: one C-ordered native copy
         arr = np.ascontiguousarray(arr, dtype=dtype.newbyteorder("="))
     return [array_shard(arr, path)]
 

@@ -12,11 +12,12 @@ import errno
 import hashlib
 import os
 import re
-import stat
 import threading
 from pathlib import Path
 
 import numpy as np
+
+from .._files import show, special_file, special_message
 
 __all__ = ["DataError", "show", "check_path", "special_file"]
 
@@ -25,42 +26,10 @@ class DataError(ValueError):
     """A data file is missing, unreadable, or does not hold what was asked for."""
 
 
-def show(p) -> str:
-    """A path for a one-line message: as is when printable, else ``repr`` (a newline reads as ``\\n``)."""
-    s = os.fspath(p) if isinstance(p, os.PathLike) else str(p)
-    return s if s.isprintable() else repr(s)
-
-
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message, or its type name."""
     s = str(e).strip()
     return s.splitlines()[0] if s else type(e).__name__
-
-
-_SPECIAL = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
-            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def special_file(p, st: os.stat_result | None = None) -> str | None:
-    """What ``p`` is when it is neither a regular file nor a folder (``"a named pipe (FIFO)"``, ...), else ``None``.
-
-    Reading such a file can block forever (a FIFO with no writer) or never end (``/dev/zero``):
-    every reader refuses it up front, naming it, with :func:`special_message`.
-    """
-    if st is None:
-        try:
-            st = os.stat(p)
-        except OSError:
-            return None  # missing files are the caller's to report
-    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
-        return None
-    return next((kind for test, kind in _SPECIAL if test(st.st_mode)), "not a regular file")
-
-
-def special_message(p, kind: str) -> str:
-    """The one line refusing a special file ``p`` of kind ``kind`` (:func:`special_file`)."""
-    return (f"{show(p)}: is {kind}, not a regular file; refused (reading it could block forever): "
-            "give a regular file")
 
 
 def check_path(path, what: str = "path") -> Path:

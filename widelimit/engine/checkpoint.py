@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._files import special_file, special_message
+
 try:  # POSIX; elsewhere only the unique temporary names protect a shared checkpoint
     import fcntl
 except ImportError:  # pragma: no cover
@@ -57,8 +59,6 @@ def load_checkpoint(path) -> tuple[dict, dict] | None:
     path = Path(path)
     if not path.exists():
         return None
-    from ..data.shards import special_file, special_message  # (the data package imports the engines)
-
     kind = special_file(path)
     if kind is not None:  # a named pipe would block the read forever
         raise ValueError(special_message(path, kind))

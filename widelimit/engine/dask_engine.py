@@ -140,6 +140,8 @@ class DaskEngine:
         known_chunks(X, "X")
         if len(X.chunks[1]) > 1:
             X = X.rechunk({1: -1})
+        if 0 in X.chunks[0] and X.shape[0] > 0:  # blocks of no rows (a selection): a pass has nothing to merge there
+            X = X.rechunk({0: tuple(c for c in X.chunks[0] if c > 0)})
         self.source = _SOURCES.get(X.name)
         self.N, self.n = int(X.shape[0]), int(X.shape[1])
         self.scale = float(scale)  # each block is hashed as stored, then multiplied by this (a power of two)

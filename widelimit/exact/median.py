@@ -47,8 +47,7 @@ import numpy as np
 
 from .._validation import _finite_chunk, check_data, check_int, check_lam, check_seed, check_tol, check_vector, check_weights
 from .collinear import collinear_fit, project_chunk, solve_1d
-from .newton import line_min, newton_bytes, newton_direction
-from .._memory import check_memory, memory_budget
+from .newton import line_min, newton_direction, subsample_rows
 from .gap import relative_gap
 from .median_bound import ETA, check_consistent, gamma, lower_bound, norm, sum_depth
 from .median_pass import _grad, _merge_pass, _pass, _pass_chunk
@@ -176,37 +175,6 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
             res = run(f_all)
     return res if w is None or bool(np.all(w == 1.0)) else dataclasses.replace(res, weighted=True)
 
-
-
-#: Float64 copies of the ``m x n`` subsample the Newton phase holds at its peak besides the Newton
-#: step's own arrays (the subsample, its warm-start solve, the line search's residuals): fitted to the
-#: peak resident memory added by ``huber_median`` at (N, n) = (300, 16384), (600, 4096), (6000, 2048)
-#: (measured 427, 222, 620 MB; this model 435, 225, 705 MB).
-SUBSAMPLE_COPIES = 7
-
-
-def median_bytes(m: int, n: int) -> int:
-    """Peak bytes of the median's Newton phase with ``m`` subsample rows in dimension ``n`` (theory.md §9)."""
-    return newton_bytes(m, n, SECANT_PAIRS) + 8 * SUBSAMPLE_COPIES * m * n
-
-
-def subsample_rows(N: int, n: int, hess_rows: int, budget=None) -> int:
-    """Rows of the Newton matrix's subsample: ``min(N, hess_rows)``, fewer when that would not fit the memory budget.
-
-    The subsample only shapes the Newton steps (every bound is computed on all rows), so a smaller
-    one costs iterations, not correctness. Even one row in dimension ``n`` above the budget is refused.
-    """
-    m = min(N, hess_rows)
-    cap = memory_budget(budget)
-    if median_bytes(m, n) <= cap:
-        return m
-    check_memory(median_bytes(1, n), f"the median's Newton step in dimension n = {n}", budget=budget,
-                 hint="the data have too many columns for this budget")
-    lo, hi = 1, m  # the largest m that fits
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if median_bytes(mid, n) <= cap else (lo, mid - 1)
-    return lo
 
 
 def _solve_passes(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None, checkpoint=None, tap=None):

@@ -12,10 +12,11 @@ import numpy as np
 from scipy.linalg import solve_triangular
 from scipy.optimize import minimize_scalar
 
+from .._memory import check_memory, memory_budget
 from .._runtime import matmul
 from .median_bound import norm
 
-__all__ = ["newton_direction", "line_min", "dense_newton", "newton_bytes"]
+__all__ = ["newton_direction", "line_min", "dense_newton", "newton_bytes", "median_bytes", "subsample_rows"]
 
 
 def newton_direction(Xs, ws, b, lam, kind, eps_r, a_all, a_in, pairs, gdir, precise):
@@ -159,3 +160,35 @@ def line_min(Xs, ws, b, d, lam, kind) -> float:
 
     res = minimize_scalar(f, bounds=(0.0, 1.0), method="bounded", options={"xatol": 1e-12, "maxiter": 200})
     return float(res.x) if f(float(res.x)) < f(0.0) else 0.0
+
+
+#: Float64 copies of the ``m x n`` subsample the Newton phase holds at its peak besides the Newton
+#: step's own arrays (the subsample, its warm-start solve, the line search's residuals): fitted to the
+#: peak resident memory added by ``huber_median`` at (N, n) = (300, 16384), (600, 4096), (6000, 2048)
+#: (measured 427, 222, 620 MB; this model 435, 225, 705 MB).
+SUBSAMPLE_COPIES = 7
+
+
+def median_bytes(m: int, n: int) -> int:
+    """Peak bytes of the median's Newton phase with ``m`` subsample rows in dimension ``n`` (theory.md §9;
+    two secant pairs, ``widelimit.exact.median.SECANT_PAIRS``)."""
+    return newton_bytes(m, n, 2) + 8 * SUBSAMPLE_COPIES * m * n
+
+
+def subsample_rows(N: int, n: int, hess_rows: int, budget=None) -> int:
+    """Rows of the Newton matrix's subsample: ``min(N, hess_rows)``, fewer when that would not fit the memory budget.
+
+    The subsample only shapes the Newton steps (every bound is computed on all rows), so a smaller
+    one costs iterations, not correctness. Even one row in dimension ``n`` above the budget is refused.
+    """
+    m = min(N, hess_rows)
+    cap = memory_budget(budget)
+    if median_bytes(m, n) <= cap:
+        return m
+    check_memory(median_bytes(1, n), f"the median's Newton step in dimension n = {n}", budget=budget,
+                 hint="the data have too many columns for this budget")
+    lo, hi = 1, m  # the largest m that fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if median_bytes(mid, n) <= cap else (lo, mid - 1)
+    return lo

@@ -118,18 +118,20 @@ def residual_block(Xc, b, Zc, W, out=None) -> np.ndarray:
     return E
 
 
-def residual_pass(X, W, Z, b, fn, merge, *args, stage: str = "residuals"):
+def residual_pass(X, W, Z, b, fn, merge, *args, stage: str = "residuals", nonneg: bool = False):
     """One pass over the data on its engine: ``merge`` of ``fn(E, start, Zc, *args)`` over row blocks.
 
     ``E = X[s:e] - b - Z[s:e] W`` is the float64 residual of the block and ``Zc`` its
     codes (dense or scipy.sparse). The pass runs on :func:`widelimit.engine.engine_for`'s
     engine, so it is threaded for arrays, streamed for sources and a Dask reduction for
-    ``dask.array`` data; a NaN or Inf row is reported with its shard and row.
+    ``dask.array`` data; a NaN or Inf row is reported with its shard and row, and a NaN or Inf code (a
+    negative one with ``nonneg``) with its row and column of ``Z`` (:func:`widelimit._validation.check_code_block`:
+    Dask blocks arrive unchecked).
     """
 
     def chunk(c, s, Zc):
         if W.shape[0]:
-            check_code_block(Zc, s, nonneg=False)  # dask blocks arrive unchecked (the sign is the caller's)
+            check_code_block(Zc, s, nonneg=nonneg)  # dask blocks arrive unchecked
         E = residual_block(c, b, Zc, W)
         if not np.isfinite(E).all():
             raise_nonfinite(c, s)
@@ -179,7 +181,7 @@ def sae_objective(X, W, Z, b, *, lam, signed: bool = False) -> ObjectiveValue:
     X, W, Z, b, lam = _check_triple(X, W, Z, b, lam, nonneg=not signed)
     N = X.shape[0]
     norms = row_norms(W)
-    rec = residual_pass(X, W, Z, b, _sq_norm, _add)
+    rec = residual_pass(X, W, Z, b, _sq_norm, _add, nonneg=not signed)
     pen = 2.0 * lam * float(code_mass(abs(Z) if signed else Z, norms).sum())
     return ObjectiveValue(value=(rec + pen) / N, reconstruction=rec / N, penalty=pen / N)
 

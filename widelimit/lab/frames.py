@@ -59,6 +59,7 @@ __all__ = [
     "is_prime",
     "prime_power",
     "random_frame",
+    "real_welch_constant",
     "welch_bound",
     "welch_coherence_bound",
     "welch_sum_bound",
@@ -328,21 +329,37 @@ def welch_bound(d: int, n: int) -> float:
     return math.sqrt(max(0.0, (n - d) / (d * (n - 1))))
 
 
+def real_welch_constant(d: int, k: int) -> float:
+    """``d (d+2) ... (d+2k-2) / (2k-1)!!``: ``1 / E[u_1^{2k}]`` for ``u`` uniform on the sphere of ``R^d``."""
+    num = 1
+    for j in range(k):
+        num *= d + 2 * j
+    den = 1
+    for j in range(1, 2 * k, 2):
+        den *= j
+    return num / den
+
+
 def welch_sum_bound(d: int, n: int, k: int) -> float:
-    """Order-``k`` Welch bound: ``sum_{i,j} G_ij^{2k} >= n^2 / C(d + k - 1, k)`` (and ``>= n``)."""
-    return max(float(n), n * n / math.comb(d + k - 1, k))
+    """Real order-``k`` Welch bound: ``sum_{i,j} G_ij^{2k} >= n^2 (2k-1)!! / (d (d+2)...(d+2k-2))`` (and ``>= n``).
+
+    For real unit vectors this is sharper than the ``n^2 / C(d+k-1, k)`` that holds over the complex
+    numbers (equal at ``k = 1``); equality needs a spherical ``2k``-design (docs/superposition.md).
+    """
+    return max(float(n), n * n / real_welch_constant(d, k))
 
 
 def welch_coherence_bound(d: int, n: int, k_max: int = 8) -> tuple[float, int]:
     """Best coherence lower bound from the order-``k`` Welch bounds, ``k = 1..k_max``.
 
-    Returns ``(bound, k)`` with ``bound = max_k ((n^2/C(d+k-1,k) - n) / (n(n-1)))^(1/(2k))``.
+    Returns ``(bound, k)`` with ``bound = max_k ((n^2 kappa_k - n) / (n(n-1)))^(1/(2k))``,
+    ``kappa_k = (2k-1)!! / (d (d+2)...(d+2k-2))`` (the real bound of :func:`welch_sum_bound`).
     """
     if n <= 1:
         return 0.0, 1
     best, arg = 0.0, 1
     for k in range(1, k_max + 1):
-        val = (n * n / math.comb(d + k - 1, k) - n) / (n * (n - 1))
+        val = (n * n / real_welch_constant(d, k) - n) / (n * (n - 1))
         if val > 0:
             b = val ** (1.0 / (2 * k))
             if b > best:

@@ -76,6 +76,7 @@ __all__ = [
     "optimal_scale",
     "scaled_frame",
     "sparse_limit_ceiling",
+    "sphere_moment_constant",
     "unsuperposed_optimum",
 ]
 
@@ -521,19 +522,32 @@ def unsuperposed_optimum(p: float, d: int, m: int = 3, xi="rademacher", n: int |
     return k * p * law.moment(m + 1) ** 2 / law.moment(2 * m)
 
 
+def sphere_moment_constant(d: int, m: int) -> float:
+    r"""``d (d+2) ... (d+2m-2) / (2m-1)!! = 1 / E[u_1^{2m}]`` for ``u`` uniform on the unit sphere of ``R^d``.
+
+    This is the largest ``(sum_i ||w_i||^{2m})^2 / sum_{ij} <w_i, w_j>^{2m}`` over real vectors ``w_i`` in
+    ``R^d`` (any number of them): the real order-``m`` Welch constant (docs/superposition.md, "the
+    sparse-limit ceiling", with proof). ``m = 1``: ``d``. It is below ``C(d+m-1, m)`` for ``d >= 2, m >= 2``.
+    """
+    return _frames.real_welch_constant(d, m)
+
+
 def sparse_limit_ceiling(d: int, m: int = 3, xi="rademacher", n: int | None = None) -> float:
-    r"""``lim_{p -> 0} sup_W Ltilde(W) / p <= (mu_{m+1}^2 / mu_{2m}) C(d + m - 1, m)``.
+    r"""``lim_{p -> 0} sup_W Ltilde(W) / p = (mu_{m+1}^2 / mu_{2m}) d (d+2)...(d+2m-2) / (2m-1)!!``.
 
     As ``p -> 0`` only one-active-feature terms survive: ``A/p -> mu_{m+1} sum_i M_ii^m``
-    and ``B/p -> mu_{2m} sum_{ij} M_ij^{2m}``. With ``u_i = w_i^{(x)m}`` in ``Sym^m(R^d)``
-    and ``T = sum u_i u_i^T``, the best rescaling gives
-    ``(mu_{m+1}^2/mu_{2m}) (tr T)^2 / ||T||_F^2 <= (mu_{m+1}^2/mu_{2m}) rank T``,
-    ``rank T <= C(d+m-1, m)`` -- the ``O(p d^m)`` upper bound with constant ``1/m!``,
-    attained by unit frames meeting the order-``m`` Welch bound. With ``n`` features also
-    ``rank T <= n``, so the ceiling is ``(mu_{m+1}^2/mu_{2m}) min(n, C(d+m-1, m))``.
+    and ``B/p -> mu_{2m} sum_{ij} M_ij^{2m}``. With ``u_i = w_i^{(x)m}`` and ``T = sum u_i u_i^T``,
+    the best rescaling gives ``(mu_{m+1}^2/mu_{2m}) (tr T)^2 / ||T||_F^2``, and
+    ``(tr T)^2 / ||T||_F^2 <= 1 / kappa``, ``kappa = E[u_1^{2m}] = (2m-1)!! / (d (d+2)...(d+2m-2))``
+    (:func:`sphere_moment_constant`): with ``E = E_u[(u^{(x)m})(u^{(x)m})^T]``, ``<T, E> = kappa tr T``
+    and ``||E||_F^2 = kappa``, so Cauchy-Schwarz gives it; a spherical ``2m``-design attains it
+    (docs/superposition.md). So the ``O(p d^m)`` upper bound has the constant ``1/(2m-1)!!``, not the
+    ``1/m!`` of ``C(d+m-1, m)``, which real frames do not reach. With ``n`` features also
+    ``(tr T)^2/||T||_F^2 <= rank T <= n``, so the value is at most ``min(n, 1/kappa)`` times the
+    prefactor (an upper bound; with ``n`` below a design's size it need not be reached).
     """
     m, law = check_m(m), get_law(xi)
-    k = math.comb(d + m - 1, m) if n is None else min(n, math.comb(d + m - 1, m))
+    k = sphere_moment_constant(d, m) if n is None else min(float(n), sphere_moment_constant(d, m))
     return law.moment(m + 1) ** 2 / law.moment(2 * m) * k
 
 

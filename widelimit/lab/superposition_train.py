@@ -244,45 +244,9 @@ def train(
         else:
             Wt = torch.randn((d, n), generator=gen, device=dev, dtype=dt) * (init_scale / math.sqrt(d))
         Wt.requires_grad_(True)
-        opt = torch.optim.Adam([Wt], lr=lr)
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=lr / 20)
-        hist = []
-        for step in range(steps):
-            opt.zero_grad()
-            if objective == "exact":
-                val = ltilde_exact_torch(Wt, p, m, law)[0]
-            else:
-                mask = (torch.rand((batch_size, n), generator=gen, device=dev, dtype=dt) < p).to(dt)
-                x = mask * law.sampler((batch_size, n), gen, dev, dt)
-                f = ((x @ Wt.T) @ Wt) ** m
-                val = (2 * (x * f).sum(1) - (f * f).sum(1)).mean()
-            (-val / norm).backward()
-            opt.step()
-            sched.step()
-            if step % log_every == 0 or step == steps - 1:
-                v = float(val.detach())
-                hist.append(v)
-                if progress is not None:
-                    progress(Progress(stage=f"restart {rs}", pass_index=step + 1, rows_done=step + 1, rows_total=steps,
-                                      value=v))
+        hist = _adam(Wt, p, m, law, objective, steps, lr, batch_size, gen, norm, log_every, progress, rs)
         if polish and objective == "exact":
-            lbfgs = torch.optim.LBFGS([Wt], lr=1.0, max_iter=150, tolerance_grad=1e-12, tolerance_change=1e-16,
-                                      history_size=50, line_search_fn="strong_wolfe")
-
-            def closure():
-                lbfgs.zero_grad()
-                loss = -ltilde_exact_torch(Wt, p, m, law)[0] / norm
-                loss.backward()
-                return loss
-
-            before = Wt.detach().clone()
-            with torch.no_grad():
-                start = float(ltilde_exact_torch(Wt, p, m, law)[0])
-            lbfgs.step(closure)
-            with torch.no_grad():
-                after = float(ltilde_exact_torch(Wt, p, m, law)[0])
-                if not math.isfinite(after) or after < start:  # keep Adam's point if L-BFGS failed
-                    Wt.copy_(before)
+            _polish_lbfgs(Wt, p, m, law, norm)
         Wn = Wt.detach().cpu().double().numpy()
         if not np.isfinite(Wn).all():
             values.append(float("nan"))
@@ -304,3 +268,55 @@ def train(
         {"d": d, "n": n, "p": p, "m": m, "law": law.name, "objective": objective, "restarts": restarts,
          "steps": steps, "lr": lr, "seed": seed, "polish": polish},
     )
+
+
+def _adam(Wt, p, m, law, objective, steps, lr, batch_size, gen, norm, log_every, progress, rs) -> list:
+    """Adam on ``-Ltilde / norm`` from ``Wt`` (in place; cosine-decayed learning rate), the exact objective or a
+    fresh Monte Carlo batch each step; returns the values logged every ``log_every`` steps."""
+    torch = _torch()
+    dev, dt = Wt.device, Wt.dtype
+    n = Wt.shape[1]
+    opt = torch.optim.Adam([Wt], lr=lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=lr / 20)
+    hist = []
+    for step in range(steps):
+        opt.zero_grad()
+        if objective == "exact":
+            val = ltilde_exact_torch(Wt, p, m, law)[0]
+        else:
+            mask = (torch.rand((batch_size, n), generator=gen, device=dev, dtype=dt) < p).to(dt)
+            x = mask * law.sampler((batch_size, n), gen, dev, dt)
+            f = ((x @ Wt.T) @ Wt) ** m
+            val = (2 * (x * f).sum(1) - (f * f).sum(1)).mean()
+        (-val / norm).backward()
+        opt.step()
+        sched.step()
+        if step % log_every == 0 or step == steps - 1:
+            v = float(val.detach())
+            hist.append(v)
+            if progress is not None:
+                progress(Progress(stage=f"restart {rs}", pass_index=step + 1, rows_done=step + 1, rows_total=steps,
+                                  value=v))
+    return hist
+
+
+def _polish_lbfgs(Wt, p, m, law, norm) -> None:
+    """L-BFGS (strong Wolfe) on the exact objective from ``Wt``, in place; Adam's point is kept when it fails."""
+    torch = _torch()
+    lbfgs = torch.optim.LBFGS([Wt], lr=1.0, max_iter=150, tolerance_grad=1e-12, tolerance_change=1e-16,
+                              history_size=50, line_search_fn="strong_wolfe")
+
+    def closure():
+        lbfgs.zero_grad()
+        loss = -ltilde_exact_torch(Wt, p, m, law)[0] / norm
+        loss.backward()
+        return loss
+
+    before = Wt.detach().clone()
+    with torch.no_grad():
+        start = float(ltilde_exact_torch(Wt, p, m, law)[0])
+    lbfgs.step(closure)
+    with torch.no_grad():
+        after = float(ltilde_exact_torch(Wt, p, m, law)[0])
+        if not math.isfinite(after) or after < start:  # keep Adam's point if L-BFGS failed
+            Wt.copy_(before)

@@ -1,4 +1,4 @@
-"""Helpers of :func:`widelimit.sae.certify.certify_sae`: the rounding tolerance, token sampling, decoder pairs."""
+"""Helpers of :func:`widelimit.sae.certify.certify_sae`: the rounding tolerance, token sampling, sparse products."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import warnings
 from ..coding.fista import finish_rows
 from ..exact.stability import stability_rows
 
-__all__ = ["violation_tolerance", "sample_rows", "pair_candidates", "csr_pair", "diag", "finish_codes", "Rows", "check_acts",
+__all__ = ["violation_tolerance", "sample_rows", "csr_pair", "diag", "finish_codes", "Rows", "check_acts",
            "stability_columns"]
 
 
@@ -70,36 +70,6 @@ def finish_codes(res, Xb, U, b, lam: float, tol: float):
     """A :class:`~widelimit.coding.result.CodingResult` of the Gram coder with the tokens its rounds left
     uncertified re-solved by full-dictionary FISTA in float64, warm-started (``lam``, ``tol``: those of ``res``)."""
     return finish_rows(Xb, U, b, res, dtype="float64", max_iter=20000)
-
-
-def pair_candidates(U, lo: float, hi: float, max_pairs: int, device, G=None):
-    """Pairs (a, b), a != b, with cos(u_a, u_b) >= hi or <= lo, computed in row blocks (from ``G = U U^T`` if given)."""
-    import torch
-
-    k = U.shape[0]
-    Ut = torch.as_tensor(U, dtype=torch.float32, device=device) if G is None else None
-    rows = max(1, (1 << 24) // max(1, k))
-    pa, pb = [], []
-    for s in range(0, k, rows):
-        Gb = G[s : s + rows] if G is not None else Ut[s : s + rows] @ Ut.T
-        idx = torch.arange(s, min(k, s + rows), device=device)
-        m = (Gb >= hi) | (Gb <= lo)
-        m[torch.arange(Gb.shape[0], device=device), idx] = False  # not the pair (a, a)
-        r, c = torch.nonzero(m, as_tuple=True)
-        if r.numel():
-            pa.append((r + s).cpu().numpy())
-            pb.append(c.cpu().numpy())
-    if not pa:
-        return np.zeros(0, int), np.zeros(0, int), np.zeros(0)
-    if not pa:
-        return np.zeros(0, int), np.zeros(0, int), np.zeros(0)
-    a, b = np.concatenate(pa), np.concatenate(pb)
-    # exact cosines in float64 for the candidates
-    c = np.einsum("ij,ij->i", U[a], U[b])
-    if a.size > max_pairs:
-        keep = np.argsort(-np.abs(c), kind="stable")[:max_pairs]
-        a, b, c = a[keep], b[keep], c[keep]
-    return a, b, c
 
 
 class Rows:

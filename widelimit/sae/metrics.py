@@ -101,6 +101,18 @@ class ReconstructionStats:
         else:
             self.opt_l0 += float(nnz)
 
+    def merge(self, other: "ReconstructionStats") -> "ReconstructionStats":
+        """Add the sums of another row range (in place; associative, for Dask blocks)."""
+        self.n += other.n
+        if other.sum_x is not None:
+            self.sum_x = other.sum_x.copy() if self.sum_x is None else self.sum_x + other.sum_x
+        for a in ("sum_x2", "rss", "cos", "ratio", "xhat2", "dot", "l0", "l1", "opt_n", "opt_rss", "opt_l0", "ev_legacy",
+                  "ev_legacy_n"):
+            setattr(self, a, getattr(self, a) + getattr(other, a))
+        self.fired |= other.fired
+        self.opt_l0_known = self.opt_l0_known and other.opt_l0_known
+        return self
+
     def result(self) -> dict:
         """The metrics (``None`` where undefined)."""
         out = {}

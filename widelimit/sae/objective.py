@@ -1,7 +1,7 @@
 r"""Which objective a trained SAE is certified against, and the ``lam`` of it.
 
 An L0-trained SAE (TopK, BatchTopK, JumpReLU, Matryoshka) is certified by default against its own
-sparsity only: the bracket of :mod:`widelimit.sae.sparsity` (theory.md §9), with no ``lam`` at all
+sparsity only: the bracket of :mod:`widelimit.sae.sparsity` (theory.md §10), with no ``lam`` at all
 (``ObjectiveChoice.lam is None``). The L1 objective below is certified for it only when asked
 (``objective="l1"`` or a ``lam`` / ``l1_coefficient`` given), and then it is a stand-in.
 
@@ -58,7 +58,7 @@ def resolve_lam(lam=None, l1_coefficient=None) -> float:
 
 
 #: The certified objective of an L0-trained SAE when no L1 stand-in is asked for.
-L0_OBJECTIVE = "L0: MSE of codes at the SAE's own sparsity, same decoder and bias (theory.md §9)"
+L0_OBJECTIVE = "L0: MSE of codes at the SAE's own sparsity, same decoder and bias (theory.md §10)"
 OBJECTIVES = ("auto", "l1", "l0")
 
 

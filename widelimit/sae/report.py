@@ -2,7 +2,7 @@ r"""The certification report of a trained SAE: table, flat dict for loggers, fig
 
 The table leads with what the SAE could gain at its own width and sparsity (module :func:`certificate_rows`):
 
-1. **the bracket at its L0** (:mod:`widelimit.sae.sparsity`, theory.md §9): the best MSE of codes of its own
+1. **the bracket at its L0** (:mod:`widelimit.sae.sparsity`, theory.md §10): the best MSE of codes of its own
    decoder and bias that fire at most as often as its encoder's, between a proven lower bound and a
    verified witness, and so what a better encoder gains at this width and sparsity;
 2. **the encoder gap of the L1 objective** ``L(SAE codes) - L(optimal codes)`` when the L1 objective is the

@@ -1,4 +1,4 @@
-r"""The amortisation gap at an SAE's own sparsity, as a bracket (theory.md §9): one part of a certification.
+r"""The amortisation gap at an SAE's own sparsity, as a bracket (theory.md §10): one part of a certification.
 
 For the SAE's decoder and bias, the best codes that fire at most as often as the SAE's own on every
 token (the budget ``s_i``: ``k`` for TopK, the SAE's own count on the token for BatchTopK, JumpReLU

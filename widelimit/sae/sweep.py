@@ -4,7 +4,7 @@ Each SAE is a point ``(L0, MSE)`` of its own encoder, as in SAEBench's frontier 
 one marker per architecture), and next to it the curve of its **decoder's** best codes found at several
 sparsities (:func:`decoder_frontier`: the witness MSE of :func:`widelimit.coding.pursuit.sparse_codes` at
 budgets around the SAE's L0, warm-started at the SAE's own budget from its codes), so that the distance
-from a point to its own curve is what that SAE's encoder leaves on the table (theory.md §9), and the
+from a point to its own curve is what that SAE's encoder leaves on the table (theory.md §10), and the
 curves of different SAEs compare their dictionaries at equal sparsity.
 """
 

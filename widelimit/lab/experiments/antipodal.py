@@ -137,47 +137,10 @@ def run(out_dir=None, quick: bool = False) -> dict:
     lam_thr = [0.3, 1.0] if quick else [0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3]
 
     # 1. width / antipodal atom / signed width over the (lam, p) grid, checked point by point
-    width = np.zeros((lams.size, ps.size), dtype=int)
-    anti = np.zeros_like(width, dtype=bool)
-    width_signed = np.zeros_like(width)
-    predicted = np.zeros_like(anti)
-    min_cos = np.ones_like(width, dtype=float)
-    max_gap = 0.0
-    for a, lam in enumerate(lams):
-        for j, p in enumerate(ps):
-            X, t = datasets.sparse_variable(N, dim, n_active=int(round(p * N)), low=low, high=high, seed=1)
-            u = t["direction"]
-            sol = solve(X, lam=lam)
-            sgn = solve(X, lam=lam, signed=True)
-            width[a, j] = sol.width
-            anti[a, j] = _has_antipodal(sol, u)
-            width_signed[a, j] = sgn.width
-            predicted[a, j] = t["p"] > antipodal_threshold(t["values"][t["active"]], lam)
-            c = _atoms_along(sol, u)
-            if c.size == 2:
-                min_cos[a, j] = float(sol.dictionary[0] @ sol.dictionary[1])
-            max_gap = max(max_gap, sol.certificate.rel_gap, sgn.certificate.rel_gap,
-                          abs(sol.value - sgn.value) / sol.value)
-    pair = width == 2
-    grid = {
-        "lams": lams, "ps": ps, "n_points": N, "width": width, "antipodal": anti, "signed_width": width_signed,
-        "predicted_antipodal": predicted, "n_mismatch": int(np.count_nonzero(anti != predicted)),
-        "pair_cosine_max_dev": float(np.max(np.abs(min_cos[pair] + 1.0))) if pair.any() else None,
-        "max_rel_gap_or_signed_value_diff": max_gap,
-        # signed codes: one line carries both sides (0 only when no point is beyond lam)
-        "signed_width_equals_lines": bool(np.all(width_signed == (width > 0))),
-    }
+    grid = _grid(lams, ps, N, dim, low, high)
 
     # 2. the threshold: bisection on the number of zeros vs the analytic value (same sample) and the population formula
-    rng = np.random.default_rng(7)
-    values = rng.uniform(low, high, m)
-    thr = []
-    for lam in lam_thr:
-        p_lo, p_hi, n_solves = _numeric_threshold(values, dim, lam, seed=3)
-        exact = antipodal_threshold(values, lam)
-        pop = float(uniform_threshold(lam, low, high))
-        thr.append({"lam": lam, "numeric_bracket": [p_lo, p_hi], "analytic_sample": exact, "analytic_population": pop,
-                    "analytic_in_bracket": bool(p_lo is not None and p_lo <= exact <= p_hi), "n_solves": n_solves})
+    thr = _thresholds(np.random.default_rng(7).uniform(low, high, m), lam_thr, dim, low, high)
 
     # 3. the bias below the threshold: Huber median along u vs p lam / (1 - p)
     lam_b = 0.3
@@ -209,6 +172,54 @@ def run(out_dir=None, quick: bool = False) -> dict:
     _plot(result, out_dir, low, high)
     write_json(out_dir, "antipodal", result)
     return result
+
+
+def _grid(lams, ps, N, dim, low, high) -> dict:
+    """Width, antipodal atom and signed width over the ``(lam, p)`` grid, each checked against the prediction."""
+    width = np.zeros((lams.size, ps.size), dtype=int)
+    anti = np.zeros_like(width, dtype=bool)
+    width_signed = np.zeros_like(width)
+    predicted = np.zeros_like(anti)
+    min_cos = np.ones_like(width, dtype=float)
+    max_gap = 0.0
+    for a, lam in enumerate(lams):
+        for j, p in enumerate(ps):
+            X, t = datasets.sparse_variable(N, dim, n_active=int(round(p * N)), low=low, high=high, seed=1)
+            u = t["direction"]
+            sol = solve(X, lam=lam)
+            sgn = solve(X, lam=lam, signed=True)
+            width[a, j] = sol.width
+            anti[a, j] = _has_antipodal(sol, u)
+            width_signed[a, j] = sgn.width
+            predicted[a, j] = t["p"] > antipodal_threshold(t["values"][t["active"]], lam)
+            c = _atoms_along(sol, u)
+            if c.size == 2:
+                min_cos[a, j] = float(sol.dictionary[0] @ sol.dictionary[1])
+            max_gap = max(max_gap, sol.certificate.rel_gap, sgn.certificate.rel_gap,
+                          abs(sol.value - sgn.value) / sol.value)
+    pair = width == 2
+    grid = {
+        "lams": lams, "ps": ps, "n_points": N, "width": width, "antipodal": anti, "signed_width": width_signed,
+        "predicted_antipodal": predicted, "n_mismatch": int(np.count_nonzero(anti != predicted)),
+        "pair_cosine_max_dev": float(np.max(np.abs(min_cos[pair] + 1.0))) if pair.any() else None,
+        "max_rel_gap_or_signed_value_diff": max_gap,
+        # signed codes: one line carries both sides (0 only when no point is beyond lam)
+        "signed_width_equals_lines": bool(np.all(width_signed == (width > 0))),
+    }
+    return grid
+
+
+def _thresholds(values, lam_thr, dim, low, high) -> list:
+    """The threshold ``p*(lam)``: bisection on the number of zeros against the analytic value on the same sample
+    and the population formula."""
+    thr = []
+    for lam in lam_thr:
+        p_lo, p_hi, n_solves = _numeric_threshold(values, dim, lam, seed=3)
+        exact = antipodal_threshold(values, lam)
+        pop = float(uniform_threshold(lam, low, high))
+        thr.append({"lam": lam, "numeric_bracket": [p_lo, p_hi], "analytic_sample": exact, "analytic_population": pop,
+                    "analytic_in_bracket": bool(p_lo is not None and p_lo <= exact <= p_hi), "n_solves": n_solves})
+    return thr
 
 
 def _plot(res, out_dir, low, high):

@@ -117,7 +117,7 @@ def run_sparse_growth(out_dir=None, quick: bool = False) -> dict:
         (line,) = ax.loglog(d, [t["value_over_p"] for t in pts], "o-",
                             label=f"m={m}: best finite-field frame (slope {out[f'm={m}']['slope_frames']:.2f})")
         ax.loglog(d, [t["ceiling_over_p"] for t in pts], "--", color=line.get_color(), alpha=0.7,
-                  label=f"m={m}: p->0 ceiling (mu_{m+1}^2/mu_{2*m}) C(d+{m - 1},{m})")
+                  label=f"m={m}: p->0 ceiling (mu_{m+1}^2/mu_{2*m}) d(d+2)..(d+{2 * m - 2})/{2 * m - 1}!!")
     ax.loglog([t["d"] for t in out["m=1"]["points"]], [t["unsuperposed_over_p"] for t in out["m=1"]["points"]], "k:",
               label="linear optimum = unsuperposed (Rademacher): d")
     ax.set_xlabel("d (hidden dimensions)")
@@ -166,7 +166,7 @@ def run_p_sweep(out_dir=None, quick: bool = False) -> dict:
         ax.loglog(ps, orders["lower"], "g--", lw=1, label="order min(p d^3, d p^(1/3)) [const 1]")
         ax.loglog(ps, orders["upper"], "r:", lw=1.2, label="order min(p d^3, d) [const 1]")
         ax.loglog(ps, ps * sp.sparse_limit_ceiling(d, m, law), color="gray", lw=0.8, ls="-.",
-                  label="p x p->0 ceiling (exact as p->0)")
+                  label="p x p->0 ceiling d(d+2)(d+4)/15 (exact as p->0)")
         ax.set_title(f"{law} (d={d}, m={m})" + (", strongly log-concave" if sp.get_law(law).strongly_log_concave else ""),
                      fontsize=8)
         ax.set_xlabel("p")
@@ -220,7 +220,7 @@ def run_gd(out_dir=None, quick: bool = False) -> dict:
         ax.plot([r["p"]] * len(r["restarts"]), np.array(r["restarts"]) / r["unsuperposed"], "o", color="C0", alpha=0.4, ms=4)
     ax.plot(ps, [r["best"] / r["unsuperposed"] for r in rows], "C0-", label="Adam, best restart (dots: all)")
     ax.plot(ps, [r["from_unsuperposed_start"] / r["unsuperposed"] for r in rows], "C1s--", label="Adam from the unsuperposed optimum")
-    ax.plot(ps, [r["ceiling_p_to_0"] / r["unsuperposed"] for r in rows], "k:", label="p->0 ceiling min(n, C(d+2,3)) / d")
+    ax.plot(ps, [r["ceiling_p_to_0"] / r["unsuperposed"] for r in rows], "k:", label="p->0 bound min(n, d(d+2)(d+4)/15) / d")
     ax.plot([mc_p], [tmc.value / rows[-1]["unsuperposed"]], "r*", ms=10, label="Adam on the Monte Carlo objective")
     ax.axhline(1, color="gray", lw=0.8)
     ax.set_xscale("log")

@@ -114,6 +114,44 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
     meta = cfg_get(cfg, "metadata", cfg_path, "dict", None) or cfg_get(cfg, "meta", cfg_path, "dict", None) or {}
     major = _version_major(cfg, meta, cfg_path)
     legacy = major < 6 and not (major == 0 and ("metadata" in cfg or "meta" in cfg))
+    arch = _architecture(cfg, cfg_path, architecture)
+    reshape = cfg_get(cfg, "reshape_activations", cfg_path, "str", "none")
+    if reshape not in ("none", "hook_z"):
+        raise SAEFormatError(f"{cfg_path}: unsupported reshape_activations {reshape!r}")
+    norm = _normalisation(cfg, cfg_path)
+    apply = cfg_get(cfg, "apply_b_dec_to_input", cfg_path, "bool", True)
+    rescale = cfg_get(cfg, "rescale_acts_by_decoder_norm", cfg_path, "bool", False)
+    d_in = cfg_get(cfg, "d_in", cfg_path, "pos_int", None)
+    d_sae = cfg_get(cfg, "d_sae", cfg_path, "pos_int", None)
+    cfg_dtype = cfg_get(cfg, "dtype", cfg_path, "str", None)
+    warnings: list[str] = []
+    check_config_dtype(cfg_dtype, sd, warnings)
+    kw, k = _weights(cfg, sd, arch, cfg_path, w_path, warnings)
+    _fold_scaling_factor(sd, kw, w_path, warnings)
+    norm, folded = _fold_norm(norm, norm_scaling_factor, kw, cfg_path, warnings)
+    l1 = _l1_coefficient(cfg, meta, cfg_path, warnings)
+    if folded is not None and l1 is not None:
+        # SAELens trains on s x: ||s x - xhat_s||^2 + l1 sum f ||W_dec_s||. With W_dec = W_dec_s / s and the same
+        # codes f, that is s^2 (||x - xhat||^2 + (l1 / s) sum f ||W_dec||): on raw x the coefficient is l1 / s
+        l1 = float(l1) / folded
+        warnings.append(f"l1_coefficient divided by the norm scaling factor (the SAE's objective on raw "
+                        f"activations): {l1:g}")
+    check_unused(sd, _USED[arch] | {"scaling_factor", "finetuning_scaling_factor"}, w_path, arch, warnings)
+    saved = meta.get("widelimit_warnings", cfg.get("widelimit_warnings", []))
+    warnings.extend(str(w) for w in saved if isinstance(saved, list))
+    train_arch = cfg_get(meta, "training_architecture", cfg_path, "str", None, prefix="metadata.")
+    train_arch = _TRAINING_ONLY.get(train_arch, train_arch)
+    sae = SAE(**kw, architecture=arch, k=k, apply_b_dec_to_input=apply, normalize_activations=norm,
+              rescale_acts_by_decoder_norm=rescale,
+              source_format=source_format or ("saelens-legacy" if legacy else "saelens"), path=path, dtype=dtype_name(sd), l1_coefficient=l1,
+              training_architecture=None if train_arch == arch else train_arch, config=cfg, warnings=warnings)
+    check_dims(sae, cfg_path, d_in, d_sae)
+    return sae
+
+
+def _architecture(cfg, cfg_path, architecture) -> str:
+    """The SAE's architecture from ``architecture`` or ``activation_fn_str`` (pre-6 configs), checked against the
+    one asked for and the ones supported (transcoders and training checkpoints refused)."""
     arch = cfg_get(cfg, "architecture", cfg_path, "str", None)
     act = cfg_get(cfg, "activation_fn_str", cfg_path, "str", None)
     if act is None:
@@ -140,22 +178,23 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
                              "(which writes it as jumprelu with its threshold) and certify that folder")
     if arch not in _ARCHS:
         raise SAEFormatError(f"{cfg_path}: unsupported SAELens architecture {arch!r}; supported: {', '.join(_ARCHS)}")
-    reshape = cfg_get(cfg, "reshape_activations", cfg_path, "str", "none")
-    if reshape not in ("none", "hook_z"):
-        raise SAEFormatError(f"{cfg_path}: unsupported reshape_activations {reshape!r}")
+    return arch
+
+
+def _normalisation(cfg, cfg_path) -> str:
+    """The activation normalisation (``normalize_activations``; pre-6 configs have a boolean)."""
     norm = cfg.get("normalize_activations", "none")
     if isinstance(norm, bool):  # pre-6 boolean form
         norm = "expected_average_only_in" if norm else "none"
     norm = "none" if norm is None else cfg_get({"normalize_activations": norm}, "normalize_activations", cfg_path, "str")
     if norm == "covariance_whitening":
         raise SAEFormatError(f"{cfg_path}: normalize_activations='covariance_whitening' is not supported")
-    apply = cfg_get(cfg, "apply_b_dec_to_input", cfg_path, "bool", True)
-    rescale = cfg_get(cfg, "rescale_acts_by_decoder_norm", cfg_path, "bool", False)
-    d_in = cfg_get(cfg, "d_in", cfg_path, "pos_int", None)
-    d_sae = cfg_get(cfg, "d_sae", cfg_path, "pos_int", None)
-    cfg_dtype = cfg_get(cfg, "dtype", cfg_path, "str", None)
-    warnings: list[str] = []
-    check_config_dtype(cfg_dtype, sd, warnings)
+    return norm
+
+
+def _weights(cfg, sd, arch, cfg_path, w_path, warnings):
+    """The tensors of the SAE (as :class:`SAE` keywords) and ``k`` (topk): the encoder's by architecture and the
+    JumpReLU thresholds (what was reconciled is noted in ``warnings``)."""
     kw = {"W_dec": get_tensor(sd, "W_dec", w_path, "the decoder"),
           "b_dec": get_tensor(sd, "b_dec", w_path, "the decoder bias"),
           "W_enc": get_tensor(sd, "W_enc", w_path, f"{arch} encoder")}
@@ -182,21 +221,32 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
         k = k if k is not None else k_old
         if k is None:
             raise SAEFormatError(f"{cfg_path}: topk SAE without k (neither 'k' nor activation_fn_kwargs.k)")
-    if "scaling_factor" in sd or "finetuning_scaling_factor" in sd:
-        if "scaling_factor" in sd and "finetuning_scaling_factor" in sd:
-            same_values("tensor 'scaling_factor'", sd["scaling_factor"], "tensor 'finetuning_scaling_factor'",
-                        sd["finetuning_scaling_factor"], w_path)
-            warnings.append(f"{w_path}: tensors 'scaling_factor' and 'finetuning_scaling_factor' are equal; "
-                            "'finetuning_scaling_factor' used")
-        sf = sd.get("finetuning_scaling_factor", sd.get("scaling_factor"))
-        if hasattr(sf, "ndim") and sf.ndim == 1 and sf.shape[0] == kw["W_dec"].shape[0]:
-            W = _arr(kw["W_dec"], "W_dec", w_path).astype(np.float64)
-            kw["W_dec"] = W * _arr(sf, "scaling_factor", w_path).astype(np.float64)[:, None]
-            if not np.allclose(_arr(sf, "scaling_factor", w_path), 1.0):
-                warnings.append("finetuning scaling_factor folded into W_dec")
-        else:
-            raise SAEFormatError(f"{w_path}: tensor 'scaling_factor' has shape {tuple(sf.shape)}, "
-                                 f"expected ({kw['W_dec'].shape[0]},)")
+    return kw, k
+
+
+def _fold_scaling_factor(sd, kw, w_path, warnings) -> None:
+    """A finetuning scaling factor (per feature) folded into ``kw["W_dec"]``, in place."""
+    if "scaling_factor" not in sd and "finetuning_scaling_factor" not in sd:
+        return
+    if "scaling_factor" in sd and "finetuning_scaling_factor" in sd:
+        same_values("tensor 'scaling_factor'", sd["scaling_factor"], "tensor 'finetuning_scaling_factor'",
+                    sd["finetuning_scaling_factor"], w_path)
+        warnings.append(f"{w_path}: tensors 'scaling_factor' and 'finetuning_scaling_factor' are equal; "
+                        "'finetuning_scaling_factor' used")
+    sf = sd.get("finetuning_scaling_factor", sd.get("scaling_factor"))
+    if hasattr(sf, "ndim") and sf.ndim == 1 and sf.shape[0] == kw["W_dec"].shape[0]:
+        W = _arr(kw["W_dec"], "W_dec", w_path).astype(np.float64)
+        kw["W_dec"] = W * _arr(sf, "scaling_factor", w_path).astype(np.float64)[:, None]
+        if not np.allclose(_arr(sf, "scaling_factor", w_path), 1.0):
+            warnings.append("finetuning scaling_factor folded into W_dec")
+    else:
+        raise SAEFormatError(f"{w_path}: tensor 'scaling_factor' has shape {tuple(sf.shape)}, "
+                             f"expected ({kw['W_dec'].shape[0]},)")
+
+
+def _fold_norm(norm, norm_scaling_factor, kw, cfg_path, warnings):
+    """Fold the dataset norm scaling factor into the weights for ``expected_average_only_in`` (it is not stored in
+    the files): returns the normalisation left (``"none"``) and the factor folded (``None`` when none)."""
     folded = None  # the norm scaling factor folded into the weights
     if norm == "expected_average_only_in":
         if norm_scaling_factor is None:
@@ -210,24 +260,7 @@ def saelens_from_dicts(cfg: dict, sd: dict, *, cfg_path, w_path, path, architect
         warnings.append(f"norm scaling factor {float(norm_scaling_factor):g} folded into the weights")
     elif norm_scaling_factor is not None:
         raise SAEFormatError(f"{cfg_path}: norm_scaling_factor given but the SAE uses normalize_activations={norm!r}")
-    l1 = _l1_coefficient(cfg, meta, cfg_path, warnings)
-    if folded is not None and l1 is not None:
-        # SAELens trains on s x: ||s x - xhat_s||^2 + l1 sum f ||W_dec_s||. With W_dec = W_dec_s / s and the same
-        # codes f, that is s^2 (||x - xhat||^2 + (l1 / s) sum f ||W_dec||): on raw x the coefficient is l1 / s
-        l1 = float(l1) / folded
-        warnings.append(f"l1_coefficient divided by the norm scaling factor (the SAE's objective on raw "
-                        f"activations): {l1:g}")
-    check_unused(sd, _USED[arch] | {"scaling_factor", "finetuning_scaling_factor"}, w_path, arch, warnings)
-    saved = meta.get("widelimit_warnings", cfg.get("widelimit_warnings", []))
-    warnings.extend(str(w) for w in saved if isinstance(saved, list))
-    train_arch = cfg_get(meta, "training_architecture", cfg_path, "str", None, prefix="metadata.")
-    train_arch = _TRAINING_ONLY.get(train_arch, train_arch)
-    sae = SAE(**kw, architecture=arch, k=k, apply_b_dec_to_input=apply, normalize_activations=norm,
-              rescale_acts_by_decoder_norm=rescale,
-              source_format=source_format or ("saelens-legacy" if legacy else "saelens"), path=path, dtype=dtype_name(sd), l1_coefficient=l1,
-              training_architecture=None if train_arch == arch else train_arch, config=cfg, warnings=warnings)
-    check_dims(sae, cfg_path, d_in, d_sae)
-    return sae
+    return norm, folded
 
 
 def _tensors(d: dict, dtype=None) -> dict:

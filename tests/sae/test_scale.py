@@ -1,0 +1,157 @@
+"""certify_sae at scale: the parts and their driver, the blocked decoder-pair search, Dask workers, storage rounding."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+from fixtures.saes import orthogonal_rays_sae
+
+from widelimit import certify_sae
+from widelimit.data.source import open_activations
+from widelimit.sae._pairs import decoder_pairs
+from widelimit.sae._util import violation_tolerance
+from widelimit.sae.certify import _setup, run_parts
+from widelimit.sae.model import SAE
+from widelimit.sae.options import CodingOptions, FlagOptions, RunOptions
+from widelimit.sae.parts import default_parts
+
+
+def _random_sae(seed=8, n=12, k=40, N=300):
+    rng = np.random.default_rng(seed)
+    W_dec = rng.standard_normal((k, n)) * rng.uniform(0.5, 2.0, (k, 1))
+    sae = SAE(W_dec=W_dec, b_dec=0.1 * rng.standard_normal(n), W_enc=0.3 * rng.standard_normal((n, k)),
+              b_enc=-0.2 + 0.1 * rng.standard_normal(k), architecture="standard")
+    return 2.0 * rng.standard_normal((N, n)), sae
+
+
+def _brute_pairs(U, lo, hi):
+    G = U @ U.T
+    np.fill_diagonal(G, 0.0)
+    a, b = np.nonzero((G >= hi) | (G <= lo))
+    return set(zip(a.tolist(), b.tolist())), G
+
+
+def test_blocked_pair_search_matches_the_full_gram_and_keeps_the_most_extreme():
+    rng = np.random.default_rng(0)
+    k, n = 300, 16
+    U = rng.standard_normal((k, n))
+    U[10] = -U[3] + 0.01 * rng.standard_normal(n)  # planted antipodal pair
+    U[20] = U[7] + 0.3 * rng.standard_normal(n)  # planted near-duplicate
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    lo, hi = -0.6, 0.6
+    want, G = _brute_pairs(U, lo, hi)
+    assert (3, 10) in want and (7, 20) in want and len(want) > 20
+    for rows in (1, 7, 64, 1000):  # one row per block .. one block
+        a, b, c = decoder_pairs(U, lo, hi, max_pairs=10**6, block_rows=rows)
+        assert set(zip(a.tolist(), b.tolist())) == want
+        np.testing.assert_allclose(c, G[a, b], rtol=0, atol=1e-15)
+    # a budget keeps exactly the max_pairs most extreme cosines, whatever the blocks
+    m = 12
+    order = np.sort(np.abs(G[tuple(np.array(sorted(want)).T)]))[::-1]
+    for rows in (5, 300):
+        a, b, c = decoder_pairs(U, lo, hi, max_pairs=m, block_rows=rows)
+        assert a.size == m
+        np.testing.assert_allclose(np.sort(np.abs(c))[::-1], order[:m], rtol=0, atol=1e-15)
+    assert decoder_pairs(U, lo, hi, max_pairs=0)[0].size == 0
+
+
+def test_bad_options_fail_in_one_line_naming_the_option():
+    X, sae = _random_sae()
+    for kw, name in ((dict(containment=1.5), "containment"), (dict(antipodal_cosine=-2.0), "antipodal_cosine"),
+                     (dict(batch_size=0), "batch_size"), (dict(max_pairs=-1), "max_pairs"),
+                     (dict(backend="gpu"), "backend"), (dict(coding_algorithm="lars"), "coding_algorithm"),
+                     (dict(kkt_tol=-1.0), "kkt_tol"), (dict(dense_threshold=float("nan")), "dense_threshold")):
+        with pytest.raises(ValueError, match=name) as e:
+            certify_sae(X, sae, lam=0.4, device="cpu", **kw)
+        assert "\n" not in str(e.value)
+
+
+class _TokenSum:
+    """A part as another concern would add one: it sees every batch once, in row order."""
+
+    def __init__(self, setup):
+        self.s, self.starts, self.total, self.codes = setup, [], 0.0, 0
+
+    def update(self, batch):
+        self.starts.append(batch.start)
+        self.total += float(batch.x.sum())
+        self.codes += int(batch.Yo.nnz)  # the parts before it left the optimal codes on the batch
+
+    def merge(self, other):
+        self.starts += other.starts
+        self.total += other.total
+        self.codes += other.codes
+        return self
+
+    def result(self):
+        return {"starts": self.starts, "total": self.total, "codes": self.codes}
+
+
+def _with_token_sum(setup, coding, pairs):
+    parts = default_parts(setup, coding, pairs)
+    parts["token_sum"] = _TokenSum(setup)
+    return parts
+
+
+def test_a_further_part_plugs_into_the_driver():
+    X, sae = _random_sae()
+    setup, _, _ = _setup(sae, X, 0.4, None, 0, CodingOptions(coding_tol=1e-10), RunOptions(device="cpu"))
+    make = partial(_with_token_sum, coding=CodingOptions(coding_tol=1e-10), pairs=(np.zeros(0), np.zeros(0)))
+    parts = run_parts(X, make, setup, 70)
+    out = parts["token_sum"].result()
+    assert out["starts"] == [0, 70, 140, 210, 280]
+    assert out["total"] == pytest.approx(float(X.sum()), rel=1e-13)
+    ref = certify_sae(X, sae, lam=0.4, device="cpu", batch_size=70, coding_tol=1e-10)
+    assert out["codes"] == pytest.approx(ref.metrics["optimal_l0"] * X.shape[0], abs=0.5)
+
+
+def test_dask_cluster_runs_the_coding_on_the_workers_and_equals_the_local_result():
+    da = pytest.importorskip("dask.array")
+    distributed = pytest.importorskip("distributed")
+    X, sae = _random_sae()
+    kw = dict(lam=0.4, device="cpu", batch_size=70, coding_tol=1e-10)
+    local = certify_sae(X, sae, **kw)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cl, \
+            distributed.Client(cl) as client:
+        with distributed.get_task_stream(client) as ts:
+            remote = certify_sae(da.from_array(X, chunks=(100, X.shape[1])), sae, **kw)
+    keys = [str(t["key"]) for t in ts.data]
+    assert sum("_block_parts" in key for key in keys) == 3  # one task per block, on the workers
+    for key in ("sae_objective", "optimal_code_objective", "lower_bound", "bias_stationarity", "max_residual_norm",
+                "encoder_gap"):
+        assert getattr(remote, key) == pytest.approx(getattr(local, key), rel=1e-12), key
+    assert remote.coding_gap == pytest.approx(local.coding_gap, rel=1e-4, abs=1e-12)
+    for key in ("mse", "cossim", "l2_ratio", "l0", "l1", "frac_alive", "optimal_mse", "optimal_l0"):
+        assert remote.metrics[key] == pytest.approx(local.metrics[key], rel=1e-12), key
+    for col in ("frequency", "max_violation_firing", "max_violation_silent", "tangent_grad_norm",
+                "tangent_grad_norm_optimal_codes"):
+        np.testing.assert_allclose(remote.features[col], local.features[col], rtol=1e-10, atol=1e-13, err_msg=col)
+    assert [(v["feature"], v["condition"]) for v in remote.violations] == \
+        [(v["feature"], v["condition"]) for v in local.violations]
+
+
+def test_violation_tolerance_uses_the_storage_dtype_not_the_widened_one(tmp_path):
+    # an exactly optimal SAE (float64) on its data rounded to float16 / bfloat16: the rounding is the storage's;
+    # read as float32 (shard folders, tensors widened on reading) it was judged with float32's epsilon
+    X, sae = orthogonal_rays_sae(0.5, seed=1)
+    X16 = X.astype(np.float16)
+    np.save(tmp_path / "be.npy", X16.astype(">f2"))  # big-endian float16: was read as float64 storage
+    np.save(tmp_path / "le.npy", X16)
+    scale = float(np.linalg.norm(X16.astype(np.float64), axis=1).max() + np.linalg.norm(sae.b_dec))
+    cases = {"float16": [X16, torch.tensor(X16), open_activations(tmp_path / "be.npy"),
+                         open_activations(tmp_path / "le.npy")],
+             "bfloat16": [torch.tensor(X).to(torch.bfloat16)]}
+    for dt, inputs in cases.items():
+        for acts in inputs:
+            cert = certify_sae(acts, sae, lam=0.5, device="cpu")
+            assert cert.violations == [], (dt, type(acts))
+            if dt == "float16":  # (bfloat16's sample scale differs: its own rounding of the data)
+                assert cert.violation_tolerance == pytest.approx(
+                    violation_tolerance(0.5, 1e-6, scale, ("float16",)), rel=1e-12)
+    assert open_activations(tmp_path / "be.npy").storage_dtypes == ["f16"]
+    # the same float16-rounded numbers stored as float32 are judged at float32 precision: violations
+    assert certify_sae(X16.astype(np.float32), sae, lam=0.5, device="cpu").violations

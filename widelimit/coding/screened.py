@@ -1,0 +1,210 @@
+r"""Certified optimal codes for wide dictionaries (16k-1M atoms) without a Gram matrix: torch, CPU or CUDA.
+
+The problem and the certificate of :mod:`widelimit.coding` (theory.md §8.6): per token, on unit
+atoms ``u_d`` and ``xt = x - b``, ``P(y) = ||xt - y U||^2 + 2 lam sum_d y_d`` over ``y >= 0``,
+certified by the dual point ``s r`` (``gap = P - D(s r) >= P - min P``). Built for the SAE
+regime -- many atoms, few active per token, a warm start (the SAE's own codes) that is close:
+
+1. **Working set per token**: the support of the current codes plus the ``ws_extra`` atoms most
+   correlated with the residual among those with ``c_d > (1 - margin) lam`` (the candidates of
+   dual infeasibility), from the correlations ``C = R U^T`` of the last certificate (for the first
+   round the caller's, e.g. those the SAE's residuals already needed).
+2. **Restricted solve**: the lasso on the working set ``W`` (``|W| = S``), its Gram block
+   ``G_WW = U_W U_W^T`` formed per token from the gathered atoms (``S^2 n`` flops, a batched
+   matrix product; float32: it only steers the solve) and ``q_W = U_W xt``; active-set Newton
+   (primal-dual active-set) steps, each an exact solve on the predicted support
+   (:func:`widelimit.coding.working_set._pdas`); a token whose support has not settled goes on
+   in the next round from where it is (the certificate below decides, not this solve).
+   No ``k x k`` matrix: memory ``O(m k + chunk S n)``.
+3. **Certificate, float64**: residuals ``r = xt - y_W U_W`` in float64; correlations for the whole
+   batch as one matrix product ``R U^T`` in float32 (the one ``O(n k)`` cost per token and round);
+   its maximum made exact: every entry within ``2 e_i`` of the float32 maximum is recomputed in
+   float64, where ``e_i = gamma_{n+2} ||r_i||`` (``gamma_m = m u / (1 - m u)``, ``u = 2^-24``)
+   bounds the float32 error of every entry (inputs rounded to float32 and any summation order,
+   ``||u_d|| = 1``), so no entry outside that window can be the maximum. The gap then uses the
+   exact ``max_d <u_d, r_i>`` (to float64 rounding), as the other coders do.
+
+Tokens meeting ``gap_i <= tol * scale_i`` (:func:`widelimit.sae.parts.coding_scale`: the token's own
+objective scale, ``max(P_i, ||xt_i||^2)``) are done; the others go back to step 1. Flops per token
+and round: ``2 n k`` (the product) ``+ S^2 n`` (the Gram block), against ``2 n k`` for the SAE's encoder.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.sparse as sp
+
+from .result import CodingResult
+
+__all__ = ["ScreenedCoder", "exact_max"]
+
+_U32 = 2.0 ** -24  # float32 unit roundoff
+
+
+def exact_max(R, U64, U32):
+    """``(max_d <u_d, r_i>`` exact to float64 rounding, float32 correlations ``C32``) for residuals ``R`` (m, n) f64."""
+    import torch
+
+    n = R.shape[1]
+    C32 = R.to(torch.float32) @ U32.T
+    g = (n + 2) * _U32 / (1.0 - (n + 2) * _U32) * 1.01
+    e = g * torch.linalg.norm(R, dim=1)
+    m32 = C32.amax(1).to(torch.float64)
+    ri, di = torch.nonzero(C32.to(torch.float64) >= (m32 - 2.0 * e - 1e-300)[:, None], as_tuple=True)
+    exact = (R[ri] * U64[di]).sum(1)
+    mx = torch.full((R.shape[0],), -math.inf, dtype=torch.float64, device=R.device)
+    return mx.scatter_reduce(0, ri, exact, reduce="amax"), C32
+
+
+def _scale(P, xx, lam):
+    import torch
+
+    return torch.maximum(torch.maximum(P, xx), torch.full_like(P, lam * lam * 2.0 ** -52))
+
+
+class ScreenedCoder:
+    """Working-set coding with per-token Gram blocks and a float32 certificate product (module docstring).
+
+    Parameters
+    ----------
+    U : ndarray (k, n)
+        Unit atoms.
+    lam, tol : float
+        Sparsity; per-token relative gap target.
+    device : torch.device
+    ws_extra : int
+        Most atoms a working set gains per round.
+    margin : float
+        Candidates: ``c_d > (1 - margin) lam``.
+    max_rounds, inner_iter : int
+        Working-set rounds; active-set steps of one restricted solve.
+    chunk : int
+        Tokens whose atoms are gathered at once (memory ``chunk * S * n`` float32).
+    """
+
+    def __init__(self, U, *, lam, tol=1e-6, device="cpu", ws_extra=48, margin=0.25, max_rounds=30, inner_iter=12,
+                 chunk=256):
+        import torch
+
+        self.dev = torch.device(device)
+        self.U64 = torch.as_tensor(np.ascontiguousarray(U, dtype=np.float64), device=self.dev)
+        self.U32 = self.U64.to(torch.float32)
+        self.lam, self.tol = float(lam), float(tol)
+        self.ws_extra, self.margin = int(ws_extra), float(margin)
+        self.max_rounds, self.inner_iter, self.chunk = int(max_rounds), int(inner_iter), int(chunk)
+
+    # ---------------------------------------------------------------------------------
+    def _working_sets(self, idx, val, C):
+        """New working sets: the support of ``val`` (at ``idx``) plus the best candidates of ``C`` (torch)."""
+        import torch
+
+        m = C.shape[0]
+        live = val > 0
+        ns = int(live.sum(1).max()) if live.numel() else 0
+        order = torch.argsort(live.to(torch.int8), dim=1, descending=True, stable=True)[:, :ns]
+        s_idx, s_val, s_ok = idx.gather(1, order), val.gather(1, order), live.gather(1, order)
+        Cm = C.clone()
+        rows = torch.arange(m, device=C.device)[:, None].expand_as(s_idx)
+        Cm[rows[s_ok], s_idx[s_ok]] = -math.inf
+        E = min(self.ws_extra, C.shape[1])
+        cv, ci = torch.topk(Cm, E, dim=1)
+        c_ok = cv > (1.0 - self.margin) * self.lam
+        W = torch.cat([s_idx, ci], 1)
+        ok = torch.cat([s_ok, c_ok], 1)
+        y = torch.cat([torch.where(s_ok, s_val, 0.0), torch.zeros_like(cv)], 1)
+        return torch.where(ok, W, 0), y, ok
+
+    def _restricted(self, xt, W, y, ok):
+        """Solve the lasso on each token's working set (chunks of tokens); returns the new codes on ``W``."""
+        import torch
+
+        from .working_set import _pdas
+
+        out = torch.empty_like(y)
+        S = W.shape[1]
+        eye = torch.eye(S, dtype=torch.float64, device=xt.device)
+        for s in range(0, W.shape[0], self.chunk):
+            e = min(W.shape[0], s + self.chunk)
+            Wc, okc = W[s:e], ok[s:e]
+            Uw = self.U32[Wc]  # (c, S, n) float32
+            G = (Uw @ Uw.transpose(1, 2)).to(torch.float64)
+            mask = okc.to(torch.float64)
+            G = G * (mask[:, :, None] * mask[:, None, :]) + eye * (1.0 - mask)[:, :, None]
+            q = (self.U64[Wc] @ xt[s:e, :, None]).squeeze(-1) * mask
+            out[s:e] = _pdas(q, G, y[s:e], self.lam, self.inner_iter) * mask
+        return out
+
+    def _certify(self, xt, W, y):
+        """float64 residuals, ``P``, certified gaps and float32 correlations of the codes ``y`` on ``W``."""
+        import torch
+
+        from .working_set import _gap
+
+        R = xt.clone()
+        for s in range(0, W.shape[0], self.chunk):
+            e = min(W.shape[0], s + self.chunk)
+            R[s:e] -= (y[s:e, None, :] @ self.U64[W[s:e]]).squeeze(1)
+        mx, C32 = exact_max(R, self.U64, self.U32)
+        rr = (R * R).sum(1)
+        rx = (R * xt).sum(1)
+        P, gap = _gap(rr, rx, mx, y.sum(1), self.lam)
+        return R, P, gap, C32
+
+    def solve(self, xt, Y0=None, C0=None):
+        """Certified codes for ``xt`` (m, n) float64 tensor; warm start ``Y0`` (CSR, unit atoms), ``C0`` its correlations.
+
+        Returns a :class:`~widelimit.coding.result.CodingResult` in unit-atom units with ``residuals`` (float64).
+        """
+        import torch
+
+        m, n = xt.shape
+        k = self.U64.shape[0]
+        dev = self.dev
+        if Y0 is not None and sp.csr_array(Y0).nnz:
+            Y0 = sp.csr_array(Y0)
+            cnt = np.diff(Y0.indptr)
+            w = max(1, int(cnt.max()))
+            pos = np.arange(Y0.nnz) - np.repeat(Y0.indptr[:-1], cnt)
+            rows = np.repeat(np.arange(m), cnt)
+            idx = torch.zeros((m, w), dtype=torch.int64, device=dev)
+            val = torch.zeros((m, w), dtype=torch.float64, device=dev)
+            idx[rows, pos] = torch.as_tensor(Y0.indices.astype(np.int64), device=dev)
+            val[rows, pos] = torch.as_tensor(Y0.data.astype(np.float64), device=dev)
+        else:
+            idx = torch.zeros((m, 1), dtype=torch.int64, device=dev)
+            val = torch.zeros((m, 1), dtype=torch.float64, device=dev)
+        xx = (xt * xt).sum(1)
+        R, P, gap, C = self._certify(xt, idx, val)
+        if C0 is not None:
+            C = C0
+        todo = torch.nonzero(gap > self.tol * _scale(P, xx, self.lam)).flatten()
+        C = C[todo]  # row t: token todo[t]
+        rounds = 0
+        while todo.numel() and rounds < self.max_rounds:
+            rounds += 1
+            W, y, ok = self._working_sets(idx[todo], val[todo], C)
+            y = self._restricted(xt[todo], W, y, ok)
+            Rt, Pt, gt, Ct = self._certify(xt[todo], W, y)
+            better = gt < gap[todo]  # keep the best certified codes of each token
+            keep = todo[better]
+            if idx.shape[1] < W.shape[1]:
+                pad = W.shape[1] - idx.shape[1]
+                idx = torch.cat([idx, torch.zeros((m, pad), dtype=torch.int64, device=dev)], 1)
+                val = torch.cat([val, torch.zeros((m, pad), dtype=torch.float64, device=dev)], 1)
+            idx[keep] = 0
+            val[keep] = 0.0
+            idx[keep, : W.shape[1]] = W[better]
+            val[keep, : W.shape[1]] = y[better]
+            R[keep], P[keep], gap[keep] = Rt[better], Pt[better], gt[better]
+            bad = gap[todo] > self.tol * _scale(P[todo], xx[todo], self.lam)
+            C = Ct[bad]
+            todo = todo[bad]
+        nz = val > 0
+        r_, c_ = torch.nonzero(nz, as_tuple=True)
+        codes = sp.csr_array((val[nz].cpu().numpy(), (r_.cpu().numpy(), idx[nz].cpu().numpy())), shape=(m, k))
+        codes.sum_duplicates()
+        return CodingResult.from_points(codes, P.cpu().numpy(), gap.cpu().numpy(),
+                                        penalty_sum=2.0 * self.lam * float(codes.sum()), n_iter=rounds,
+                                        device=self.dev, lam=self.lam, tol=self.tol, residuals=R.cpu().numpy())
