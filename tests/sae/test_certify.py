@@ -254,7 +254,7 @@ def test_cli_bad_inputs_exit_nonzero(tmp_path, capsys):
         ([str(tmp_path / "evil.pt"), sae_dir, "--lam", "0.5"], "refused to unpickle"),
         ([good, str(tmp_path / "badarch"), "--lam", "0.5"], "unsupported SAELens architecture 'weird'"),
         ([good, str(tmp_path / "nothing"), "--lam", "0.5"], "no such file"),
-        ([good, sae_dir, "--lam", "0"], "argument --lam: must be a finite number > 0"),
+        ([good, sae_dir, "--lam", "0"], "argument --lam: must be a positive finite number"),
     ]
     for argv, msg in cases:
         assert main(["certify", *argv]) == 2, argv

@@ -17,7 +17,10 @@ from ..data.source import open_activations
 from ._common import (_console, atomic_outputs, certificate_table, check_out_dir, lam_float, moved, nonneg_float,
                       nonneg_int, only_with, positive_float, positive_int, print_json, progress_display,
                       threads_int)
-from ..sae.report import certificate_rows
+from ..sae._util import sample_rows
+from ..sae.downstream import downstream_loss
+from ..sae.report import certificate_rows, sig
+from ..sae.sweep import SWEEP_COLUMNS, decoder_frontier, plot_sweep, sweep_row
 from ..sae.certify import certify_sae, write_sae_certificate
 from ..sae.formats import load_sae
 
@@ -90,7 +93,7 @@ def _certify_rows(c):
     return certificate_rows(c)
 
 
-def _sae_paths(specs) -> list[str]:
+def _sae_paths(specs, **load) -> list[str]:
     """The SAEs named on the command line: each argument, or the SAE folders inside a folder that is none itself."""
     out = []
     for spec in specs:
@@ -99,19 +102,19 @@ def _sae_paths(specs) -> list[str]:
             out.append(spec)
             continue
         try:
-            load_sae(path)
+            load_sae(path, **load)
             out.append(spec)
         except (ValueError, OSError):  # not an SAE itself: its SAE sub-folders, or its own error
-            subs = sorted(str(d) for d in path.iterdir() if d.is_dir() and _is_sae(d))
+            subs = sorted(str(d) for d in path.iterdir() if d.is_dir() and _is_sae(d, load))
             if not subs:
                 raise
             out += subs
     return out
 
 
-def _is_sae(path: Path) -> bool:
+def _is_sae(path: Path, load: dict) -> bool:
     try:
-        load_sae(path)
+        load_sae(path, **load)
     except (ValueError, OSError):
         return False
     return True
@@ -126,7 +129,7 @@ def _progress(args, err):
     return contextlib.nullcontext(line_progress())
 
 
-def _certify_one(args, path, acts, cb):
+def _certify_one(args, path, acts, cb, model=None):
     sae = load_sae(path, architecture=args.architecture, norm_scaling_factor=args.norm_scaling_factor)
     cert = call_interruptibly(
         certify_sae, acts, sae, lam=args.lam, l1_coefficient=args.l1_coefficient, tol=args.tol,
@@ -135,23 +138,20 @@ def _certify_one(args, path, acts, cb):
         same_width_steps=args.same_width_steps, objective=args.objective,
         sparsity=SparsityOptions(max_iter=args.pursuit_rounds, time_limit=args.pursuit_time),
         calibration_time=args.calibration_time)
-    if args.model is not None:
-        cert.downstream = call_interruptibly(_downstream, args, sae)
+    if model is not None:
+        cert.downstream = call_interruptibly(downstream_loss, model[0], sae, model[2], module=model[1])
     return sae, cert
 
 
-def _downstream(args, sae) -> dict:
-    """SAELens's CE loss score and KL with the SAE spliced into the local causal LM of --model (at --hook)."""
-    import numpy as np
-
-    from ..sae.downstream import downstream_loss
-
+def _model(args):
+    """``(model, module, token ids)`` of --model, --hook and --tokens, each checked (one line naming the flag)."""
     try:
-        from transformers import AutoModelForCausalLM
+        import transformers
     except ImportError:
         raise ValueError("--model needs the transformers package (pip install transformers)") from None
+    transformers.utils.logging.disable_progress_bar()  # no loading bars on stderr
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(args.model), local_files_only=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(args.model), local_files_only=True)
     except (OSError, ValueError) as e:
         raise ValueError(f"--model {args.model}: not a Hugging Face causal LM folder ({str(e).splitlines()[0]})") from None
     try:
@@ -168,7 +168,7 @@ def _downstream(args, sae) -> dict:
                          f"got {ids.dtype} {ids.shape}")
     if ids.size and (ids.min() < 0 or ids.max() >= model.config.vocab_size):
         raise ValueError(f"--tokens {args.tokens}: token ids must lie in [0, {model.config.vocab_size})")
-    return downstream_loss(model, sae, ids.astype(np.int64), module=module)
+    return model, module, ids.astype(np.int64)
 
 
 def _run_certify(args) -> int:
@@ -177,7 +177,8 @@ def _run_certify(args) -> int:
     only_with({"--hook": args.hook, "--tokens": args.tokens}, args.model is not None, "--model")
     if args.model is not None and (args.hook is None or args.tokens is None):
         raise ValueError("--model needs --hook (the submodule the SAE reads) and --tokens (token ids, .npy)")
-    paths = _sae_paths(args.sae)
+    paths = _sae_paths(args.sae, architecture=args.architecture, norm_scaling_factor=args.norm_scaling_factor)
+    model = _model(args) if args.model is not None else None  # its errors before any work
     acts = open_activations(args.acts, key=args.key, column=args.column)
     from rich.console import Console
 
@@ -185,7 +186,7 @@ def _run_certify(args) -> int:
     if len(paths) > 1:
         return _run_sweep(args, paths, acts, err)
     with stdout_to_stderr(args.json), _progress(args, err) as cb:  # --json: fd 1 carries nothing but the JSON
-        sae, cert = _certify_one(args, paths[0], acts, cb)
+        sae, cert = _certify_one(args, paths[0], acts, cb, model)
     files = []
     if args.out:
         with atomic_outputs(args.out) as tmp:
@@ -216,9 +217,6 @@ def _flags_shown(cert) -> bool:
 
 def _run_sweep(args, paths, acts, err) -> int:
     """Several SAEs on the same activations: one table (sweep.csv / JSON) and the MSE-L0 plot (sweep.png)."""
-    from ..sae._util import sample_rows
-    from ..sae.sweep import SWEEP_COLUMNS, decoder_frontier, plot_sweep, sweep_row
-
     if args.model is not None:
         raise ValueError("--model applies to one SAE at a time, got a sweep of several")
     rows, curves, names = [], [], [str(Path(p).name) or str(p) for p in paths]
@@ -252,8 +250,6 @@ def _run_sweep(args, paths, acts, err) -> int:
 
 def _sweep_table(rows, columns):
     from rich.table import Table
-
-    from ..sae.report import sig
 
     t = Table(title="widelimit certify: sweep (gain at L0 = SAE mse - best mse found at its L0; upper: proven)")
     for c in columns:

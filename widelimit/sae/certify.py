@@ -305,7 +305,8 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
                         sparsity=SparsityOptions() if sparsity is None else sparsity)
 
 
-def _setup(sae, acts, lam, l1_coefficient, seed, coding: CodingOptions, run: RunOptions, objective, progress):
+def _setup(sae, acts, lam, l1_coefficient, seed, coding: CodingOptions, run: RunOptions, objective=("auto", None),
+           progress=None):
     """The SAE on the device, the certified objective's ``lam`` (:class:`ObjectiveChoice`) and a calibration sample.
 
     ``objective``: ``(name, calibration_time)``. For the L0 objective alone (``choice.lam is None``) the setup's

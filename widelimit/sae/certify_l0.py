@@ -33,13 +33,13 @@ def certify_l0(cls, parts, setup, flags, *, choice, pairs, N: int, notes: list, 
     firing = kkt["firing"]
     no_coding = {"ZRo": None, "n_iter": None}
     feats = _features(setup, kkt, no_coding, firing, flags, N, has_enc)
-    for key in ("max_violation_firing", "max_violation_silent"):  # the L1 code conditions: not this objective's
-        feats[key] = np.full(setup.k, np.nan)
     antipodal = _antipodal(pairs, flags, feats)
     absorbed = _absorbed(pairs, parts["pairs"].result()["co"], firing.count.cpu().numpy(), feats["frequency"], flags,
                          feats) if has_enc and parts["pairs"].qa.numel() else []
     m = _metrics(enc, firing, metrics, feats, no_coding, antipodal, absorbed, N, has_enc)
     m = {k: v for k, v in m.items() if k not in _L1_METRICS}
+    for key in ("max_violation_firing", "max_violation_silent"):  # the L1 code conditions: not this objective's
+        feats[key] = np.full(setup.k, np.nan)
     spx = parts["sparsity"].result() if "sparsity" in parts else None
     if spx is not None and spx["batches_stopped_by_time"]:
         notes.append(f"the pursuit stopped at its time budget on {spx['batches_stopped_by_time']} batches "

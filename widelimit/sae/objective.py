@@ -34,12 +34,14 @@ says whether it is the SAE's own objective or a stand-in.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .._validation import check_lam
 from ..coding.working_set import optimal_codes_working_set
+from ..engine.local import Progress
 from .model import SAE
 
 __all__ = ["ObjectiveChoice", "resolve_objective", "calibrate_lam", "resolve_lam", "L0_OBJECTIVE", "OBJECTIVES"]
@@ -164,10 +166,6 @@ def calibrate_lam(sae: SAE, X, target_l0: float, *, coding_tol: float = 1e-6, de
     step that passes it (``info["stopped"]`` says so); ``progress`` receives a
     :class:`widelimit.engine.local.Progress` event (``stage="calibrate lam"``) per step.
     """
-    import time
-
-    from ..engine.local import Progress
-
     t0 = time.perf_counter()
     X = np.asarray(X, dtype=np.float64)
     U, b = sae.unit_dictionary(), np.asarray(sae.b_dec, dtype=np.float64)

@@ -38,6 +38,7 @@ from ..exact.stationarity import code_conditions
 from . import _kernels
 from ._util import _DENSE_K, csr_pair, diag, finish_codes
 from .metrics import ReconstructionStats
+from .sparsity import SparsityPart
 
 __all__ = ["Batch", "Setup", "EncoderPart", "KKTPart", "PairPart", "CodingPart", "MetricsPart", "default_parts",
            "coding_scale"]
@@ -418,8 +419,6 @@ def default_parts(setup: Setup, coding, pairs, sparsity=None) -> dict:
     :class:`widelimit.sae.sparsity.SparsityOptions` of the bracket at the SAE's own L0 (last: it measures
     the time the others take between its updates, its default time budget).
     """
-    from .sparsity import SparsityPart
-
     parts = {"encoder": EncoderPart(setup), "kkt": KKTPart(setup), "pairs": PairPart(setup, *pairs)}
     if coding is not None:
         parts["coding"] = CodingPart(setup, coding.optimal_codes_diagnostics, coding.keep_codes)

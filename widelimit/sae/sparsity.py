@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from .._validation import check_int, check_real
 from ..coding.pursuit import Atoms, PursuitOptions, pursue_batch, spectral_norm_sq
 from ..coding.sparse_bound import METHODS, babel, sparse_lower_bound
 from ..exact.gap import is_certified, relative_gap
@@ -67,8 +68,6 @@ class SparsityOptions:
     tol: float = 1e-6
 
     def __post_init__(self):
-        from .._validation import check_int, check_real
-
         check_int(self.max_iter, "max_iter", low=0)
         check_real(self.time_limit, "time_limit", low=0.0, none_ok=True, finite=False)
         check_int(self.max_subsets, "max_subsets", low=0)

@@ -14,6 +14,10 @@ import math
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
+
+from ..coding.pursuit import PursuitOptions, sparse_codes
+from .report import sig
 
 __all__ = ["decoder_frontier", "sweep_row", "plot_sweep", "SWEEP_COLUMNS"]
 
@@ -29,10 +33,6 @@ def decoder_frontier(X, sae, *, fractions=(0.25, 0.5, 1.0, 2.0, 4.0), max_iter: 
     ``X``: preprocessed tokens (float64); ``L0`` is the SAE's mean L0 on them. Returns one dict per budget:
     ``budget``, ``value`` (witness MSE), ``lower_bound``, ``l0`` (mean L0 of the witness, at most ``budget``).
     """
-    import scipy.sparse as sp
-
-    from ..coding.pursuit import PursuitOptions, sparse_codes
-
     X = np.asarray(X, dtype=np.float64)
     f = sae.encode(X)
     own = float((f != 0).sum(1).mean())
@@ -91,6 +91,4 @@ def plot_sweep(rows: list[dict], curves: list[list[dict]], path) -> Path:
 
 
 def _fmt_cell(v) -> str:
-    from .report import sig
-
     return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else sig(v)
