@@ -165,9 +165,9 @@ def main():
         lines.append(f"| {arch} | {sae_mse:.4g} | [{r.lower_bound:.4g}, {r.value:.4g}] | {mse_gp.mean():.4g} | "
                      f"{mse_omp.mean():.4g} | {own.mean():.4g} | {t_wl:.3g} / {t_gp:.3g} / {t_omp:.3g} |")
         print(lines[-1], flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "l0_pursuit.json").write_text(json.dumps(res, indent=2, default=float))
-    (args.out / "l0_pursuit.md").write_text("\n".join(lines) + "\n\n(" + res["note"] + ")\n")
+        args.out.mkdir(parents=True, exist_ok=True)  # after each architecture: a cut run keeps what it did
+        (args.out / "l0_pursuit.json").write_text(json.dumps(res, indent=2, default=float))
+        (args.out / "l0_pursuit.md").write_text("\n".join(lines) + "\n\n(" + res["note"] + ")\n")
 
 
 if __name__ == "__main__":

@@ -140,10 +140,20 @@ def residuals(A: Atoms, xt: torch.Tensor, S: torch.Tensor, y: torch.Tensor, vali
     return R
 
 
-def _refit(A, xt, S, valid, Cx):
+#: Most entries of the Gram blocks one NNLS refit holds at once (``rows * s * s``; 32 Mi float64 = 256 MiB).
+REFIT_ENTRIES = 1 << 25
+
+
+def _refit(A, xt, S, valid, Cx, q=None):
     """NNLS codes on the supports ``S`` (masked by ``valid``), their residuals and per-token squared norms
-    (``Cx = x_t U^T``: the correlations the refit's right-hand side gathers)."""
-    y = nnls_batch(A.gram(S, valid), Cx.gather(1, S) * valid, valid)
+    (``Cx = x_t U^T``: the correlations the refit's right-hand side gathers), in chunks of rows whose Gram
+    blocks hold at most :data:`REFIT_ENTRIES` entries."""
+    step = max(1, REFIT_ENTRIES // max(1, S.shape[1] ** 2))
+    y = torch.zeros(S.shape, dtype=xt.dtype, device=xt.device)
+    for r0 in range(0, S.shape[0], step):
+        Sc, vc = S[r0 : r0 + step], valid[r0 : r0 + step]
+        qc = Cx[r0 : r0 + step].gather(1, Sc) if q is None else q[r0 : r0 + step]
+        y[r0 : r0 + step] = nnls_batch(A.gram(Sc, vc), qc * vc, vc)
     R = residuals(A, xt, S, y, valid)
     return y, R, (R * R).sum(1)
 
@@ -190,11 +200,14 @@ def _add(A, xt, Cx, S, valid, y, mse, budget, C):
 
 def _removal_cost(A, S, valid, y):
     """``y_j^2 / (G_S^{-1})_jj`` per support slot (the least-squares cost of removing atom ``j``); inf off ``valid``."""
-    G = A.gram(S, valid)
-    m = valid.to(G.dtype)
-    eye = torch.eye(S.shape[1], dtype=G.dtype, device=G.device)
-    L, _ = torch.linalg.cholesky_ex(G + eye * (1.0 - m)[:, :, None] + eye * 1e-10)
-    dinv = torch.cholesky_inverse(L).diagonal(dim1=1, dim2=2).clamp_min(1e-300)
+    step = max(1, REFIT_ENTRIES // max(1, S.shape[1] ** 2))
+    dinv = torch.empty(S.shape, dtype=y.dtype, device=y.device)
+    eye = torch.eye(S.shape[1], dtype=y.dtype, device=y.device)
+    for r0 in range(0, S.shape[0], step):
+        vc = valid[r0 : r0 + step]
+        m = vc.to(y.dtype)
+        L, _ = torch.linalg.cholesky_ex(A.gram(S[r0 : r0 + step], vc) + eye * (1.0 - m)[:, :, None] + eye * 1e-10)
+        dinv[r0 : r0 + step] = torch.cholesky_inverse(L).diagonal(dim1=1, dim2=2).clamp_min(1e-300)
     return torch.where(valid, y * y / dinv, torch.full_like(y, math.inf))
 
 
@@ -230,8 +243,8 @@ def _swap(A, xt, Cx, S, valid, y, mse, budget, C, opts, Lsq):
         return S, valid, y, mse, moved
     T, Tv = _trials(A, S[idx], valid[idx], y[idx], C[idx], budget[idx], opts, Lsq)
     nb, nt, s = T.shape
-    rep = lambda a: a.repeat_interleave(nt, 0)  # noqa: E731
-    yT, _, mT = _refit(A, rep(xt[idx]), T.reshape(nb * nt, s), Tv.reshape(nb * nt, s), rep(Cx[idx]))
+    q = Cx[idx].gather(1, T.reshape(nb, nt * s)).reshape(nb * nt, s)  # (not Cx repeated: k columns per trial)
+    yT, _, mT = _refit(A, xt[idx].repeat_interleave(nt, 0), T.reshape(nb * nt, s), Tv.reshape(nb * nt, s), None, q)
     best, t = mT.reshape(nb, nt).min(1)
     better = best < mse[idx] * (1.0 - 1e-12)
     sel = idx[better]
