@@ -10,14 +10,12 @@ curves of different SAEs compare their dictionaries at equal sparsity.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..coding.pursuit import PursuitOptions, sparse_codes
-from .report import sig
 
 __all__ = ["decoder_frontier", "sweep_row", "plot_sweep", "SWEEP_COLUMNS"]
 
@@ -89,6 +87,3 @@ def plot_sweep(rows: list[dict], curves: list[list[dict]], path) -> Path:
     fig.savefig(path, dpi=120)
     return path
 
-
-def _fmt_cell(v) -> str:
-    return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else sig(v)
