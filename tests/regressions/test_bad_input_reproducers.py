@@ -272,7 +272,7 @@ def messages_name_the_flags(tmp, capsys, files):
     cfg["normalize_activations"] = "expected_average_only_in"
     (tmp / "sae" / "cfg.json").write_text(json.dumps(cfg))
     np.save(tmp / "acts.npy", X)
-    line = cli_error(capsys, "certify", tmp / "sae", tmp / "acts.npy", "--lam", "0.5")
+    line = cli_error(capsys, "certify", tmp / "acts.npy", tmp / "sae", "--lam", "0.5")
     assert "--norm-scaling-factor" in line and "norm_scaling_factor" not in line, line
 
 
@@ -289,9 +289,9 @@ def no_warnings_in_normal_use(tmp, capsys, files):
 
 
 def cli_flags_refuse_nan_inf_negative(tmp, capsys, files):
-    for argv, flag in [(["certify", "x", files["npy"], "--lam", "1", "--tol", "-1"], "--tol"),
-                       (["certify", "x", files["npy"], "--lam", "1", "--tol", "nan"], "--tol"),
-                       (["certify", "x", files["npy"], "--lam", "1", "--norm-scaling-factor", "-1"], "--norm-scaling-factor"),
+    for argv, flag in [(["certify", files["npy"], "x", "--lam", "1", "--tol", "-1"], "--tol"),
+                       (["certify", files["npy"], "x", "--lam", "1", "--tol", "nan"], "--tol"),
+                       (["certify", files["npy"], "x", "--lam", "1", "--norm-scaling-factor", "-1"], "--norm-scaling-factor"),
                        (["solve", files["npy"], "--lam", "inf"], "--lam"),
                        (["fit", files["npy"], "--lam", "1", "--width", "0"], "--width"),
                        (["fit", files["npy"], "--lam", "1", "--width", "2", "--seed", "abc"], "--seed"),
@@ -384,7 +384,8 @@ def test_certify_and_bound_read_a_folder_of_shards_alike(tmp_path, capsys):
     np.save(tmp_path / "all.npy", X)
     got = {}
     for name in ("shards", "all.npy"):
-        rc, out, err = cli(capsys, "certify", tmp_path / "sae", tmp_path / name, "--lam", "0.5", "--json")
+        rc, out, err = cli(capsys, "certify", tmp_path / name, tmp_path / "sae", "--lam", "0.5", "--json",
+                           "--no-progress")
         assert rc == 0 and err == "", err
         got[name] = json.loads(out)
     for k in ("n_tokens", "sae_objective", "optimal_code_objective", "lower_bound", "global_gap"):

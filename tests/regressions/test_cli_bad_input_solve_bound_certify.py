@@ -88,7 +88,7 @@ def test_bool_activations_refused_by_certify(tmp_path, capsys, sae_dir):
     sae, acts = sae_dir
     p = tmp_path / "bool_acts.npy"
     np.save(p, np.load(acts) > 0)
-    err = one_line_error(capsys, ["certify", sae, p, "--lam", "0.5"])
+    err = one_line_error(capsys, ["certify", p, sae, "--lam", "0.5"])
     assert "bool_acts.npy: array has dtype bool" in err and "floating point or integer" in err, err
 
 
@@ -160,7 +160,7 @@ def test_key_on_single_array_files_is_refused(good, good_csv, capsys, sae_dir):
             err = one_line_error(capsys, [cmd, path, "--lam", "0.5", "--key", "acts"])
             assert f"{name}: --key 'acts' given" in err and ".npz, .safetensors or .pt files only" in err, err
     sae, acts = sae_dir
-    err = one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--key", "acts"])
+    err = one_line_error(capsys, ["certify", acts, sae, "--lam", "0.5", "--key", "acts"])
     assert "acts.npy: --key 'acts' given" in err, err
 
 
@@ -181,7 +181,7 @@ def test_column_on_npy_is_refused(good, capsys, sae_dir):
     err = one_line_error(capsys, ["bound", good, "--lam", "0.5", "--column", "acts"])
     assert "good.npy: --column 'acts' given" in err and "Arrow file or a datasets cache only" in err, err
     sae, acts = sae_dir
-    err = one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--column", "acts"])
+    err = one_line_error(capsys, ["certify", acts, sae, "--lam", "0.5", "--column", "acts"])
     assert "acts.npy: --column 'acts'" in err, err
 
 
@@ -218,7 +218,7 @@ def test_unwritable_out_names_flag_and_path(good, capsys, sae_dir):
     err = one_line_error(capsys, ["experiment", "rays", "--quick", "--out", "/proc/x"])
     assert "--out /proc/x: cannot write here" in err, err
     sae, acts = sae_dir
-    err = one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--out", "/proc/x"])
+    err = one_line_error(capsys, ["certify", acts, sae, "--lam", "0.5", "--out", "/proc/x"])
     assert "--out /proc/x: cannot write here" in err and not any(s in err for s in (".tmp",)), err
     err = one_line_error(capsys, ["fit", good, "--lam", "0.5", "--width", "1", "--out", "/proc/x"])
     assert "--out /proc/x: cannot write here" in err and not any(s in err for s in (".tmp",)), err
@@ -305,7 +305,7 @@ def test_bad_l1_coefficient_in_cfg_names_the_file_and_field(sae_dir, capsys, val
     cfg["l1_coefficient"] = value
     cfg_path.write_text(json.dumps(cfg))
     needle = "must be a positive finite number" if value <= 0 else "(half of it is lam, which must be a normal float64)"
-    err = one_line_error(capsys, ["certify", sae, acts])
+    err = one_line_error(capsys, ["certify", acts, sae])
     assert f"{cfg_path}: field 'l1_coefficient' must be" in err, err
     assert needle in err, err
     assert not any(s in err for s in ("--l1-coefficient",)), err
@@ -317,7 +317,7 @@ def test_bad_l1_in_metadata_names_the_file_and_field(sae_dir, capsys):
     cfg = json.loads(cfg_path.read_text())
     cfg.setdefault("metadata", {})["training_architecture_details"] = {"l1_coefficient": -3}
     cfg_path.write_text(json.dumps(cfg))
-    err = one_line_error(capsys, ["certify", sae, acts])
+    err = one_line_error(capsys, ["certify", acts, sae])
     assert "field 'metadata.training_architecture_details.l1_coefficient' must be a positive finite number" in err, err
     assert not any(s in err for s in ("--l1-coefficient",)), err
 
@@ -333,7 +333,7 @@ def test_subnormal_lam_refused(good, capsys, sae_dir, X):
         assert f"argument --lam: must be at least {TINY!r} (the smallest normal float64" in err, err
         assert not any(s in err for s in ("inconsistent certificate",)), err
     sae, acts = sae_dir
-    err = one_line_error(capsys, ["certify", sae, acts, "--lam", "1e-320"])
+    err = one_line_error(capsys, ["certify", acts, sae, "--lam", "1e-320"])
     assert "argument --lam: must be at least" in err, err
     err = one_line_error(capsys, ["fit", good, "--lam", "1e-320", "--width", "1"])
     assert "lam must be at least" in err, err

@@ -106,7 +106,7 @@ def test_cli_tolerances_exit_2(tmp_path, capsys):
     X, sae = orthogonal_rays_sae(0.5, seed=9)
     save_saelens(sae, tmp_path / "sae")
     np.save(tmp_path / "acts.npy", X.astype(np.float32))
-    base = ["certify", str(tmp_path / "sae"), str(tmp_path / "acts.npy"), "--lam", "0.5", "--device", "cpu"]
+    base = ["certify", str(tmp_path / "acts.npy"), str(tmp_path / "sae"), "--lam", "0.5", "--device", "cpu"]
     # refused by argparse, naming the flag (issue 13: messages name the CLI flag)
     cases = [(base + ["--tol", v], "argument --tol: must be a finite number >= 0") for v in ("inf", "-1", "nan")]
     cases += [(base + ["--coding-tol", "inf"], "argument --coding-tol: must be a finite number > 0"),

@@ -211,7 +211,7 @@ def test_cli_certify_json_and_outputs(tmp_path, capsys):
     X, sae = orthogonal_rays_sae(LAM, seed=9)
     save_saelens(sae, tmp_path / "sae")
     np.save(tmp_path / "acts.npy", X.astype(np.float32))
-    rc = main(["certify", str(tmp_path / "sae"), str(tmp_path / "acts.npy"), "--l1-coefficient", str(2 * LAM),
+    rc = main(["certify", str(tmp_path / "acts.npy"), str(tmp_path / "sae"), "--l1-coefficient", str(2 * LAM),
                "--json", "--out", str(tmp_path / "out"), "--device", "cpu"])
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
@@ -226,7 +226,7 @@ def test_cli_certify_json_and_outputs(tmp_path, capsys):
     rows = (tmp_path / "out" / "features.csv").read_text().splitlines()
     assert len(rows) == 9 and rows[0].startswith("feature,frequency")
     # the table output
-    assert main(["certify", str(tmp_path / "sae"), str(tmp_path / "acts.npy"), "--lam", str(LAM), "--device", "cpu"]) == 0
+    assert main(["certify", str(tmp_path / "acts.npy"), str(tmp_path / "sae"), "--lam", str(LAM), "--device", "cpu"]) == 0
     assert "certified optimal" in capsys.readouterr().out
 
 
@@ -249,19 +249,19 @@ def test_cli_bad_inputs_exit_nonzero(tmp_path, capsys):
     (tmp_path / "badarch" / "cfg.json").write_text(json.dumps(cfg))
     sae_dir, good = str(tmp_path / "sae"), str(tmp_path / "short.npy")
     cases = [
-        ([sae_dir, good, "--lam", "0.5"], "d_in=5 but the SAE expects d_in=12"),
-        ([sae_dir, str(tmp_path / "inf.npy"), "--lam", "0.5"], "row 3"),
-        ([sae_dir, str(tmp_path / "evil.pt"), "--lam", "0.5"], "refused to unpickle"),
-        ([str(tmp_path / "badarch"), good, "--lam", "0.5"], "unsupported SAELens architecture 'weird'"),
-        ([str(tmp_path / "nothing"), good, "--lam", "0.5"], "no such file"),
-        ([sae_dir, good, "--lam", "0"], "argument --lam: must be a finite number > 0"),
+        ([good, sae_dir, "--lam", "0.5"], "d_in=5 but the SAE expects d_in=12"),
+        ([str(tmp_path / "inf.npy"), sae_dir, "--lam", "0.5"], "row 3"),
+        ([str(tmp_path / "evil.pt"), sae_dir, "--lam", "0.5"], "refused to unpickle"),
+        ([good, str(tmp_path / "badarch"), "--lam", "0.5"], "unsupported SAELens architecture 'weird'"),
+        ([good, str(tmp_path / "nothing"), "--lam", "0.5"], "no such file"),
+        ([good, sae_dir, "--lam", "0"], "argument --lam: must be a positive finite number"),
     ]
     for argv, msg in cases:
         assert main(["certify", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert msg in err and err.count("\n") == 1, err
     # --lam and --l1-coefficient are exclusive: argparse's refusal is one line too
-    assert main(["certify", sae_dir, good, "--lam", "1", "--l1-coefficient", "2"]) == 2
+    assert main(["certify", good, sae_dir, "--lam", "1", "--l1-coefficient", "2"]) == 2
     err = capsys.readouterr().err
     assert "not allowed with argument" in err and err.count("\n") == 1, err
 
@@ -270,8 +270,8 @@ def test_cli_subprocess_exit_code(tmp_path):
     X, sae = orthogonal_rays_sae(LAM, seed=12)
     save_saelens(sae, tmp_path / "sae")
     save_file({"acts": torch.as_tensor(X[:, :4]).float()}, str(tmp_path / "a.safetensors"))
-    p = subprocess.run([sys.executable, "-m", "widelimit", "certify", str(tmp_path / "sae"),
-                        str(tmp_path / "a.safetensors"), "--lam", "0.5"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "widelimit", "certify", str(tmp_path / "a.safetensors"),
+                        str(tmp_path / "sae"), "--lam", "0.5"], capture_output=True, text=True)
     assert p.returncode == 2 and "d_in=4" in p.stderr and "Traceback" not in p.stderr
 
 

@@ -14,7 +14,7 @@ from widelimit.cli import main
 from widelimit.sae.formats import load_sae, save_saelens
 from widelimit.sae.model import SAE
 from widelimit.sae.callback import CertifyCallback
-from widelimit.sae.report import SHOULD_HAVE_FIRED, figures, flat_dict
+from widelimit.sae.report import SHOULD_HAVE_FIRED, certificate_rows, figures, flat_dict
 
 LAM = 0.5
 
@@ -67,11 +67,23 @@ def test_rounding_is_not_a_violation_but_a_silent_feature_is():
     assert cert.violating_features(SHOULD_HAVE_FIRED) == [5]
 
 
-def test_topk_sae_is_compared_at_equal_l0():
+def test_topk_sae_is_certified_at_its_own_l0_and_at_equal_l0_only_when_asked():
     sae, X = _random_sae(seed=4, arch="topk", k=3)
-    cert = wl.certify_sae(X, sae, device="cpu")
+    own = wl.certify_sae(X, sae, device="cpu")  # issue 28: no L1 stand-in unless asked
+    assert own.lam is None and own.encoder_gap is None and own.lower_bound is None and own.violations == []
+    f = sae.encode(X)
+    mse = ((X - sae.decode(f)) ** 2).sum(1).mean()
+    assert own.sparsity["sae_value"] == pytest.approx(mse, rel=1e-12)
+    assert own.sparsity["lower_bound"] <= own.sparsity["value"] <= mse and own.sparsity["gain"] >= 0
+    names = [r[0] for r in certificate_rows(own)]
+    assert names[0] == "gain at its L0 (MSE)" and "encoder gap (L1)" not in names
+    assert "features that should have fired" not in names and "wide-limit bound" not in names
+    cert = wl.certify_sae(X, sae, device="cpu", objective="l1")
     obj = cert.objective
     assert obj["stand_in"] and obj["lam_source"].startswith("calibrated")
+    names = [r[0] for r in certificate_rows(cert)]
+    assert "L1 stand-in: objective difference" in names and "encoder gap (L1)" not in names
+    assert "features that should have fired" not in names  # the L1 flags are not the TopK SAE's
     target = (sae.encode(X) > 0).sum(1).mean()
     # an independent solver at the calibrated lam fires as often as the SAE (1 % bisection tolerance)
     opt = wl.optimal_codes(X, sae.unit_dictionary(), sae.b_dec, lam=cert.lam, tol=1e-10)
@@ -127,7 +139,7 @@ def test_fit_out_is_a_saelens_folder_that_certify_and_sae_lens_read(tmp_path, ca
     enc = wl.learn.gradient.encoder_codes(X, "standard", fit.encoder_params, fit.bias).toarray()
     np.testing.assert_allclose(s.encode(X), enc, atol=1e-12)
     # certify reads the folder with lam from its config
-    assert main(["certify", str(out), str(tmp_path / "x.npy"), "--json"]) == 0
+    assert main(["certify", str(tmp_path / "x.npy"), str(out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["lam"] == LAM and d["objective"]["lam_source"].startswith("the SAE's config")
     sl = pytest.importorskip("sae_lens")
@@ -144,7 +156,7 @@ def test_cli_shard_folder_and_max_tokens(tmp_path, capsys):
     (tmp_path / "shards").mkdir()
     np.save(tmp_path / "shards" / "a.npy", X[:60].astype(np.float32))
     np.save(tmp_path / "shards" / "b.npy", X[60:].astype(np.float32))
-    assert main(["certify", str(tmp_path / "sae"), str(tmp_path / "shards"), "--lam", str(LAM), "--max-tokens",
+    assert main(["certify", str(tmp_path / "shards"), str(tmp_path / "sae"), "--lam", str(LAM), "--max-tokens",
                  "50", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["n_tokens"] == 50 and d["n_tokens_total"] == X.shape[0]
@@ -169,7 +181,7 @@ def test_fit_out_of_free_codes_says_its_encoder_was_not_trained(tmp_path, capsys
     assert f"widelimit fit: note: {out}: {note}" in io.err
     assert any(w.startswith(note) for w in json.loads((out / "cfg.json").read_text())["metadata"]["widelimit_warnings"])
     assert any(w.startswith(note) for w in load_sae(out).warnings)
-    assert main(["certify", str(out), str(tmp_path / "x.npy"), "--json"]) == 0
+    assert main(["certify", str(tmp_path / "x.npy"), str(out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert any(n.startswith(note) for n in d["notes"]) and d["sae_objective"] > 1.5 * fit["value"]
     sl = pytest.importorskip("sae_lens")
