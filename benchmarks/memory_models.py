@@ -53,7 +53,7 @@ if spec["what"] == "relax":
     X = rng.standard_normal((spec["N"], spec["n"]))
     base = rss()
     t0 = time.perf_counter()
-    r = relax(X, lam=1.0, cone=spec["cone"], solver=spec["solver"], max_iters=spec["iters"], max_memory=2**50,
+    r = relax(X, lam=1.0, cone=spec["cone"], solver=spec["solver"], max_iter=spec["iters"], max_memory=2**50,
               horn_rounds=0)
 elif spec["what"] == "dnn":
     import torch  # noqa: F401
@@ -68,7 +68,7 @@ elif spec["what"] == "fit":
     X = rng.standard_normal((spec["N"], spec["n"])).astype(np.float32)
     base = rss()
     t0 = time.perf_counter()
-    r = fit_dictionary(X, lam=0.5, width=spec["k"], max_steps=spec["iters"], device="cpu", init="data",
+    r = fit_dictionary(X, lam=0.5, width=spec["k"], max_iter=spec["iters"], device="cpu", init="data",
                        bias=np.zeros(spec["n"]))
 peak = peak_rss()
 print(json.dumps({"base": base, "peak": peak, "growth": peak - base, "time_s": time.perf_counter() - t0}))

@@ -172,7 +172,7 @@ def test_import_is_lazy_and_names_resolve_to_their_definitions():
     from widelimit.relax import cones
 
     assert inspect.signature(wl.relax) == inspect.signature(cones.relax)
-    assert inspect.unwrap(wl.relax) is cones.relax
+    assert inspect.unwrap(wl.relax) is inspect.unwrap(cones.relax)  # (both behind validate_params)
     code = ("import widelimit as wl; import widelimit.relax.cones as c; import widelimit.relax.dnn as d;"
             "X = wl.datasets.gaussian(10, 2, seed=0)[0];"
             "a = wl.relax(X, lam=0.5, cone='dnn'); b = c.relax(X, lam=0.5, cone='dnn');"

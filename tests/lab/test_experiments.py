@@ -168,7 +168,7 @@ def test_exclusive_experiment_quick(quick_experiment):
         assert r["dual_offsupport_min"] == pytest.approx(lam / r["n_points"] * min(K / (K - 1), 1 if n_in else 2),
                                                          rel=1e-9)
         foc = r["stationarity"]
-        assert max(foc["code_active_error"], foc["atom_residual"], foc["bias_residual"]) < 1e-9
+        assert max(foc["code_active_error"], foc["atom_gradient"], foc["bias_residual"]) < 1e-9
     a = res["asymmetric"]  # category 0 keeps one ray, every other point is its own
     assert a["certified"] and a["width"] == 1 + a["n_points"] - a["n_category0"]
 

@@ -106,15 +106,14 @@ def test_bool_in_every_format_and_the_api(tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# --time-limit / --rel-tol: only with --width, checked when parsed
+# --time-limit / --tol: only with --width, checked when parsed
 # --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("flag, value, needle", [
     ("--time-limit", "5", "--time-limit applies only with --width"),
-    ("--rel-tol", "0.5", "--rel-tol applies only with --width"),
     ("--time-limit", "-1", "argument --time-limit: must be a finite number >= 0, got -1"),  # a bad value first
-    ("--rel-tol", "5", "argument --rel-tol: must be a finite number in (0, 1), got 5"),
+    ("--tol", "-5", "argument --tol: must be a finite number >= 0, got -5"),
 ])
 def test_width_options_without_width_are_refused(good, capsys, flag, value, needle):
     err = one_line_error(capsys, ["solve", good, "--lam", "0.5", flag, value])
@@ -124,10 +123,10 @@ def test_width_options_without_width_are_refused(good, capsys, flag, value, need
 @pytest.mark.parametrize("flag, value, needle", [
     ("--time-limit", "-1", "argument --time-limit: must be a finite number >= 0, got -1"),
     ("--time-limit", "nan", "argument --time-limit"),
-    ("--rel-tol", "5", "argument --rel-tol: must be a finite number in (0, 1), got 5"),
-    ("--rel-tol", "0", "argument --rel-tol: must be a finite number in (0, 1)"),
-    ("--rel-tol", "1", "argument --rel-tol: must be a finite number in (0, 1)"),
-    ("--rel-tol", "nan", "argument --rel-tol"),
+    ("--tol", "5", "--tol must be a finite number in (0, 1) with --width, got 5"),
+    ("--tol", "0", "--tol must be a finite number in (0, 1) with --width, got 0"),
+    ("--tol", "1", "--tol must be a finite number in (0, 1) with --width"),
+    ("--tol", "nan", "argument --tol: must be a finite number >= 0, got nan"),
 ])
 def test_width_option_values_checked_at_parse_time(good, capsys, flag, value, needle):
     err = one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "1", flag, value])
@@ -138,15 +137,15 @@ def test_width_options_with_width_are_used(good, capsys, X):
     """Both options reach the search, checked by an outcome no machine speed or load can change: a time limit
     of 0 s stops the search before its first node, after one start (it once asked for a certificate within
     60 s, which a loaded machine missed), and the tolerance is the one reported."""
-    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--time-limit", "0", "--rel-tol", "1e-4",
+    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--time-limit", "0", "--tol", "1e-4",
                        "--json", "--no-progress"])
-    ref = wl.solve(X, lam=0.5, width=1, rel_tol=1e-4, time_limit=0)
-    assert d["status"] == ref.status == "time_limit" and not d["certified"] and d["n_nodes"] == 0
-    assert d["rel_tol"] == 1e-4 and d["width"] == 1
+    ref = wl.solve(X, lam=0.5, width=1, tol=1e-4, time_limit=0)
+    assert d["status"] == ref.status == "time_limit" and not d["certified"] and d["n_iter"] == 0
+    assert d["tol"] == 1e-4 and d["width"] == 1
     assert d["value"] == ref.value and d["lower_bound"] == ref.lower_bound
     # the default (no --time-limit) is not 0: the same search certifies, to the tolerance given
-    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--rel-tol", "0.5", "--json", "--no-progress"])
-    assert d["certified"] and d["status"] == "optimal" and d["rel_gap"] <= 0.5 and d["rel_tol"] == 0.5
+    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--tol", "0.5", "--json", "--no-progress"])
+    assert d["certified"] and d["status"] == "optimal" and d["rel_gap"] <= 0.5 and d["tol"] == 0.5
 
 
 # --------------------------------------------------------------------------------------
@@ -352,7 +351,7 @@ def test_the_smallest_accepted_lam_works_end_to_end(good, capsys, X):
     assert d["lower_bound"] <= d["value"]
     np.testing.assert_allclose(d["bias"], geo.point, rtol=1e-9, atol=1e-12)
     b = _json(capsys, ["bound", good, "--lam", repr(TINY), "--json", "--no-progress"])
-    assert b["converged"] and b["value"] == pytest.approx(2 * TINY * geo.value, rel=1e-9)
+    assert b["certified"] and b["value"] == pytest.approx(2 * TINY * geo.value, rel=1e-9)
     assert b["lower_bound"] <= b["value"] and b["lower_bound"] == pytest.approx(b["value"], rel=1e-9)
 
 
@@ -441,7 +440,7 @@ def test_just_below_the_limit_is_solved(tmp_path, capsys, X):
     lam = s * 1e-40  # every point beyond lam; the objective about 2 lam |x| ~ 1e300
     geo = wl.geometric_median(X0)
     b = _json(capsys, ["bound", tmp_path / "big.npy", "--lam", repr(lam), "--json", "--no-progress"])
-    assert b["converged"] and b["lower_bound"] == pytest.approx(2 * lam * s * geo.value, rel=1e-9)
+    assert b["certified"] and b["lower_bound"] == pytest.approx(2 * lam * s * geo.value, rel=1e-9)
     d = _json(capsys, ["solve", tmp_path / "big.npy", "--lam", repr(lam), "--json", "--no-progress"])
     assert np.isfinite(d["value"]) and d["lower_bound"] <= d["value"]
     assert d["lower_bound"] == pytest.approx(b["lower_bound"], rel=1e-9)

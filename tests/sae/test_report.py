@@ -48,7 +48,7 @@ def test_metrics_match_an_independent_computation():
     assert d["gap/encoder"] + d["gap/dictionary_at_bias"] + d["gap/bias"] == pytest.approx(d["gap/global"], abs=1e-12)
     bstar = wl.huber_median(X, lam=LAM).point
     assert cert.wide_optimum_width == int((np.linalg.norm(X - bstar, axis=1) > LAM).sum())
-    assert all("/" in k or k in ("lam", "certified", "tokens", "seconds") for k in d)
+    assert all("/" in k or k in ("lam", "certified", "n_points", "time_s") for k in d)
     json.dumps(d, allow_nan=False)
 
 
@@ -122,7 +122,7 @@ def test_callback_samples_and_logs():
     for step in range(5):
         cb(step, sae)
     assert [s for s, _ in logged] == [0, 2, 4] and cb.acts.shape == (50, X.shape[1])
-    assert logged[0][1]["certify/tokens"] == 50 and "certify/gap/encoder" in logged[0][1]
+    assert logged[0][1]["certify/n_points"] == 50 and "certify/gap/encoder" in logged[0][1]
 
 
 def test_fit_out_is_a_saelens_folder_that_certify_and_sae_lens_read(tmp_path, capsys):
@@ -130,11 +130,11 @@ def test_fit_out_is_a_saelens_folder_that_certify_and_sae_lens_read(tmp_path, ca
     np.save(tmp_path / "x.npy", X.astype(np.float32))
     out = tmp_path / "fit"
     assert main(["fit", str(tmp_path / "x.npy"), "--lam", str(LAM), "--width", "4", "--encoder", "standard",
-                 "--max-steps", "300", "--lr", "3e-3", "--device", "cpu", "--json", "--out", str(out)]) == 0
+                 "--max-iter", "300", "--lr", "3e-3", "--device", "cpu", "--json", "--out", str(out)]) == 0
     capsys.readouterr()
     got = load_sae(out)
     assert got.architecture == "standard" and got.l1_coefficient == 2 * LAM
-    fit = wl.fit_dictionary(X, lam=LAM, width=4, encoder="standard", max_steps=50, device="cpu")
+    fit = wl.fit_dictionary(X, lam=LAM, width=4, encoder="standard", max_iter=50, device="cpu")
     s = fit.to_sae()
     enc = wl.learn.gradient.encoder_codes(X, "standard", fit.encoder_params, fit.bias).toarray()
     np.testing.assert_allclose(s.encode(X), enc, atol=1e-12)
@@ -159,8 +159,8 @@ def test_cli_shard_folder_and_max_tokens(tmp_path, capsys):
     assert main(["certify", str(tmp_path / "shards"), str(tmp_path / "sae"), "--lam", str(LAM), "--max-tokens",
                  "50", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["n_tokens"] == 50 and d["n_tokens_total"] == X.shape[0]
-    assert d["flat"]["tokens"] == 50
+    assert d["n_points"] == 50 and d["n_points_total"] == X.shape[0]
+    assert d["flat"]["n_points"] == 50
 
 
 def test_fit_out_of_free_codes_says_its_encoder_was_not_trained(tmp_path, capsys):
@@ -195,7 +195,7 @@ def test_an_l1_trained_topk_or_jumprelu_fit_is_certified_on_its_own_objective(en
     SAE's objective is the fit's encoder value."""
     X, _ = orthogonal_rays_sae(LAM, n_pairs=2, dim=4, seed=7)
     fit = wl.fit_dictionary(X, lam=LAM, width=4, encoder=encoder, topk=2 if encoder == "topk" else None,
-                            max_steps=100, device="cpu")
+                            max_iter=100, device="cpu")
     save_saelens(fit.to_sae(dtype="float64"), tmp_path / "sae")
     c = wl.certify_sae(X, load_sae(tmp_path / "sae"))
     assert c.lam == LAM and c.objective["stand_in"] is False

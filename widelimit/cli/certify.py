@@ -22,7 +22,7 @@ from ..sae.downstream import downstream_loss
 from ..sae.report import certificate_rows, sig
 from ..sae.sweep import SWEEP_COLUMNS, decoder_frontier, plot_sweep, sweep_row
 from ..sae.certify import certify_sae, write_sae_certificate
-from ..sae.formats import load_sae
+from ..sae.formats import load_sae, looks_like_sae
 
 # --------------------------------------------------------------------------------------
 # certify (trained SAEs)
@@ -73,7 +73,7 @@ def _add_certify(sub):
     p.add_argument("--out", type=Path, default=None,
                    help="write certificate.json, metrics.json, features.csv, feature_frequency.png, "
                         "feature_violations.png here")
-    p.add_argument("--tol", type=nonneg_float, default=1e-6, help="certified_optimal iff global gap <= tol * objective")
+    p.add_argument("--tol", type=nonneg_float, default=1e-6, help="certified iff global gap <= tol * objective")
     p.add_argument("--coding-tol", type=positive_float, default=1e-6, help="relative duality gap of the optimal coding per token")
     p.add_argument("--batch-size", type=positive_int, default=4096, help="tokens per batch")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -173,6 +173,9 @@ def _model(args):
 
 def _run_certify(args) -> int:
 
+    if looks_like_sae(args.acts) and not looks_like_sae(args.sae):
+        raise ValueError(f"the activations come first: widelimit certify ACTS SAE (as certify_sae(acts, sae)); "
+                         f"{args.acts!r} is an SAE and {args.sae!r} is not")
     check_out_dir(args.out)
     only_with({"--hook": args.hook, "--tokens": args.tokens}, args.model is not None, "--model")
     if args.model is not None and (args.hook is None or args.tokens is None):

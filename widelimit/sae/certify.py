@@ -25,7 +25,7 @@ Three numbers bracket it, every one certified:
     global_gap = encoder_gap + decoder_gap_at_bias + bias_gap,
     decoder_gap_at_bias = optimal_code_objective - H(b_dec),  bias_gap = H(b_dec) - lower_bound.
 
-``certified_optimal`` is :func:`widelimit.exact.certificate.is_certified`
+``certified`` is :func:`widelimit.exact.certificate.is_certified`
 (``global_gap <= tol * sae_objective``, the one definition the toolkit uses):
 then the SAE is a global minimiser of its objective over *all* widths, to that
 tolerance. Which objective (and ``lam``) is certified for each architecture is
@@ -91,6 +91,7 @@ from ._pairs import decoder_pairs
 from ._util import Rows as _Rows, check_acts as _check_acts, sample_rows, violation_tolerance
 from .objective import resolve_lam, resolve_objective
 from .options import CERTIFY_CONSTRAINTS, CodingOptions, FlagOptions, RunOptions
+from ..results import CertifiedResult, shared_dict, status_of
 from .parts import Batch, Setup, default_parts
 from .certify_l0 import certify_l0
 from .sparsity import SparsityOptions
@@ -104,11 +105,14 @@ __all__ = ["SAECertificate", "certify_sae", "plot_sae_certificate", "write_sae_c
 
 
 @dataclass
-class SAECertificate:
+class SAECertificate(CertifiedResult):
     """The certification report of one SAE on one set of activations.
 
     Scalars are means over tokens (float64). Per-feature arrays have length
-    ``d_sae``. See the module docstring for the definitions.
+    ``d_sae``. See the module docstring for the definitions. The shared fields of a certified result
+    (:mod:`widelimit.results`): ``value`` is ``sae_objective``, ``gap`` is ``global_gap``, ``rel_gap`` is
+    ``global_gap / sae_objective``, ``n_iter`` is ``None`` (the certification iterates only inside its parts),
+    ``time_s`` the wall-clock seconds; ``n_points`` tokens were certified (of ``n_points_total``).
     """
 
     sae_objective: float
@@ -117,7 +121,7 @@ class SAECertificate:
     optimal_code_objective: float | None
     coding_gap: float | None
     coding_max_gap: float | None
-    coding_converged: bool | None
+    coding_certified: bool | None
     lower_bound: float
     lower_bound_at_bias: float
     huber_median_gap: float
@@ -125,10 +129,10 @@ class SAECertificate:
     decoder_gap_at_bias: float | None
     bias_gap: float
     global_gap: float
-    certified_optimal: bool
+    certified: bool
     tol: float
     lam: float
-    n_tokens: int
+    n_points: int
     d_in: int
     d_sae: int
     bias_stationarity: float
@@ -141,17 +145,39 @@ class SAECertificate:
     absorbed: list = field(repr=False)
     sae_info: dict = field(repr=False)
     optimal_bias: np.ndarray = field(repr=False)
-    seconds: float = 0.0
+    time_s: float = 0.0
     device: str = "cpu"
     notes: list = field(default_factory=list)
     stability: dict | None = None  # feature_stability summary (theory.md §5.3-§5.5), when requested
     same_width: dict | None = None  # same_width_witness summary, when requested
     objective: dict = field(default_factory=dict)
     violation_tolerance: float = 0.0
-    n_tokens_total: int | None = None
+    n_points_total: int | None = None
     wide_optimum_width: int | None = None
     sparsity: dict | None = None  # the bracket at the SAE's own L0 (widelimit.sae.sparsity, theory.md §10)
     downstream: dict | None = None  # CE loss score and KL with the SAE spliced in (widelimit.sae.downstream)
+
+    @property
+    def value(self) -> float | None:
+        return self.sae_objective
+
+    @property
+    def gap(self) -> float | None:
+        return self.global_gap
+
+    @property
+    def rel_gap(self) -> float | None:
+        if self.global_gap is None or self.sae_objective is None:
+            return None  # an L0 SAE without an L1 objective: no global gap
+        return relative_gap(self.global_gap, self.sae_objective)
+
+    @property
+    def status(self) -> str:
+        if self.certified is None:
+            return "not_applicable"  # the L0 bracket alone: nothing global is certified
+        return status_of(self.certified, self.sae_objective)
+
+    n_iter = None
 
     @property
     def l1_coefficient(self) -> float | None:
@@ -166,29 +192,29 @@ class SAECertificate:
         """JSON-serialisable summary (per-feature arrays left out; see :func:`write_sae_certificate`)."""
         enc_hi = None if self.encoder_gap is None else self.encoder_gap + (self.coding_gap or 0.0)
         return {
-            "sae_objective": self.sae_objective, "reconstruction": self.reconstruction, "penalty": self.penalty,
+            **shared_dict(self), "sae_objective": self.sae_objective, "reconstruction": self.reconstruction,
+            "penalty": self.penalty,
             "optimal_code_objective": self.optimal_code_objective, "coding_gap": self.coding_gap,
-            "coding_max_gap": self.coding_max_gap, "coding_converged": self.coding_converged,
-            "lower_bound": self.lower_bound, "lower_bound_at_bias": self.lower_bound_at_bias,
+            "coding_max_gap": self.coding_max_gap, "coding_certified": self.coding_certified,
+            "lower_bound_at_bias": self.lower_bound_at_bias,
             "huber_median_gap": self.huber_median_gap,
             "encoder_gap": self.encoder_gap, "encoder_gap_upper": enc_hi,
             "decoder_gap_at_bias": self.decoder_gap_at_bias, "bias_gap": self.bias_gap,
-            "global_gap": self.global_gap, "rel_global_gap": _rel(self.global_gap, self.sae_objective),
-            "certified_optimal": None if self.certified_optimal is None else bool(self.certified_optimal), "tol": self.tol,
+            "global_gap": self.global_gap,
             "lam": self.lam, "l1_coefficient": self.l1_coefficient,
-            "n_tokens": self.n_tokens, "d_in": self.d_in, "d_sae": self.d_sae,
+            "n_points": self.n_points, "d_in": self.d_in, "d_sae": self.d_sae,
             "bias_stationarity": self.bias_stationarity, "max_residual_norm": self.max_residual_norm,
             "bias_distance": self.bias_distance, "metrics": dict(self.metrics),
             "n_violating_features": len(self.violating_features()),
             "violations": self.violations[:max_listed],
             "antipodal_pairs": self.antipodal_pairs[:max_listed],
             "absorbed": self.absorbed[:max_listed],
-            "sae": self.sae_info, "seconds": self.seconds,
-            "tokens_per_second": self.n_tokens / self.seconds if self.seconds > 0 else None,
+            "sae": self.sae_info,
+            "tokens_per_second": self.n_points / self.time_s if self.time_s > 0 else None,
             "device": self.device, "notes": list(self.notes), "stability": self.stability,
             "same_width": self.same_width,
             "objective": dict(self.objective), "violation_tolerance": self.violation_tolerance,
-            "n_tokens_total": self.n_tokens_total, "wide_optimum_width": self.wide_optimum_width,
+            "n_points_total": self.n_points_total, "wide_optimum_width": self.wide_optimum_width,
             "sparsity": self.sparsity, "downstream": self.downstream,
         }
 
@@ -232,7 +258,7 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
     max_tokens : int, optional
         Certify a random sample of this many tokens (``seed``).
     tol : float
-        ``certified_optimal`` iff ``global_gap <= tol * sae_objective``
+        ``certified`` iff ``global_gap <= tol * sae_objective``
         (:func:`widelimit.exact.certificate.is_certified`).
     coding_tol : float
         Relative per-token duality gap of the optimal coding: ``gap_i <= coding_tol * scale_i`` with

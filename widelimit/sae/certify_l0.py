@@ -5,7 +5,7 @@ Matryoshka) unless an L1 stand-in is asked for, and for ``objective="l0"``: the 
 :mod:`widelimit.sae.parts` without the optimal L1 coding, plus :class:`widelimit.sae.sparsity.SparsityPart`
 (the bracket at the SAE's L0), and no wide-limit bound. Kept: the reconstruction metrics, the firing
 statistics, the decoder-pair flags (dead, dense, antipodal, absorbed-looking). ``None``: the L1 fields
-(objective, gaps, wide-limit bound, certified_optimal) and the first-order flags, which assume the L1
+(objective, gaps, wide-limit bound, certified) and the first-order flags, which assume the L1
 objective; the atom tangent gradient at the SAE's codes stays in ``features`` (the L0 penalty does not
 depend on the atoms' directions, so it is the MSE's own stationarity condition on the sphere).
 """
@@ -47,10 +47,10 @@ def certify_l0(cls, parts, setup, flags, *, choice, pairs, N: int, notes: list, 
     U = setup.U
     return cls(
         sae_objective=None, reconstruction=m.get("mse"), penalty=None, optimal_code_objective=None, coding_gap=None,
-        coding_max_gap=None, coding_converged=None, lower_bound=None, lower_bound_at_bias=None,
+        coding_max_gap=None, coding_certified=None, lower_bound=None, lower_bound_at_bias=None,
         huber_median_gap=None, encoder_gap=None, decoder_gap_at_bias=None, bias_gap=None, global_gap=None,
-        certified_optimal=None, tol=None, lam=None, n_tokens=N, d_in=U.shape[1], d_sae=U.shape[0],
+        certified=None, tol=None, lam=None, n_points=N, d_in=U.shape[1], d_sae=U.shape[0],
         bias_stationarity=float(np.linalg.norm(firing.sum_r.cpu().numpy() / N)), max_residual_norm=float(firing.max_rn),
         bias_distance=None, metrics=m, features=feats, violations=[], antipodal_pairs=antipodal, absorbed=absorbed,
-        sae_info=sae.summary(), optimal_bias=None, seconds=time.perf_counter() - t0, device=str(setup.dev),
-        notes=notes, objective=choice.as_dict(), n_tokens_total=n_total, sparsity=spx)
+        sae_info=sae.summary(), optimal_bias=None, time_s=time.perf_counter() - t0, device=str(setup.dev),
+        notes=notes, objective=choice.as_dict(), n_points_total=n_total, sparsity=spx)

@@ -63,7 +63,7 @@ def flat_dict(cert, prefix: str = "") -> dict:
     ``gap/encoder_upper``, ``gap/dictionary_at_bias``, ``gap/bias``, ``gap/global``,
     ``gap/relative``, ``bound/wide_limit``, ``bound/at_bias``, ``bound/wide_optimum_width``,
     ``lam``, ``lam/stand_in``, ``certified``, ``metrics/<name>`` (SAELens names),
-    ``features/<count>``, ``tokens``, ``seconds``.
+    ``features/<count>``, ``n_points``, ``time_s``.
     """
     m = cert.metrics
     enc_hi = None if cert.encoder_gap is None else cert.encoder_gap + (cert.coding_gap or 0.0)
@@ -77,7 +77,7 @@ def flat_dict(cert, prefix: str = "") -> dict:
         "bound/wide_optimum_width": getattr(cert, "wide_optimum_width", None),
         "lam": cert.lam, "lam/l1_coefficient": None if cert.lam is None else 2 * cert.lam,
         "lam/stand_in": bool(cert.objective.get("stand_in", False)),
-        "certified": None if cert.certified_optimal is None else bool(cert.certified_optimal),
+        "certified": None if cert.certified is None else bool(cert.certified),
         "features/violating": len(cert.violating_features()),
         "features/should_have_fired": len(cert.violating_features(SHOULD_HAVE_FIRED)),
         "features/dead": m.get("dead_features"), "features/dense": m.get("dense_features"),
@@ -85,7 +85,7 @@ def flat_dict(cert, prefix: str = "") -> dict:
         "diagnostics/bias_stationarity": cert.bias_stationarity,
         "diagnostics/max_residual_norm": cert.max_residual_norm,
         "diagnostics/violation_tolerance": cert.violation_tolerance,
-        "tokens": cert.n_tokens, "seconds": cert.seconds,
+        "n_points": cert.n_points, "time_s": cert.time_s,
     }
     spx = getattr(cert, "sparsity", None) or {}
     for key in ("value", "lower_bound", "gain", "gain_upper", "sae_value", "l0"):
@@ -165,7 +165,7 @@ def _l1_rows(c) -> tuple[list, list]:
          f"best L1 objective at ANY width; its optimum has ~{_g(width)} atoms (one per ray), not a practical target"),
         ("global gap (relative)", f"{sig(c.global_gap)} ({sig(rel)})", "SAE objective - bound = the gaps above"),
         ("SAE objective (L1)", c.sae_objective, lam + (" (a stand-in: see objective)" if obj.get("stand_in") else "")),
-        ("certified optimal (L1)", c.certified_optimal, f"global gap <= {c.tol:g} * objective"),
+        ("certified optimal (L1)", c.certified, f"global gap <= {c.tol:g} * objective"),
     ]
     return here, anyw
 
@@ -204,8 +204,8 @@ def certificate_rows(c) -> list[tuple]:
         ("objective certified", obj.get("certified_objective", "L1"), f"lam: {obj.get('lam_source', 'given')}"),
         ("SAE trained with", obj.get("training_objective", "?"), f"{c.sae_info.get('architecture')} SAE "
                                                                    f"({c.sae_info.get('source_format')})"),
-        ("tokens x d_in, d_sae", f"{c.n_tokens} x {c.d_in}, {c.d_sae}",
-         "sampled" if (c.n_tokens_total or c.n_tokens) > c.n_tokens else "all tokens"),
+        ("tokens x d_in, d_sae", f"{c.n_points} x {c.d_in}, {c.d_sae}",
+         "sampled" if (c.n_points_total or c.n_points) > c.n_points else "all tokens"),
         ("explained_variance", _g(m.get("explained_variance")), "SAELens: 1 - E||x - x_hat||^2 / (E||x||^2 - ||E x||^2)"),
         ("explained_variance_legacy", _g(m.get("explained_variance_legacy")),
          "SAELens (old formula): mean over tokens of 1 - ||x - x_hat||^2 / ||x - mean_batch x||^2"),
@@ -246,14 +246,14 @@ def figures(cert) -> dict:
 
     F = cert.features
     freq = np.asarray(F["frequency"], dtype=np.float64)
-    floor = 0.5 / cert.n_tokens
+    floor = 0.5 / cert.n_points
     f1 = Figure(figsize=(6.4, 4.0))
     ax = f1.subplots()
     ax.hist(np.log10(np.maximum(freq, floor)), bins=50, color="tab:blue")
     ax.axvline(np.log10(floor), color="tab:red", ls=":", label=f"dead ({int(np.sum(F['dead']))})")
     ax.set_xlabel("log10 firing frequency")
     ax.set_ylabel("features")
-    ax.set_title(f"feature firing frequency ({cert.d_sae} features, {cert.n_tokens} tokens)")
+    ax.set_title(f"feature firing frequency ({cert.d_sae} features, {cert.n_points} tokens)")
     ax.legend()
     f1.tight_layout()
 
