@@ -163,7 +163,7 @@ def assemble(cls, parts, setup, flags, coding_opts, *, choice, med, h_bias, widt
         if stability else None
     same_width = None
     if same_width_steps > 0:
-        sw = same_width_witness(np.asarray(Xb_all), setup.U, setup.b, lam=lam, max_steps=int(same_width_steps),
+        sw = same_width_witness(np.asarray(Xb_all), setup.U, setup.b, lam=lam, max_iter=int(same_width_steps),
                                 device="cpu" if str(setup.dev) == "cpu" else setup.dev,
                                 coding_tol=coding_opts.coding_tol)
         same_width = {k2: v for k2, v in sw.items() if k2 != "fit"}
