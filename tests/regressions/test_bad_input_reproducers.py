@@ -384,7 +384,8 @@ def test_certify_and_bound_read_a_folder_of_shards_alike(tmp_path, capsys):
     np.save(tmp_path / "all.npy", X)
     got = {}
     for name in ("shards", "all.npy"):
-        rc, out, err = cli(capsys, "certify", tmp_path / name, tmp_path / "sae", "--lam", "0.5", "--json")
+        rc, out, err = cli(capsys, "certify", tmp_path / name, tmp_path / "sae", "--lam", "0.5", "--json",
+                           "--no-progress")
         assert rc == 0 and err == "", err
         got[name] = json.loads(out)
     for k in ("n_points", "sae_objective", "optimal_code_objective", "lower_bound", "global_gap"):

@@ -14,7 +14,7 @@ from widelimit.cli import main
 from widelimit.sae.formats import load_sae, save_saelens
 from widelimit.sae.model import SAE
 from widelimit.sae.callback import CertifyCallback
-from widelimit.sae.report import SHOULD_HAVE_FIRED, figures, flat_dict
+from widelimit.sae.report import SHOULD_HAVE_FIRED, certificate_rows, figures, flat_dict
 
 LAM = 0.5
 
@@ -67,11 +67,23 @@ def test_rounding_is_not_a_violation_but_a_silent_feature_is():
     assert cert.violating_features(SHOULD_HAVE_FIRED) == [5]
 
 
-def test_topk_sae_is_compared_at_equal_l0():
+def test_topk_sae_is_certified_at_its_own_l0_and_at_equal_l0_only_when_asked():
     sae, X = _random_sae(seed=4, arch="topk", k=3)
-    cert = wl.certify_sae(X, sae, device="cpu")
+    own = wl.certify_sae(X, sae, device="cpu")  # issue 28: no L1 stand-in unless asked
+    assert own.lam is None and own.encoder_gap is None and own.lower_bound is None and own.violations == []
+    f = sae.encode(X)
+    mse = ((X - sae.decode(f)) ** 2).sum(1).mean()
+    assert own.sparsity["sae_value"] == pytest.approx(mse, rel=1e-12)
+    assert own.sparsity["lower_bound"] <= own.sparsity["value"] <= mse and own.sparsity["gain"] >= 0
+    names = [r[0] for r in certificate_rows(own)]
+    assert names[0] == "gain at its L0 (MSE)" and "encoder gap (L1)" not in names
+    assert "features that should have fired" not in names and "wide-limit bound" not in names
+    cert = wl.certify_sae(X, sae, device="cpu", objective="l1")
     obj = cert.objective
     assert obj["stand_in"] and obj["lam_source"].startswith("calibrated")
+    names = [r[0] for r in certificate_rows(cert)]
+    assert "L1 stand-in: objective difference" in names and "encoder gap (L1)" not in names
+    assert "features that should have fired" not in names  # the L1 flags are not the TopK SAE's
     target = (sae.encode(X) > 0).sum(1).mean()
     # an independent solver at the calibrated lam fires as often as the SAE (1 % bisection tolerance)
     opt = wl.optimal_codes(X, sae.unit_dictionary(), sae.b_dec, lam=cert.lam, tol=1e-10)

@@ -87,7 +87,7 @@ def optimal_codes(X, W, b, *, lam, algorithm: str = "auto", tol: float = 1e-6, d
         See the module docstring; ``"auto"`` uses :func:`choose_algorithm` (or ``"fista"`` when an
         option only it has is given: ``dtype``, ``check_every``).
     tol : float
-        Per-point target ``gap_i <= tol * max(P_i, lam^2)``.
+        Per-point target ``gap_i <= tol * max(P_i, gap_floor(lam))``.
     device : {"auto", "cpu", "cuda", "cuda:N"}
         ``"cd"`` runs on the CPU only.
     Z0 : array (N, k) or scipy.sparse, optional

@@ -29,7 +29,7 @@ and few active per token (``L0 << k``), and warm starts that are already good
    correlations are updated inside the round from the Gram (``c -= delta G``, with a
    rigorous bound on their rounding, theory.md §8.6); for wider dictionaries a new
    product ``R U^T`` (float32, its maximum made exact in float64). Tokens meeting
-   ``gap <= tol max(P, lam^2)`` are done; the others go back to step 2.
+   ``gap <= tol max(P, gap_floor(lam))`` are done; the others go back to step 2.
 
 Tokens still uncertified after ``max_iter`` rounds go to :func:`widelimit.coding.fista.fista_codes`
 (float64, warm-started), so every returned gap is certified the same way.
@@ -46,7 +46,7 @@ import scipy.sparse as sp
 import time
 from ._restricted import solve_token as _solve_token
 from .fista import finish_rows
-from .lasso import check_problem, dual_scale, lasso_gap, token_gap as _token_gap, unit_atoms
+from .lasso import check_problem, dual_scale, gap_floor, lasso_gap, token_gap as _token_gap, unit_atoms
 from .result import CodingResult
 from .._runtime import matmul
 from .._validation import check_codes
@@ -364,7 +364,7 @@ class GramCoder:
     U : ndarray (k, n) float64
         Unit atoms (rows).
     lam, tol : float
-        Sparsity and the per-token relative gap target ``gap <= tol max(P, lam^2)``.
+        Sparsity and the per-token relative gap target ``gap <= tol max(P, gap_floor(lam))``.
     ws_extra : int
         Most atoms a working set gains per round.
     margin : float
@@ -410,7 +410,7 @@ class GramCoder:
         ``<u_d, r_i>`` of the final residuals, each within ``correlation_error[i]`` of the exact value.
         """
         lam, tol = self.lam, self.tol
-        floor = lam * lam
+        floor = gap_floor(lam)
         U, G = self.U, self.G
         xt = np.ascontiguousarray(xt, dtype=np.float64)
         m, n = xt.shape

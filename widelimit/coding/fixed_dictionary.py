@@ -15,7 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .fista import fista_codes
-from .lasso import dictionary_codes, token_gap, unit_atoms
+from .lasso import dictionary_codes, gap_floor, token_gap, unit_atoms
 
 __all__ = ["fixed_dictionary_objective", "fixed_dictionary_optimum", "codes_then_bias", "residual",
            "objective_from_residual"]
@@ -164,7 +164,7 @@ def fixed_dictionary_objective(X, W, b=None, *, lam: float, tol: float = 1e-9, m
         value, gap = _joint_gap(X, W, U, Z, bb, lam, norms)
         if best is None or gap < best["gap"]:
             best = {"value": value, "gap": gap, "bias": bb, "codes": sp.csr_array(Z), "rounds": rounds}
-        if gap <= tol * max(value, lam * lam):
+        if gap <= tol * max(value, gap_floor(lam)):
             break
     return best
 

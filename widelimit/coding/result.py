@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .lasso import gap_floor
 import scipy.sparse as sp
 
 from ..results import CertifiedResult, shared_dict, status_of
@@ -40,7 +42,7 @@ class CodingResult(CertifiedResult):
     n_iter : int
         Largest number of iterations (FISTA) or working-set rounds (the Gram coders) any point needed.
     certified : bool
-        Every point met ``gap_i <= tol * max(P_i, lam^2)``.
+        Every point met ``gap_i <= tol * max(P_i, gap_floor(lam))``.
     n_unconverged : int
         Points that did not (:meth:`unconverged_rows` lists them).
     device : str
@@ -89,15 +91,15 @@ class CodingResult(CertifiedResult):
         N = max(P.size, 1)
         value = float(P.sum()) / N
         penalty = float(penalty_sum) / N
-        n_bad = int(np.sum(gap > tol * np.maximum(P, lam * lam)))
+        n_bad = int(np.sum(gap > tol * np.maximum(P, gap_floor(lam))))
         return cls(codes=codes if return_codes else None, value=value, reconstruction=value - penalty,
                    penalty=penalty, gap=float(gap.sum()) / N, max_gap=float(gap.max(initial=0.0)), point_values=P,
                    point_gaps=gap, n_iter=int(n_iter), certified=n_bad == 0, n_unconverged=n_bad, device=str(device),
                    lam=float(lam), tol=float(tol), **arrays)
 
     def unconverged_rows(self) -> np.ndarray:
-        """Indices of the points whose gap misses ``tol * max(P_i, lam^2)``."""
-        return np.flatnonzero(self.point_gaps > self.tol * np.maximum(self.point_values, self.lam * self.lam))
+        """Indices of the points whose gap misses ``tol * max(P_i, gap_floor(lam))``."""
+        return np.flatnonzero(self.point_gaps > self.tol * np.maximum(self.point_values, gap_floor(self.lam)))
 
     @property
     def lower_bound(self) -> float:

@@ -35,7 +35,7 @@ import scipy.sparse as sp
 from .._runtime import resolve_device
 from .._validation import check_codes
 from .fista import finish_rows, fista_codes
-from .lasso import check_problem, lasso_gap, unit_atoms
+from .lasso import check_problem, gap_floor, lasso_gap, unit_atoms
 from .result import CodingResult
 
 __all__ = ["optimal_codes_working_set"]
@@ -126,7 +126,7 @@ def optimal_codes_working_set(X, W, b, *, lam, tol: float = 1e-6, device="auto",
     r"""Certified optimal nonnegative codes, computed on per-token working sets (module docstring).
 
     Parameters and result as :func:`widelimit.coding.fista.fista_codes` (``tol`` is the
-    per-token relative gap ``gap_i <= tol * max(P_i, lam^2)``); in addition:
+    per-token relative gap ``gap_i <= tol * max(P_i, gap_floor(lam))``); in addition:
 
     ws_size : int
         Initial working-set size per token (doubled while supports fill it, at most ``n``).
@@ -207,7 +207,7 @@ def _solve_batch(x, z0, *, U8, U64, G, live, norms, lam, tol, ws_size, max_round
 
     m, n = x.shape
     dev = x.device
-    floor = lam * lam
+    floor = gap_floor(lam)
     xx = (x * x).sum(1)
     q_full = x @ U8.T
     S = min(ws_size, live.size, n)  # a lasso solution needs at most n atoms; larger blocks are singular

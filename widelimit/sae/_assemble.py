@@ -184,4 +184,5 @@ def assemble(cls, parts, setup, flags, coding_opts, *, choice, med, h_bias, widt
         optimal_bias=np.asarray(med.point), time_s=time.perf_counter() - t0, device=str(setup.dev), notes=notes,
         stability=stab, same_width=same_width, objective=choice.as_dict(), violation_tolerance=float(thr),
         n_points_total=n_total, wide_optimum_width=width_opt,
+        sparsity=parts["sparsity"].result() if "sparsity" in parts else None,
     )
