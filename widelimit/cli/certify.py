@@ -173,9 +173,9 @@ def _model(args):
 
 def _run_certify(args) -> int:
 
-    if looks_like_sae(args.acts) and not looks_like_sae(args.sae):
+    if looks_like_sae(args.acts) and not any(looks_like_sae(s) for s in args.sae):
         raise ValueError(f"the activations come first: widelimit certify ACTS SAE (as certify_sae(acts, sae)); "
-                         f"{args.acts!r} is an SAE and {args.sae!r} is not")
+                         f"{args.acts!r} is an SAE and {args.sae[0]!r} is not")
     check_out_dir(args.out)
     only_with({"--hook": args.hook, "--tokens": args.tokens}, args.model is not None, "--model")
     if args.model is not None and (args.hook is None or args.tokens is None):
