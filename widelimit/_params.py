@@ -31,6 +31,7 @@ from typing import Any, Callable as _Callable
 
 import numpy as np
 
+from ._runtime import check_threads
 from ._validation import check_data, check_int, check_lam, check_real, interval_words, shown
 
 __all__ = [
@@ -102,8 +103,6 @@ class Threads(Constraint):
     allowed = "an integer >= 1 and at most 4 per usable core"
 
     def convert(self, value, name):
-        from ._runtime import check_threads
-
         return check_threads(value, name)
 
     def parse(self, text):
