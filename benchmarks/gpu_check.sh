@@ -5,7 +5,8 @@
 #   2. certification tokens/s on the GPU: benchmarks/certify_speed.py --device cuda (d_sae 256 and 4096
 #      on MiniLM activations, forward+metrics vs certify_sae side by side, streamed tokens);
 #   3. the gradient solver, CPU vs CUDA: benchmarks/gradient_gpu.py;
-#   4. the DNN relaxation solver, CPU vs CUDA: benchmarks/dnn_gpu.py.
+#   4. the DNN relaxation solver, CPU vs CUDA: benchmarks/dnn_gpu.py;
+#   5. the wide-SAE grid's GPU cells (issue 31): benchmarks/certify_scale.py --device cuda (--dry-run on the CPU).
 #
 # Usage (repository root):   bash benchmarks/gpu_check.sh            # the GPU run
 #                            bash benchmarks/gpu_check.sh --cpu      # checks every piece on the CPU, small sizes
@@ -45,16 +46,19 @@ PY
 
 if [ "$DEVICE" = cuda ]; then
     step cuda_tests 100 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/
-    step certify_speed 220 python3 benchmarks/certify_speed.py --device cuda --repeat 2 --stream-tokens 100000 \
+    step certify_speed 180 python3 benchmarks/certify_speed.py --device cuda --repeat 2 --stream-tokens 100000 \
         --cache "$CACHE" --out "$DEST"
-    step gradient_gpu 80 python3 benchmarks/gradient_gpu.py --N 20000 --n 256 --width 1024 --steps 10 --out "$DEST"
+    step gradient_gpu 70 python3 benchmarks/gradient_gpu.py --N 20000 --n 256 --width 1024 --steps 10 --out "$DEST"
     step dnn_gpu 60 python3 benchmarks/dnn_gpu.py --devices cuda,cpu --sizes 100,200 --time-limit 20 --out "$DEST"
+    step certify_scale 60 python3 benchmarks/certify_scale.py --device cuda --tokens 4000 \
+        --cells 768x16384x100,768x65536x100,2304x16384x100
 else
     step cuda_tests 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/
     step certify_speed 400 python3 benchmarks/certify_speed.py --device cpu --quick --widths 256 --stream-sae 256 \
         --cache "$CACHE" --out "$DEST"
     step gradient_gpu 120 python3 benchmarks/gradient_gpu.py --devices cpu --quick --out "$DEST"
     step dnn_gpu 120 python3 benchmarks/dnn_gpu.py --devices cpu,cuda --quick --out "$DEST"
+    step certify_scale 120 python3 benchmarks/certify_scale.py --device cpu --dry-run
 fi
 echo "== done in $(( $(date +%s) - START ))s, $FAILED step(s) failed" | tee -a "$DEST/summary.txt"
 exit $FAILED

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 import numpy as np
+import scipy.sparse as sp
 import pytest
 import torch
 
@@ -155,3 +156,44 @@ def test_violation_tolerance_uses_the_storage_dtype_not_the_widened_one(tmp_path
     assert open_activations(tmp_path / "be.npy").storage_dtypes == ["f16"]
     # the same float16-rounded numbers stored as float32 are judged at float32 precision: violations
     assert certify_sae(X16.astype(np.float32), sae, lam=0.5, device="cpu").violations
+
+
+def test_a_lam_far_above_the_data_scale_does_not_pass_the_saes_codes_as_optimal():
+    # lam >= max_d <u_d, x - b> on every token: the zero code is optimal (its KKT conditions hold), so the
+    # encoder gap is exactly mean P(SAE codes) - mean ||x - b||^2 (80 here). With the former per-token test
+    # gap <= coding_tol * max(P, lam^2) (lam^2 = 1e8) the coders stopped at the SAE's own codes: 0.0
+    rng = np.random.default_rng(3)
+    n, k, N, lam, z = 8, 20, 50, 1e4, 2e-4
+    W = rng.standard_normal((k, n))
+    W /= np.linalg.norm(W, axis=1, keepdims=True)
+    sae = SAE(W_dec=W, b_dec=np.zeros(n), W_enc=np.zeros((n, k)), b_enc=np.full(k, z), architecture="standard")
+    X = rng.standard_normal((N, n))
+    assert (X @ W.T).max() < lam
+    truth = float((((X - z * W.sum(0)) ** 2).sum(1) + 2 * lam * z * k).mean() - (X ** 2).sum(1).mean())
+    for alg in ("cd", "working_set", "fista", "screened"):
+        cert = certify_sae(X, sae, lam=lam, device="cpu", coding_algorithm=alg)
+        assert cert.encoder_gap == pytest.approx(truth, rel=1e-9), alg
+        assert cert.coding_converged and cert.coding_gap <= 1e-6 * cert.sae_objective, alg
+
+
+def test_screened_coder_matches_the_gram_coder_and_its_gap_is_certified():
+    from widelimit.coding import optimal_codes
+    from widelimit.coding.screened import ScreenedCoder
+
+    rng = np.random.default_rng(5)
+    k, n, m, L, lam = 600, 48, 60, 4, 0.2
+    U = rng.standard_normal((k, n))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    idx = rng.integers(0, k, (m, L))
+    X = np.einsum("ml,mln->mn", rng.uniform(1, 3, (m, L)), U[idx]) + 0.05 * rng.standard_normal((m, n))
+    ref = optimal_codes(X, U, np.zeros(n), lam=lam, tol=1e-12, device="cpu", algorithm="cd")
+    for warm in (None, sp.csr_array(np.maximum(X @ U.T - 1.0, 0.0))):  # cold, and an encoder-like warm start
+        res = ScreenedCoder(U, lam=lam, tol=1e-9, ws_extra=8).solve(torch.as_tensor(X), warm)
+        assert res.converged and res.n_iter >= 1
+        # certified: P - gap is a lower bound on the optimum, and P is the objective of the returned codes
+        assert np.all(res.point_values - res.point_gaps <= ref.point_values * (1 + 1e-12) + 1e-12)
+        Y = res.codes.toarray()
+        P = ((X - Y @ U) ** 2).sum(1) + 2 * lam * Y.sum(1)
+        np.testing.assert_allclose(res.point_values, P, rtol=1e-11)
+        np.testing.assert_allclose(res.point_values, ref.point_values, rtol=2e-9)
+        np.testing.assert_allclose(res.residuals, X - Y @ U, rtol=0, atol=1e-12)

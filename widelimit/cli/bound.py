@@ -254,8 +254,8 @@ def _run_bound(args) -> int:
     d = {
         "data": label, "n_points": int(N), "dim": int(n), "kind": res.kind, "lam": res.lam,
         "lower_bound": res.lower_bound, "value": res.value, "gap": res.gap, "rel_gap": res.rel_gap,
-        "converged": bool(res.converged), "n_passes": res.n_passes, "n_iter": res.n_iter, "method": res.method,
-        "seconds": secs, "backend": "dask" if args.dask else "local", "bias": res.point,
+        "certified": bool(res.certified), "n_passes": res.n_passes, "n_iter": res.n_iter, "method": res.method,
+        "time_s": secs, "backend": "dask" if args.dask else "local", "bias": res.point,
         "rounding": res.rounding, "fingerprint": res.fingerprint,
     }
     if args.json:
@@ -271,8 +271,8 @@ def _run_bound(args) -> int:
         ("gap", res.gap, "value - lower bound"),
         ("relative gap", res.rel_gap, "certificate quality"),
         ("passes", res.n_passes, f"passes over the data ({res.method})"),
-        ("seconds", secs, f"{'Dask ' + args.dask if args.dask else 'single process'}"),
-        ("converged", res.converged, "gap within tolerance"),
+        ("time_s", secs, f"{'Dask ' + args.dask if args.dask else 'single process'}"),
+        ("certified", res.certified, "gap within tolerance"),
     ]))
     sys.stdout.flush()
     return 0

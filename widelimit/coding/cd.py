@@ -29,9 +29,9 @@ and few active per token (``L0 << k``), and warm starts that are already good
    correlations are updated inside the round from the Gram (``c -= delta G``, with a
    rigorous bound on their rounding, theory.md §8.6); for wider dictionaries a new
    product ``R U^T`` (float32, its maximum made exact in float64). Tokens meeting
-   ``gap <= tol max(P, lam^2)`` are done; the others go back to step 2.
+   ``gap <= tol max(P, gap_floor(lam))`` are done; the others go back to step 2.
 
-Tokens still uncertified after ``max_rounds`` go to :func:`widelimit.coding.fista.fista_codes`
+Tokens still uncertified after ``max_iter`` rounds go to :func:`widelimit.coding.fista.fista_codes`
 (float64, warm-started), so every returned gap is certified the same way.
 """
 
@@ -46,7 +46,7 @@ import scipy.sparse as sp
 import time
 from ._restricted import solve_token as _solve_token
 from .fista import finish_rows
-from .lasso import check_problem, dual_scale, lasso_gap, token_gap as _token_gap, unit_atoms
+from .lasso import check_problem, dual_scale, gap_floor, lasso_gap, token_gap as _token_gap, unit_atoms
 from .result import CodingResult
 from .._runtime import matmul
 from .._validation import check_codes
@@ -364,7 +364,7 @@ class GramCoder:
     U : ndarray (k, n) float64
         Unit atoms (rows).
     lam, tol : float
-        Sparsity and the per-token relative gap target ``gap <= tol max(P, lam^2)``.
+        Sparsity and the per-token relative gap target ``gap <= tol max(P, gap_floor(lam))``.
     ws_extra : int
         Most atoms a working set gains per round.
     margin : float
@@ -410,7 +410,7 @@ class GramCoder:
         ``<u_d, r_i>`` of the final residuals, each within ``correlation_error[i]`` of the exact value.
         """
         lam, tol = self.lam, self.tol
-        floor = lam * lam
+        floor = gap_floor(lam)
         U, G = self.U, self.G
         xt = np.ascontiguousarray(xt, dtype=np.float64)
         m, n = xt.shape
@@ -482,21 +482,21 @@ class GramCoder:
 
 
 def cd_codes(X, W, b, *, lam, tol: float = 1e-6, Z0=None, return_codes: bool = True, batch_size: int | None = None,
-             ws_extra: int = 128, max_rounds: int = 20, max_time: float | None = None, progress=None) -> CodingResult:
+             ws_extra: int = 128, max_iter: int = 20, time_limit: float | None = None, progress=None) -> CodingResult:
     r"""Certified optimal nonnegative codes by working-set coordinate descent (module docstring); CPU.
 
     Parameters and result as :func:`widelimit.coding.optimal_codes` (``algorithm="cd"``);
-    ``max_time`` (seconds) stops the rounds (and the float64 fallback) when it is spent: every
-    gap returned is still certified, ``converged`` says whether all met ``tol``.
+    ``max_iter`` caps the working-set rounds; ``time_limit`` (seconds) stops the rounds (and the float64 fallback) when it is spent: every
+    gap returned is still certified, ``certified`` says whether all met ``tol``.
     """
-    deadline = None if max_time is None else time.perf_counter() + float(max_time)
+    deadline = None if time_limit is None else time.perf_counter() + float(time_limit)
     X, W, b, lam, tol = check_problem(X, W, b, lam, tol)
     N, n = X.shape
     k = W.shape[0]
     if Z0 is not None:
         Z0 = check_codes(Z0, N, k, name="Z0")
     norms, live, U = unit_atoms(W)
-    coder = GramCoder(U, lam=lam, tol=tol, ws_extra=ws_extra, max_rounds=max_rounds)
+    coder = GramCoder(U, lam=lam, tol=tol, ws_extra=ws_extra, max_rounds=max_iter)
     if batch_size is None:
         batch_size = int(max(256, min(4096, (1 << 27) // (8 * max(1, live.size)))))
     batch_size = int(batch_size)

@@ -43,7 +43,7 @@ import scipy.sparse as sp
 from .._runtime import resolve_device, torch_dtype
 from ..engine.local import Progress
 from .._validation import check_codes, row_norms, writable
-from .lasso import check_problem, dictionary_codes, point_gaps, unit_atoms, unit_codes
+from .lasso import check_problem, dictionary_codes, gap_floor, point_gaps, unit_atoms, unit_codes
 from .result import CodingResult
 
 __all__ = ["fista_codes", "code_steps", "finish_rows"]
@@ -180,9 +180,8 @@ def fista_codes(X, W, b, *, lam, tol: float = 1e-6, max_iter: int = 3000, batch_
     lam : float
         Sparsity ``lam > 0`` (SAELens ``l1_coefficient = 2 lam``).
     tol : float
-        Per-point target ``gap_i <= tol * max(P_i, lam^2)`` (relative gap; points
-        with tiny ``P_i`` are measured against ``lam^2``, the objective of a point at
-        distance ``lam`` from the bias).
+        Per-point target ``gap_i <= tol * max(P_i, gap_floor(lam))`` (relative to the point's own
+        objective, :func:`widelimit.coding.lasso.gap_floor`).
     max_iter : int
         Iteration budget of the float32 phase per batch; the float64 polishing
         phase gets at most ``max(1, max_iter // 4)`` more.
@@ -207,7 +206,7 @@ def fista_codes(X, W, b, *, lam, tol: float = 1e-6, max_iter: int = 3000, batch_
     Returns
     -------
     CodingResult
-        ``codes``, ``value``, ``gap``, ``max_gap``, ``n_iter``, ``converged``, ``device``, ...
+        ``codes``, ``value``, ``gap``, ``max_gap``, ``n_iter``, ``certified``, ``device``, ...
 
     Examples
     --------
@@ -278,7 +277,7 @@ def _solve_batch(x8, y0, Uw, U8, *, lam, inv_L, tol, max_iter, check_every):
     """
     import torch
 
-    floor = lam * lam
+    floor = gap_floor(lam)
     if not U8.shape[0]:
         y8 = torch.zeros((x8.shape[0], 0), dtype=torch.float64, device=x8.device)
         P, gap, rr = point_gaps(x8, U8, y8, lam)

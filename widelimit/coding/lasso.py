@@ -30,10 +30,22 @@ import numpy as np
 
 from .._validation import check_data, check_dictionary, check_lam, check_vector, row_norms
 
-__all__ = ["check_problem", "unit_atoms", "unit_codes", "dictionary_codes", "dual_scale", "token_gap", "lasso_gap",
+__all__ = ["gap_floor", "check_problem", "unit_atoms", "unit_codes", "dictionary_codes", "dual_scale", "token_gap", "lasso_gap",
            "point_gaps"]
 
 _JIT = dict(nogil=True, cache=True)
+
+
+def gap_floor(lam: float) -> float:
+    r"""The floor of the per-token gap test ``gap_i <= tol * max(P_i, gap_floor(lam))``: ``lam^2 2^-52``.
+
+    The test is relative to the token's own objective ``P_i``: since ``gap_i >= P_i - min P``, it
+    gives ``P_i <= min P / (1 - tol)``. The floor (float64's epsilon times ``lam^2``) only keeps a
+    token at the bias (``P = gap = 0``) from dividing by zero. It was ``lam^2`` itself, which let a
+    ``lam`` far above the data's scale pass any code as optimal (an SAE's encoder gap read 7.6e-6
+    where it was 5.6e10; theory.md §8.6).
+    """
+    return float(lam) * float(lam) * 2.0 ** -52
 
 
 def check_problem(X, W, b, lam, tol):

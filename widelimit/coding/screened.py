@@ -19,13 +19,13 @@ regime -- many atoms, few active per token, a warm start (the SAE's own codes) t
 3. **Certificate, float64**: residuals ``r = xt - y_W U_W`` in float64; correlations for the whole
    batch as one matrix product ``R U^T`` in float32 (the one ``O(n k)`` cost per token and round);
    its maximum made exact: every entry within ``2 e_i`` of the float32 maximum is recomputed in
-   float64, where ``e_i = gamma_{n+2} ||r_i||`` (``gamma_m = m u / (1 - m u)``, ``u = 2^-24``)
+   float64, where ``e_i = 1.01 gamma_{n+3} ||r_i||`` (``gamma_m = m u / (1 - m u)``, ``u = 2^-24``)
    bounds the float32 error of every entry (inputs rounded to float32 and any summation order,
    ``||u_d|| = 1``), so no entry outside that window can be the maximum. The gap then uses the
    exact ``max_d <u_d, r_i>`` (to float64 rounding), as the other coders do.
 
-Tokens meeting ``gap_i <= tol * scale_i`` (:func:`widelimit.sae.parts.coding_scale`: the token's own
-objective scale, ``max(P_i, ||xt_i||^2)``) are done; the others go back to step 1. Flops per token
+Tokens meeting ``gap_i <= tol * max(P_i, gap_floor(lam))`` (the token's own objective,
+:func:`widelimit.coding.lasso.gap_floor`) are done; the others go back to step 1. Flops per token
 and round: ``2 n k`` (the product) ``+ S^2 n`` (the Gram block), against ``2 n k`` for the SAE's encoder.
 """
 
@@ -36,7 +36,9 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
+from .lasso import gap_floor, lasso_gap
 from .result import CodingResult
+from .working_set import _pdas
 
 __all__ = ["ScreenedCoder", "exact_max"]
 
@@ -49,7 +51,7 @@ def exact_max(R, U64, U32):
 
     n = R.shape[1]
     C32 = R.to(torch.float32) @ U32.T
-    g = (n + 2) * _U32 / (1.0 - (n + 2) * _U32) * 1.01
+    g = 1.01 * (n + 3) * _U32 / (1.0 - (n + 3) * _U32)  # docs/theory.md §8.6
     e = g * torch.linalg.norm(R, dim=1)
     m32 = C32.amax(1).to(torch.float64)
     ri, di = torch.nonzero(C32.to(torch.float64) >= (m32 - 2.0 * e - 1e-300)[:, None], as_tuple=True)
@@ -58,10 +60,8 @@ def exact_max(R, U64, U32):
     return mx.scatter_reduce(0, ri, exact, reduce="amax"), C32
 
 
-def _scale(P, xx, lam):
-    import torch
-
-    return torch.maximum(torch.maximum(P, xx), torch.full_like(P, lam * lam * 2.0 ** -52))
+def _scale(P, lam):
+    return P.clamp(min=gap_floor(lam))
 
 
 class ScreenedCoder:
@@ -85,7 +85,7 @@ class ScreenedCoder:
     """
 
     def __init__(self, U, *, lam, tol=1e-6, device="cpu", ws_extra=48, margin=0.25, max_rounds=30, inner_iter=12,
-                 chunk=256):
+                 chunk=128):
         import torch
 
         self.dev = torch.device(device)
@@ -117,30 +117,45 @@ class ScreenedCoder:
         return torch.where(ok, W, 0), y, ok
 
     def _restricted(self, xt, W, y, ok):
-        """Solve the lasso on each token's working set (chunks of tokens); returns the new codes on ``W``."""
-        import torch
+        """Solve the lasso on each token's working set (chunks of tokens); returns the new codes on ``W``.
 
-        from .working_set import _pdas
+        Active-set steps on the float32 Gram block, then iterative refinement in float64 on the support
+        ``A`` found: ``y_A += G_AA^{-1} (U_A r - lam)`` with ``r = xt - y U`` and ``U_A r`` in float64, which
+        removes the float32 rounding of ``G`` from the solution (the certificate is linear in it).
+        """
+        import torch
 
         out = torch.empty_like(y)
         S = W.shape[1]
         eye = torch.eye(S, dtype=torch.float64, device=xt.device)
         for s in range(0, W.shape[0], self.chunk):
             e = min(W.shape[0], s + self.chunk)
-            Wc, okc = W[s:e], ok[s:e]
+            Wc, okc, xc = W[s:e], ok[s:e], xt[s:e]
             Uw = self.U32[Wc]  # (c, S, n) float32
             G = (Uw @ Uw.transpose(1, 2)).to(torch.float64)
+            del Uw
             mask = okc.to(torch.float64)
             G = G * (mask[:, :, None] * mask[:, None, :]) + eye * (1.0 - mask)[:, :, None]
-            q = (self.U64[Wc] @ xt[s:e, :, None]).squeeze(-1) * mask
-            out[s:e] = _pdas(q, G, y[s:e], self.lam, self.inner_iter) * mask
+            U64 = self.U64[Wc]  # (c, S, n) float64
+            q = (U64 @ xc[:, :, None]).squeeze(-1) * mask
+            yc = _pdas(q, G, y[s:e], self.lam, self.inner_iter) * mask
+            for _ in range(2):
+                A = (yc > 0).to(torch.float64)
+                r = xc - (yc[:, None, :] @ U64).squeeze(1)
+                c = (U64 @ r[:, :, None]).squeeze(-1)
+                M = G * (A[:, :, None] * A[:, None, :]) + eye * (1.0 - A)[:, :, None]
+                try:
+                    d = torch.linalg.solve(M, ((c - self.lam) * A).unsqueeze(-1)).squeeze(-1)
+                except RuntimeError:  # a singular block: keep the active-set solution
+                    break
+                yc = (yc + d).clamp(min=0.0) * mask
+            out[s:e] = yc
         return out
 
     def _certify(self, xt, W, y):
         """float64 residuals, ``P``, certified gaps and float32 correlations of the codes ``y`` on ``W``."""
         import torch
 
-        from .working_set import _gap
 
         R = xt.clone()
         for s in range(0, W.shape[0], self.chunk):
@@ -149,7 +164,7 @@ class ScreenedCoder:
         mx, C32 = exact_max(R, self.U64, self.U32)
         rr = (R * R).sum(1)
         rx = (R * xt).sum(1)
-        P, gap = _gap(rr, rx, mx, y.sum(1), self.lam)
+        P, gap = lasso_gap(rr, rx, mx, y.sum(1), self.lam)
         return R, P, gap, C32
 
     def solve(self, xt, Y0=None, C0=None):
@@ -175,11 +190,10 @@ class ScreenedCoder:
         else:
             idx = torch.zeros((m, 1), dtype=torch.int64, device=dev)
             val = torch.zeros((m, 1), dtype=torch.float64, device=dev)
-        xx = (xt * xt).sum(1)
         R, P, gap, C = self._certify(xt, idx, val)
         if C0 is not None:
             C = C0
-        todo = torch.nonzero(gap > self.tol * _scale(P, xx, self.lam)).flatten()
+        todo = torch.nonzero(gap > self.tol * _scale(P, self.lam)).flatten()
         C = C[todo]  # row t: token todo[t]
         rounds = 0
         while todo.numel() and rounds < self.max_rounds:
@@ -198,7 +212,7 @@ class ScreenedCoder:
             idx[keep, : W.shape[1]] = W[better]
             val[keep, : W.shape[1]] = y[better]
             R[keep], P[keep], gap[keep] = Rt[better], Pt[better], gt[better]
-            bad = gap[todo] > self.tol * _scale(P[todo], xx[todo], self.lam)
+            bad = gap[todo] > self.tol * _scale(P[todo], self.lam)
             C = Ct[bad]
             todo = todo[bad]
         nz = val > 0

@@ -18,7 +18,7 @@ when the optimal codes are sparse (``L0 << d_sae``, the SAE regime):
    done; the others get the violating atoms added and go back to step 2 (the
    working set doubles when a support fills it).
 
-A token still uncertified after ``max_rounds`` rounds is handed to
+A token still uncertified after ``max_iter`` rounds is handed to
 :func:`widelimit.coding.fista.fista_codes` (full-dictionary FISTA), warm-started,
 so the result is always certified the same way. Dictionaries wider than
 ``gram_limit`` atoms go to :func:`~widelimit.coding.fista.fista_codes` directly
@@ -35,7 +35,7 @@ import scipy.sparse as sp
 from .._runtime import resolve_device
 from .._validation import check_codes
 from .fista import finish_rows, fista_codes
-from .lasso import check_problem, lasso_gap, unit_atoms
+from .lasso import check_problem, gap_floor, lasso_gap, unit_atoms
 from .result import CodingResult
 
 __all__ = ["optimal_codes_working_set"]
@@ -121,16 +121,16 @@ def _inner(xx, q, G, y, lam, tol, floor, max_iter, check_every=10, newton_steps=
 
 
 def optimal_codes_working_set(X, W, b, *, lam, tol: float = 1e-6, device="auto", Z0=None, return_codes: bool = True,
-                              batch_size: int | None = None, ws_size: int = 32, max_rounds: int = 12,
+                              batch_size: int | None = None, ws_size: int = 32, max_iter: int = 12,
                               inner_iter: int = 2000, gram_limit: int = 8192) -> CodingResult:
     r"""Certified optimal nonnegative codes, computed on per-token working sets (module docstring).
 
     Parameters and result as :func:`widelimit.coding.fista.fista_codes` (``tol`` is the
-    per-token relative gap ``gap_i <= tol * max(P_i, lam^2)``); in addition:
+    per-token relative gap ``gap_i <= tol * max(P_i, gap_floor(lam))``); in addition:
 
     ws_size : int
         Initial working-set size per token (doubled while supports fill it, at most ``n``).
-    max_rounds : int
+    max_iter : int
         Working-set rounds before the remaining tokens go to the full solver.
     inner_iter : int
         Iteration cap of one restricted solve.
@@ -153,7 +153,7 @@ def optimal_codes_working_set(X, W, b, *, lam, tol: float = 1e-6, device="auto",
     U8 = torch.as_tensor(U64, dtype=torch.float64, device=dev)
     U64 = U8.cpu().numpy()
     atoms = dict(U8=U8, U64=U64, G=U8 @ U8.T, live=live, norms=norms)
-    rounds = dict(lam=lam, tol=tol, ws_size=ws_size, max_rounds=max_rounds, inner_iter=inner_iter)
+    rounds = dict(lam=lam, tol=tol, ws_size=ws_size, max_rounds=max_iter, inner_iter=inner_iter)
     if batch_size is None:
         batch_size = int(max(1, min(N, (1 << 27) // (8 * max(kl, 4 * ws_size * ws_size // 8 + n)))))
     P_all, gap_all = np.empty(N), np.empty(N)
@@ -207,7 +207,7 @@ def _solve_batch(x, z0, *, U8, U64, G, live, norms, lam, tol, ws_size, max_round
 
     m, n = x.shape
     dev = x.device
-    floor = lam * lam
+    floor = gap_floor(lam)
     xx = (x * x).sum(1)
     q_full = x @ U8.T
     S = min(ws_size, live.size, n)  # a lasso solution needs at most n atoms; larger blocks are singular

@@ -34,25 +34,27 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from ..coding import optimal_codes
+from ..coding.cd import GramCoder
+from ..coding.lasso import gap_floor
+from ..coding.screened import ScreenedCoder
 from ..exact.stationarity import code_conditions
 from . import _kernels
 from ._util import _DENSE_K, csr_pair, diag, finish_codes
 from .metrics import ReconstructionStats
+from .sparsity import SparsityPart
 
 __all__ = ["Batch", "Setup", "EncoderPart", "KKTPart", "PairPart", "CodingPart", "MetricsPart", "default_parts",
            "coding_scale"]
 
 
-def coding_scale(P, xx, lam):
-    r"""The per-token objective scale a coding gap is compared with: ``max(P_i, ||x_i - b||^2, lam^2 eps)``.
+def coding_scale(P, lam):
+    r"""The per-token objective scale a coding gap is compared with: ``max(P_i, gap_floor(lam))``.
 
-    ``P_i`` is the token's objective at its codes; ``||x_i - b||^2 = P_i(0)`` is the objective of
-    the empty code, an upper bound on the optimum that does not depend on ``lam``, so that a ``lam``
-    far above the data's scale cannot make a large gap look small (the former floor ``lam^2``
-    did: theory.md §8.6). ``lam^2 eps`` (``eps`` = float64's) only keeps the scale positive for a
-    token at the bias.
+    Relative to the token's own objective (:func:`widelimit.coding.lasso.gap_floor`; the former floor
+    ``lam^2`` let a ``lam`` far above the data's scale pass the SAE's codes as optimal: theory.md §8.6).
     """
-    return np.maximum(np.maximum(P, xx), lam * lam * np.finfo(np.float64).eps)
+    return np.maximum(P, gap_floor(lam))
 
 
 @dataclass
@@ -104,12 +106,8 @@ class Setup:
     def coder(self):
         """The Gram coder (``"cd"``) or the screened coder (``"screened"``), made once where the setup lives."""
         if self._coder is None and self.coding_algorithm == "screened":
-            from ..coding.screened import ScreenedCoder
-
             self._coder = ScreenedCoder(self.U, lam=self.lam, tol=self.coding_tol, device=self.dev)
         if self._coder is None and self.coding_algorithm == "cd":
-            from ..coding.cd import GramCoder
-
             # forms G = U U^T once (float64); float32 products (made exact) pay off for wide dictionaries
             self._coder = GramCoder(self.U, lam=self.lam, tol=self.coding_tol, fast_products=self.k > _DENSE_K)
         return self._coder
@@ -327,8 +325,6 @@ class CodingPart:
             res = finish_codes(res, bt.Xb, s.U, s.b, s.lam, s.coding_tol)  # uncertified tokens: FISTA, float64
             return res.point_values, res.point_gaps, res.codes, torch.as_tensor(res.residuals, device=s.dev), \
                 res.n_iter
-        from ..coding import optimal_codes
-
         Z0 = None if bt.f is None else bt.f.cpu().numpy()
         res = optimal_codes(bt.Xb, s.sae.W_dec, s.b, lam=s.lam, algorithm=s.coding_algorithm, tol=s.coding_tol,
                             device=s.dev, Z0=Z0, return_codes=True)
@@ -347,8 +343,7 @@ class CodingPart:
         self.val += float(np.sum(P))
         self.gap += float(np.sum(gap_t))
         self.max_gap = max(self.max_gap, float(np.max(gap_t)))
-        xx = _t((bt.xt * bt.xt).sum(1))
-        self.converged = self.converged and bool(np.all(gap_t <= s.coding_tol * coding_scale(P, xx, s.lam)))
+        self.converged = self.converged and bool(np.all(gap_t <= s.coding_tol * coding_scale(P, s.lam)))
         self.n_iter = max(self.n_iter, int(n_it))
         if self.ZRo is not None and s.numba:
             _kernels.add_codes_t_residuals(Yo, Ro.numpy(), self.ZRo.numpy())
@@ -397,7 +392,7 @@ class MetricsPart:
     def update(self, bt: Batch) -> None:
         self.sum_x += bt.sx
         if bt.tok is not None:
-            self.stats.update(bt.sx, bt.tok, bt.cols, bt.fv)
+            self.stats.update(bt.sx, bt.tok, bt.cols, bt.fv, x=bt.x)
         if bt.Ro is not None:
             self.stats.update_optimal(bt.m, float((bt.Ro * bt.Ro).sum()) / bt.m, bt.Yo.nnz)
 
@@ -410,11 +405,18 @@ class MetricsPart:
         return {"stats": self.stats.result(), "sum_x": _t(self.sum_x)}
 
 
-def default_parts(setup: Setup, coding, pairs) -> dict:
+def default_parts(setup: Setup, coding, pairs, sparsity=None) -> dict:
     """The parts of a certification, in the order they run on a batch (a dict: name -> part).
 
-    ``coding``: :class:`widelimit.sae.options.CodingOptions`; ``pairs``: the absorption candidates ``(qa, qb)``.
+    ``coding``: :class:`widelimit.sae.options.CodingOptions` (``None``: no L1 objective, no optimal coding);
+    ``pairs``: the absorption candidates ``(qa, qb)``; ``sparsity``:
+    :class:`widelimit.sae.sparsity.SparsityOptions` of the bracket at the SAE's own L0 (last: it measures
+    the time the others take between its updates, its default time budget).
     """
-    return {"encoder": EncoderPart(setup), "kkt": KKTPart(setup), "pairs": PairPart(setup, *pairs),
-            "coding": CodingPart(setup, coding.optimal_codes_diagnostics, coding.keep_codes),
-            "metrics": MetricsPart(setup)}
+    parts = {"encoder": EncoderPart(setup), "kkt": KKTPart(setup), "pairs": PairPart(setup, *pairs)}
+    if coding is not None:
+        parts["coding"] = CodingPart(setup, coding.optimal_codes_diagnostics, coding.keep_codes)
+    parts["metrics"] = MetricsPart(setup)
+    if sparsity is not None and sparsity.enabled and setup.sae.has_encoder:
+        parts["sparsity"] = SparsityPart(setup, sparsity)
+    return parts

@@ -1,0 +1,158 @@
+"""certify_sae at the widths SAEs are trained at: the grid of issue 31, side by side with the forward pass.
+
+Cells: d_in {768, 2304} x d_sae {16,384, 65,536, 131,072 (d_in 768 only)} x optimal-code L0 {~30, 100, 300}
+on trained-looking SAEs (benchmarks/_scale_data.py: data from a sparse ground-truth dictionary, decoder a
+perturbed copy, tied encoder with a realistic L0). Per cell, in one process and on the same tokens and
+threads: the SAE's forward pass + standard metrics (benchmarks/certify_speed.py's ``forward_metrics``), then
+``certify_sae`` with default settings; the ratio, tokens/s, the coding gap, the time of the decoder-pair
+search (a per-SAE ``d_sae^2 d_in`` cost, reported apart) and the peak resident memory (``ru_maxrss``
+growth during the cell). ``--peers`` adds SPAMS (``spams-bin``), scikit-learn ``sparse_encode`` with a
+precomputed Gram and celer on the same lasso (``pip install -e .[bench]``), at the certified gap reached.
+
+Usage::
+
+    PYTHONPATH=. python3 benchmarks/certify_scale.py [--cells 768x16384x100,...] [--tokens 2000] [--device cpu]
+    PYTHONPATH=. python3 benchmarks/certify_scale.py --dry-run      # one tiny cell: checks the script runs
+
+Writes ``benchmarks/results/certify_scale.json`` and ``.md`` (``_dry`` suffix with --dry-run). The machine
+is shared: ratios measured side by side in one run are the measurement, absolute times are not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import environment, write  # noqa: E402
+from _scale_data import dictionary, sae_weights, to_sae, tokens  # noqa: E402
+from certify_speed import forward_metrics  # noqa: E402
+
+GRID = [(n, k, L) for n in (768, 2304) for k in (16384, 65536, 131072) for L in (30, 100, 300)
+        if not (n == 2304 and k == 131072)]
+#: lam per optimal-code L0 target on these data (amplitudes U(1, 3), decoder noise 0.1): measured, not tuned per cell
+LAM = {30: 0.9, 100: 0.7, 300: 0.5}
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def peers(U, b, X, lam, gap_target) -> dict:
+    """The same lasso (unit atoms) by SPAMS, scikit-learn (precomputed Gram) and celer, where installed."""
+    out = {}
+    xt = X - b
+    try:
+        import spams
+
+        t = time.perf_counter()
+        spams.lasso(np.asfortranarray(xt.T), D=np.asfortranarray(U.T), lambda1=2 * lam, mode=2, pos=True,
+                    numThreads=-1)
+        out["spams_s"] = time.perf_counter() - t
+    except ImportError:
+        out["spams_s"] = None
+    try:
+        from sklearn.decomposition import sparse_encode
+
+        t = time.perf_counter()
+        sparse_encode(xt, U, gram=U @ U.T, algorithm="lasso_cd", alpha=2 * lam / xt.shape[1], positive=True,
+                      max_iter=1000)
+        out["sklearn_s"] = time.perf_counter() - t
+    except (ImportError, MemoryError):
+        out["sklearn_s"] = None
+    try:
+        from celer import Lasso
+
+        t = time.perf_counter()
+        for x in xt:
+            Lasso(alpha=2 * lam / xt.shape[1], positive=True, fit_intercept=False, tol=gap_target).fit(U.T, x)
+        out["celer_s"] = time.perf_counter() - t
+    except ImportError:
+        out["celer_s"] = None
+    return out
+
+
+def cell(n, k, L, N, device, with_peers):
+    from widelimit import certify_sae
+    import widelimit.sae.certify as C
+
+    rss0 = _rss_mb()
+    D = dictionary(n, k)
+    X = tokens(D, N, L)
+    w = sae_weights(D, X[: min(N, 500)], L)
+    lam = LAM.get(L, 0.7)
+    sae = to_sae(w, lam)
+    pair_s = []
+    orig = C.decoder_pairs
+
+    def timed_pairs(*a, **kw):
+        t = time.perf_counter()
+        r = orig(*a, **kw)
+        pair_s.append(time.perf_counter() - t)
+        return r
+
+    C.decoder_pairs = timed_pairs
+    forward_metrics(w, X[:64], device=device)  # warm-up (first torch call)
+    try:
+        t = time.perf_counter()
+        fm = forward_metrics(w, X, device=device)
+        t_fwd = time.perf_counter() - t
+        t = time.perf_counter()
+        cert = certify_sae(X, sae, lam=lam, device=device)
+        t_cert = time.perf_counter() - t
+    finally:
+        C.decoder_pairs = orig
+    row = {"d_in": n, "d_sae": k, "target_l0": L, "tokens": N, "lam": lam, "sae_l0": fm["l0"],
+           "optimal_l0": cert.metrics["optimal_l0"], "forward_metrics_s": t_fwd, "certify_s": t_cert,
+           "ratio": t_cert / t_fwd, "pair_search_s": pair_s[0] if pair_s else None,
+           "ratio_without_pair_search": (t_cert - (pair_s[0] if pair_s else 0.0)) / t_fwd,
+           "tokens_per_s": N / t_cert, "coding_gap": cert.coding_gap, "coding_converged": cert.coding_converged,
+           "coding_iterations": cert.metrics["coding_iterations"], "peak_rss_growth_mb": _rss_mb() - rss0}
+    if with_peers:
+        U = sae.unit_dictionary()
+        p = peers(U, np.asarray(sae.b_dec, dtype=np.float64), X.astype(np.float64), lam, 1e-6)
+        row.update(p)
+        for name in ("spams", "sklearn", "celer"):
+            if p.get(f"{name}_s"):
+                row[f"speedup_vs_{name}"] = p[f"{name}_s"] / t_cert
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", default=None, help="comma-separated d_inxd_saexL0 (default: the whole grid)")
+    ap.add_argument("--tokens", type=int, default=2000)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--peers", action="store_true")
+    ap.add_argument("--dry-run", action="store_true", help="one tiny cell (64 x 1024 x 8, 200 tokens)")
+    args = ap.parse_args()
+    if args.dry_run:
+        cells, N = [(64, 1024, 8)], 200
+    elif args.cells:
+        cells, N = [tuple(int(v) for v in c.split("x")) for c in args.cells.split(",")], args.tokens
+    else:
+        cells, N = GRID, args.tokens
+    rows = []
+    for n, k, L in cells:
+        row = cell(n, k, L, N, args.device, args.peers)
+        rows.append(row)
+        print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in row.items()),
+              flush=True)
+    cols = ["d_in", "d_sae", "optimal_l0", "tokens_per_s", "ratio", "ratio_without_pair_search", "pair_search_s",
+            "peak_rss_growth_mb", "coding_gap", "speedup_vs_spams", "speedup_vs_sklearn", "speedup_vs_celer"]
+    fmt = (lambda v: "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)))
+    md = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+    md += "".join("| " + " | ".join(fmt(r.get(c)) for c in cols) + " |\n" for r in rows)
+    write("certify_scale" + ("_dry" if args.dry_run else ""), {"environment": environment(), "device": args.device,
+                                                               "rows": rows}, md)
+
+
+if __name__ == "__main__":
+    main()
