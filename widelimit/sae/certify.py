@@ -408,7 +408,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     absorb = pc >= flags.absorb_cosine
     make = partial(default_parts, coding=coding, pairs=(pa[absorb], pb[absorb]))
     # a batch's (batch x d_sae) float64 correlations within BATCH_BYTES: memory bounded by the batch at any width
-    rows = max(64, min(run.batch_size, BATCH_BYTES // (8 * setup.k)))
+    rows = min(run.batch_size, max(64, BATCH_BYTES // (8 * setup.k)))
     parts = run_parts(acts, make, setup, rows, progress)
     Xb_all, med, h_bias, width_opt = _wide_bound(acts, sae, setup.b, setup.lam, tol, run.batch_size, progress)
     return assemble(SAECertificate, parts, setup, flags, coding, choice=choice, med=med, h_bias=h_bias,
