@@ -198,7 +198,7 @@ def side_by_side(w: dict, acts, *, repeat: int, threads=None, device: str = "cpu
         "metrics_certify": {k: cert.metrics[k] for k in m},
         "sae_objective": cert.sae_objective, "optimal_code_objective": cert.optimal_code_objective,
         "coding_gap": cert.coding_gap, "coding_max_gap": cert.coding_max_gap,
-        "coding_converged": cert.coding_converged, "lower_bound": cert.lower_bound, "global_gap": cert.global_gap,
+        "coding_certified": cert.coding_certified, "lower_bound": cert.lower_bound, "global_gap": cert.global_gap,
         "coding_rounds": cert.metrics["coding_iterations"],
     }
 
@@ -217,7 +217,7 @@ def coders(w: dict, acts, algorithms=("cd", "working_set", "fista")) -> list:
         dt = time.perf_counter() - t0
         rows.append({"algorithm": alg, "tokens": int(X.shape[0]), "seconds": dt, "tokens_per_s": X.shape[0] / dt,
                      "value": r.value, "gap": r.gap, "max_rel_gap": float(np.max(r.point_gaps / np.maximum(
-                         r.point_values, LAM**2))), "converged": bool(r.converged)})
+                         r.point_values, LAM**2))), "converged": bool(r.certified)})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -242,7 +242,7 @@ def _child(args) -> None:
     t0 = time.perf_counter()
     if args.child == "certify":
         cert = certify(to_sae(w), acts, device=dev)
-        extra = {"coding_gap": cert.coding_gap, "coding_converged": cert.coding_converged,
+        extra = {"coding_gap": cert.coding_gap, "coding_certified": cert.coding_certified,
                  "sae_objective": cert.sae_objective}
     else:
         extra = forward_metrics(w, acts, device=dev)

@@ -48,7 +48,7 @@ def main(argv=None):
                 times.append(f.time_s)
                 ok += f.success
                 res.append(f.residual)
-                iters.append(f.iterations)
+                iters.append(f.n_iter)
             row = {"n": n, "r": r, "trials": trials, "success_rate": ok / trials,
                    "mean_time_s": float(np.mean(times)), "max_time_s": float(np.max(times)),
                    "median_iterations": float(np.median(iters)), "max_residual": float(np.max(res))}

@@ -158,7 +158,7 @@ def affine_dual_bound(X, lam, C, theta, U0, drop=()):
     try:
         prob.solve(solver=cp.CLARABEL)
     except cp.error.SolverError:  # Clarabel stops short on some nodes; any (p, B) is valued exactly below
-        prob.solve(solver=cp.SCS, eps=1e-9, max_iters=200000)
+        prob.solve(solver=cp.SCS, eps=1e-9, max_iter=200000)
     seconds = time.perf_counter() - t0
     inner = float(prob.solver_stats.solve_time or float("nan"))
     if drop:

@@ -48,31 +48,31 @@ def part1(args) -> list[dict]:
     rows = []
     for k in args.widths:
         t0 = time.perf_counter()
-        sol = wl.solve(X, lam=lam, width=k, time_limit=args.bnb_cap, rel_tol=1e-6)
+        sol = wl.solve(X, lam=lam, width=k, time_limit=args.bnb_cap, tol=1e-6)
         t_b = time.perf_counter() - t0
         row = {"k": k, "N": args.n_points, "lam": lam, "bnb_time": t_b, "bnb_certified": sol.certified,
                "bnb_rel_gap": sol.rel_gap, "bnb_value": sol.value, "bnb_lower_bound": sol.lower_bound,
-               "bnb_nodes": sol.n_nodes, "bnb_status": sol.status,
+               "bnb_nodes": sol.n_iter, "bnb_status": sol.status,
                "bnb_history": [list(h) for h in sol.history]}
         print(f"k={k}: bnb {sol.status} value {sol.value:.10g} rel gap {sol.rel_gap:.2e} in {t_b:.1f} s "
-              f"({sol.n_nodes} nodes)", flush=True)
+              f"({sol.n_iter} nodes)", flush=True)
         if not args.skip_scip:
-            r = solve_scip(X, lam, k, time_limit=args.scip_cap, rel_tol=1e-6)
+            r = solve_scip(X, lam, k, time_limit=args.scip_cap, tol=1e-6)
             done = r.status == "optimal" or r.status == "gaplimit"
-            row.update({"scip_time": r.elapsed, "scip_status": r.status, "scip_finished": bool(done),
+            row.update({"scip_time": r.time_s, "scip_status": r.status, "scip_finished": bool(done),
                         "scip_rel_gap": r.rel_gap, "scip_value": r.value, "scip_lower_bound": r.lower_bound,
                         "scip_cap": args.scip_cap})
             if sol.certified:
-                row["ratio_scip_over_bnb"] = r.elapsed / t_b
+                row["ratio_scip_over_bnb"] = r.time_s / t_b
                 row["ratio_is_lower_bound"] = not done
             row["values_agree"] = bool(abs(r.value - sol.value) <= 2e-6 * abs(sol.value)) if done else None
             # same-time and same-gap comparisons from the B&B's bound history
             hist = sol.history
-            gap_at = [(h[2] - h[1]) / abs(h[2]) for h in hist if h[0] <= r.elapsed]
+            gap_at = [(h[2] - h[1]) / abs(h[2]) for h in hist if h[0] <= r.time_s]
             row["bnb_rel_gap_at_scip_time"] = min(gap_at) if gap_at else None
             reach = [h[0] for h in hist if (h[2] - h[1]) / abs(h[2]) <= r.rel_gap]
             row["bnb_time_to_scip_gap"] = min(reach) if reach else None
-            print(f"k={k}: scip {r.status} value {r.value:.10g} rel gap {r.rel_gap:.2e} in {r.elapsed:.1f} s",
+            print(f"k={k}: scip {r.status} value {r.value:.10g} rel gap {r.rel_gap:.2e} in {r.time_s:.1f} s",
                   flush=True)
         rows.append(row)
     return rows
@@ -91,14 +91,14 @@ def part3(args) -> list[dict]:
         X = np.random.default_rng(args.seed).standard_normal((args.grid_points, n)) * 2.0
         for threads in args.threads or [None]:
             t0 = time.perf_counter()
-            sol = wl.solve(X, lam=0.3, width=k, time_limit=args.grid_cap, rel_tol=1e-6, threads=threads)
+            sol = wl.solve(X, lam=0.3, width=k, time_limit=args.grid_cap, tol=1e-6, threads=threads)
             t = time.perf_counter() - t0
             used = default_threads() if threads is None else threads
             rows.append({"N": args.grid_points, "n": n, "k": k, "threads": used, "time": t, "status": sol.status,
                          "certified": bool(sol.certified), "rel_gap": sol.rel_gap, "value": sol.value,
-                         "nodes": sol.n_nodes, "n_rays": sol.n_rays})
+                         "nodes": sol.n_iter, "n_rays": sol.n_rays})
             print(f"grid N={args.grid_points} n={n} k={k} threads={used}: {sol.status} rel gap {sol.rel_gap:.1e} "
-                  f"in {t:.1f} s ({sol.n_nodes} nodes)", flush=True)
+                  f"in {t:.1f} s ({sol.n_iter} nodes)", flush=True)
     return rows
 
 

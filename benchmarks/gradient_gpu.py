@@ -56,10 +56,10 @@ def main():
     res = {}
     for dev in devices:
         t = time.perf_counter()
-        fit = wl.fit_dictionary(X, lam=args.lam, width=args.width, init=W0, device=dev, max_steps=args.steps, rtol=0)
+        fit = wl.fit_dictionary(X, lam=args.lam, width=args.width, init=W0, device=dev, max_iter=args.steps, rtol=0)
         if dev == "cuda":
             torch.cuda.synchronize()
-        res[dev] = {"fit_time_s": time.perf_counter() - t, "value": fit.value, "steps": fit.n_steps}
+        res[dev] = {"fit_time_s": time.perf_counter() - t, "value": fit.value, "steps": fit.n_iter}
         t = time.perf_counter()
         oc = wl.optimal_codes(X, fit.dictionary, fit.bias, lam=args.lam, device=dev, return_codes=False)
         res[dev].update({"coding_time_s": time.perf_counter() - t, "coding_value": oc.value, "coding_gap": oc.gap})

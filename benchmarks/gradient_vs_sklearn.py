@@ -67,12 +67,12 @@ def run_sklearn(X, lam, width, max_iter, seed):
     return {"time_s": el, "value": val, "n_iter": int(dl.n_iter_), "max_iter": max_iter}
 
 
-def run_widelimit(X, lam, width, seed, learn_bias, max_time):
+def run_widelimit(X, lam, width, seed, learn_bias, time_limit):
     import widelimit as wl
 
     n = X.shape[1]
     kw = {} if learn_bias else {"bias": np.zeros(n), "learn_bias": False}
-    fit = wl.fit_dictionary(X, lam=lam, width=width, device="cpu", seed=seed, max_time=max_time, **kw)
+    fit = wl.fit_dictionary(X, lam=lam, width=width, device="cpu", seed=seed, time_limit=time_limit, **kw)
     return fit
 
 
@@ -108,17 +108,17 @@ def main():
             sk = run_sklearn(X, args.lam, args.width, it, seed=0)
             per_seed = []
             for seed in seeds:
-                fit = run_widelimit(X, args.lam, args.width, seed, learn_bias=False, max_time=sk["time_s"])
+                fit = run_widelimit(X, args.lam, args.width, seed, learn_bias=False, time_limit=sk["time_s"])
                 t_reach = time_to_reach(fit, sk["value"])
                 per_seed.append({"seed": seed, "time_to_sklearn_value_s": t_reach,
                                  "speedup": None if t_reach is None else sk["time_s"] / max(t_reach, 1e-9),
-                                 "final_value": fit.value, "total_time_s": fit.time_s, "steps": fit.n_steps,
+                                 "final_value": fit.value, "total_time_s": fit.time_s, "steps": fit.n_iter,
                                  "stop": fit.stop_reason})
             times = [math.inf if s["time_to_sklearn_value_s"] is None else s["time_to_sklearn_value_s"]
                      for s in per_seed]
             t_med = float(np.median(times))
             finals = [s["final_value"] for s in per_seed]
-            fitb = run_widelimit(X, args.lam, args.width, seeds[0], learn_bias=True, max_time=sk["time_s"] / 2)
+            fitb = run_widelimit(X, args.lam, args.width, seeds[0], learn_bias=True, time_limit=sk["time_s"] / 2)
             row = {
                 "N": N, "n": X.shape[1], "width": args.width, "lam": args.lam,
                 "sklearn_max_iter": it, "sklearn_n_iter": sk["n_iter"],

@@ -2,7 +2,8 @@
 
 Each point runs in a fresh Python process: the data are made, the modules imported, the resident
 set size read (the baseline), the call made, and the peak resident set size read back
-(``ru_maxrss``). The growth ``peak - baseline`` is what the call allocated at its peak. A model
+(``VmHWM``; the recorded points were taken with ``ru_maxrss``, the same here, where the driver process
+is small). The growth ``peak - baseline`` is what the call allocated at its peak. A model
 ``bytes = base + c * size^p`` (``size`` below; ``p`` = 1 for SCS and fit, 2 for Clarabel's dense
 blocks) is fitted by least squares, and the
 solvers refuse work whose fitted estimate, times the safety factor recorded with the fit, is above
@@ -37,7 +38,9 @@ import numpy as np
 from _common import RESULTS, write
 
 _CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
+def peak_rss():  # VmHWM: this process's own high-water mark (ru_maxrss keeps a forking parent's across exec)
+    return next(int(ln.split()[1]) * 1024 for ln in open("/proc/self/status") if ln.startswith("VmHWM"))
 import numpy as np
 spec = json.loads(sys.argv[1])
 def rss():
@@ -50,7 +53,7 @@ if spec["what"] == "relax":
     X = rng.standard_normal((spec["N"], spec["n"]))
     base = rss()
     t0 = time.perf_counter()
-    r = relax(X, lam=1.0, cone=spec["cone"], solver=spec["solver"], max_iters=spec["iters"], max_memory=2**50,
+    r = relax(X, lam=1.0, cone=spec["cone"], solver=spec["solver"], max_iter=spec["iters"], max_memory=2**50,
               horn_rounds=0)
 elif spec["what"] == "dnn":
     import torch  # noqa: F401
@@ -65,9 +68,9 @@ elif spec["what"] == "fit":
     X = rng.standard_normal((spec["N"], spec["n"])).astype(np.float32)
     base = rss()
     t0 = time.perf_counter()
-    r = fit_dictionary(X, lam=0.5, width=spec["k"], max_steps=spec["iters"], device="cpu", init="data",
+    r = fit_dictionary(X, lam=0.5, width=spec["k"], max_iter=spec["iters"], device="cpu", init="data",
                        bias=np.zeros(spec["n"]))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = peak_rss()
 print(json.dumps({"base": base, "peak": peak, "growth": peak - base, "time_s": time.perf_counter() - t0}))
 """
 

@@ -69,9 +69,9 @@ def plan(family: str, N: int, main_family: bool):
 def run_one(inst, exact, solver, cone, tol):
     if solver == "TORCH":
         r = solve_dnn(inst.X, lam=inst.lam, tol=tol, time_limit=300)
-        status = "optimal" if r.converged else "not_converged"
+        status = "optimal" if r.certified else "not_converged"
         # the certified lower bound is the outer (DNN) bound; the feasible value is reported too
-        value = r.lower_bound if r.converged else float("nan")
+        value = r.lower_bound if r.certified else float("nan")
         extra = {"upper_value": r.value, "upper_rel_error": abs(r.value - exact) / exact, "rel_gap": r.rel_gap,
                  "n_iter": r.n_iter}
         return status, value, "outer", r.time_s, extra
@@ -149,7 +149,7 @@ def main(argv=None):
         large = {"N": args.large, "n": args.dim, "seed": args.large_seed, "exact_value": exact, "value": r.value, "lower_bound": r.lower_bound,
                  "load_average_after": os.getloadavg(), "threads": 1,
                  "rel_gap": r.rel_gap, "rel_error_upper": abs(r.value - exact) / exact,
-                 "rel_error_lower": abs(r.lower_bound - exact) / exact, "converged": r.converged,
+                 "rel_error_lower": abs(r.lower_bound - exact) / exact, "converged": r.certified,
                  "n_iter": r.n_iter, "n_eigh": r.history[-1]["n_eigh"] if r.history else None,
                  "time_s": r.time_s, "time_limit_s": args.large_time, "device": r.device}
         (args.out / "relaxations_large.json").write_text(json.dumps(large, indent=2))
@@ -199,16 +199,16 @@ def vs_scs(sizes, dim, target, out: Path, argv):
                 break
         hit = scs_runs[-1] if scs_runs[-1]["rel_error"] <= target else None
         o = solve_dnn(inst.X, lam=inst.lam, tol=target, device="cpu", threads=1)
-        own = {"time_s": o.time_s, "converged": o.converged, "n_iter": o.n_iter, "rel_gap": o.rel_gap,
+        own = {"time_s": o.time_s, "converged": o.certified, "n_iter": o.n_iter, "rel_gap": o.rel_gap,
                "rel_error_upper": abs(o.value - exact) / exact, "rel_error_lower": abs(exact - o.lower_bound) / exact,
                "n_eigh": o.history[-1]["n_eigh"] if o.history else None}
-        print(f"N={N} own converged={o.converged} gap={o.rel_gap:.2e} t={o.time_s:.3f}s", flush=True)
+        print(f"N={N} own converged={o.certified} gap={o.rel_gap:.2e} t={o.time_s:.3f}s", flush=True)
         rows.append({"N": N, "n": dim, "lam": inst.lam, "exact_value": exact, "target": target, "scs_runs": scs_runs,
                      "scs_eps": hit["eps"] if hit else None, "scs_time_s": hit["time_s"] if hit else None,
                      "scs_solve_time_s": hit["solve_time_s"] if hit else None,
                      "scs_rel_error": hit["rel_error"] if hit else None, "own": own,
-                     "ratio": hit["time_s"] / o.time_s if hit and o.converged else None,
-                     "ratio_solve_only": hit["solve_time_s"] / o.time_s if hit and o.converged else None,
+                     "ratio": hit["time_s"] / o.time_s if hit and o.certified else None,
+                     "ratio_solve_only": hit["solve_time_s"] / o.time_s if hit and o.certified else None,
                      "load_average_before": load0, "load_average_after": os.getloadavg()})
     meta = {"command": "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONPATH=$PWD python3 "
                        "benchmarks/relaxations.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -1,7 +1,7 @@
 """Worked example for docs/sae_certification.md: real MiniLM activations, a trained SAE, widelimit's certificate,
 and the same SAE through SAELens' own evals, offline.
 
-    python3 benchmarks/sae_minilm_example.py [--width 256] [--max-time 90]
+    python3 benchmarks/sae_minilm_example.py [--width 256] [--time-limit 90]
 
 Writes benchmarks/results/sae_minilm_example.json and .md (the certify table and the comparison).
 """
@@ -25,7 +25,7 @@ def main():
     ap.add_argument("--lam", type=float, default=2.0)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--topk", type=int, default=16)
-    ap.add_argument("--max-time", type=float, default=90.0)
+    ap.add_argument("--time-limit", type=float, default=90.0)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
 
@@ -55,7 +55,7 @@ def main():
     for name, kw in (("standard", {"encoder": "standard", "lr": 3e-3}),
                      ("topk", {"encoder": "topk", "topk": args.topk, "lr": 3e-3})):
         t1 = time.perf_counter()
-        fit = wl.fit_dictionary(X, lam=args.lam, width=args.width, seed=0, device="cpu", max_time=args.max_time, **kw)
+        fit = wl.fit_dictionary(X, lam=args.lam, width=args.width, seed=0, device="cpu", time_limit=args.time_limit, **kw)
         sae = fit.to_sae()
         t_fit = time.perf_counter() - t1
         t1 = time.perf_counter()

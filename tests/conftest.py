@@ -31,6 +31,27 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+_QUICK_RUNS: dict = {}
+
+
+@pytest.fixture(scope="session")
+def quick_experiment(tmp_path_factory):
+    """Each registered experiment's quick mode, run once per session: ``(result, out_dir)`` by name.
+
+    tests/lab/test_registry.py runs every registered experiment through it; the tests that check an
+    experiment's numbers share the same run.
+    """
+    from widelimit.lab import experiments
+
+    def run(name):
+        if name not in _QUICK_RUNS:
+            out = tmp_path_factory.mktemp(name.replace("-", "_"))
+            _QUICK_RUNS[name] = (experiments.get(name)(out, quick=True), out)
+        return _QUICK_RUNS[name]
+
+    return run
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """Small valid files of every format (30 x 4 float64 unless said otherwise) and a 200 x 5 .npy.

@@ -177,9 +177,9 @@ PARAMS = [  # (function, parameter, kind, lower bound, None allowed)
     (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "seed", "int", 0, False),
     (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "lr", "real>", 0, False),
     (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "rtol", "real", 0, False),
-    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "max_steps", "int", 0, True),
+    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "max_iter", "int", 0, True),
     (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "batch_size", "int", 1, True),
-    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "max_time", "real>", 0, True),
+    (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "time_limit", "real>", 0, True),
     (lambda **kw: wl.fit_dictionary(SMALL, lam=1.0, width=2, **kw), "window", "int", 1, False),
     (lambda **kw: wl.crossvalidate(SMALL, lam=1.0, **kw), "seed", "int", 0, False),
     (lambda **kw: wl.crossvalidate(SMALL, lam=1.0, **kw), "n_restarts", "int", 1, False),
@@ -882,7 +882,7 @@ def test_dask_local_workers_above_the_cores_refused_without_starting(extra):
 def test_frontier_fits_or_skips_every_width(widths, limit):
     X = np.random.default_rng(len(widths)).standard_normal((12, 2))
     events = []
-    fr = wl.frontier(X, lam=0.5, widths=widths, n_restarts=1, max_steps=5, inits=("data",), time_limit=limit,
+    fr = wl.frontier(X, lam=0.5, widths=widths, n_restarts=1, max_iter=5, inits=("data",), time_limit=limit,
                      progress=events.append)
     want = sorted(set(widths))
     assert fr.widths + fr.skipped_widths == want and fr.widths[0] == want[0]

@@ -30,7 +30,7 @@ def test_plots_leave_the_backend_and_pyplot_alone(tmp_path, pdf_backend):
     sol = wl.solve(X, lam=0.6)
     n_figs = len(plt.get_fignums())
     png = plot_solution(X, sol, tmp_path / "s.png")
-    fr = wl.frontier(X, lam=0.6, widths=[1, 2], n_restarts=1, max_steps=5, out=tmp_path / "f.png")
+    fr = wl.frontier(X, lam=0.6, widths=[1, 2], n_restarts=1, max_iter=5, out=tmp_path / "f.png")
     assert matplotlib.get_backend() == pdf_backend  # the old pyplot() helper switched it to Agg
     assert len(plt.get_fignums()) == n_figs  # no figure registered with pyplot
     for p in (png, fr.plot):

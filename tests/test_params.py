@@ -42,7 +42,7 @@ def test_decorator_checks_once_before_the_body_and_converts():
         f([1.0], lam=1.0, n=-1)
     with pytest.raises(ValueError, match=r"^progress must be a callable or None, got 3$"):
         f([1.0], lam=1.0, progress=3)
-    with pytest.raises(ValueError, match=r"^lam must be a positive finite number"):
+    with pytest.raises(ValueError, match=r"^lam must be a finite number > 0, got -2$"):
         f([1.0], lam=-2)
     assert calls == []  # nothing ran
     assert f([1.0], lam=np.float32(0.5)) == 0.5 and type(calls[-1][0]) is float

@@ -146,8 +146,8 @@ def test_one_progress_protocol_for_the_iterative_solvers(X):
     Y = X[:40].astype(np.float64)
     got = {}
     for name, run in {
-        "fit": lambda cb: wl.fit_dictionary(Y, lam=1.5, width=3, device="cpu", max_steps=5, progress=cb),
-        "frontier": lambda cb: wl.frontier(Y, lam=1.5, widths=[1, 2], n_restarts=1, max_steps=5, device="cpu", progress=cb),
+        "fit": lambda cb: wl.fit_dictionary(Y, lam=1.5, width=3, device="cpu", max_iter=5, progress=cb),
+        "frontier": lambda cb: wl.frontier(Y, lam=1.5, widths=[1, 2], n_restarts=1, max_iter=5, device="cpu", progress=cb),
         "dnn": lambda cb: wl.solve_dnn(Y[:12], lam=1.5, max_iter=30, check_every=5, device="cpu", progress=cb),
         "codes": lambda cb: wl.optimal_codes(Y, np.eye(6)[:3], np.zeros(6), lam=1.5, device="cpu", batch_size=16, progress=cb),
     }.items():
@@ -158,3 +158,27 @@ def test_one_progress_protocol_for_the_iterative_solvers(X):
     assert [e.stage for e in got["frontier"]] == ["width 1", "width 2"] and got["frontier"][-1].done
     assert [e.rows_done for e in got["codes"]] == [16, 32, 40]
     assert all(e.lower_bound <= e.value + 1e-9 for e in got["dnn"])
+
+
+def test_signed_problem_verifies_its_own_solution():
+    """Problem(signed=True).solve() returns signed codes; .verify() of them certified them (it raised
+    'Z must be >= 0': signed was not passed on), with the numbers of an independent computation."""
+    rng = np.random.default_rng(3)
+    c = rng.normal(size=3)
+    q = np.linalg.qr(rng.normal(size=(3, 3)))[0][:2]
+    t = rng.uniform(1.0, 3.0, size=(2, 5))
+    X = np.vstack([c + s * t[j, :, None] * q[j] for j in range(2) for s in (1.0, -1.0)])  # antipodal rays: lines
+    prob = wl.Problem(X, lam=0.5, signed=True)
+    sol = prob.solve()
+    Z = sol.codes
+    assert (Z < 0).any() and sol.width == 2  # antipodal rays share one atom, with signed codes
+    cert = prob.verify(sol.dictionary, Z, sol.bias)
+    assert cert.certified and cert.value == pytest.approx(sol.value, rel=1e-12)
+    # the objective by hand: mean ||x - b - z W||^2 + 2 lam |z|_1
+    E = X - sol.bias - Z @ sol.dictionary
+    by_hand = np.mean(np.sum(E * E, axis=1) + 2 * 0.5 * np.abs(Z).sum(axis=1))
+    assert cert.value == pytest.approx(by_hand, rel=1e-12)
+    # the lower bound is the wide-limit bound min_b mean h_lam(||x - b||), the same as the nonnegative problem's
+    assert cert.lower_bound == wl.huber_median(X, lam=0.5).lower_bound
+    with pytest.raises(ValueError, match="Z must be >= 0"):
+        wl.Problem(X, lam=0.5).verify(sol.dictionary, Z, sol.bias)  # a nonnegative problem refuses signed codes

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import inspect
 import os
 import re
@@ -31,10 +32,11 @@ from typing import Any, Callable as _Callable
 
 import numpy as np
 
+from ._runtime import check_threads
 from ._validation import check_data, check_int, check_lam, check_real, interval_words, shown
 
 __all__ = [
-    "Constraint", "Interval", "StrOptions", "Options", "Boolean", "Callable", "ArrayLike", "Data", "Lam", "Device",
+    "Constraint", "Interval", "StrOptions", "String", "Options", "Boolean", "Callable", "ArrayLike", "Data", "Lam", "Device",
     "Device", "PathLike", "InstanceOf", "Passed", "validate_params", "check_value", "check_fields", "cli_type",
     "constraints_of", "TOL", "MAX_ITER", "TIME_LIMIT", "THREADS", "DEVICE", "SEED", "PROGRESS", "LAM",
     "POSITIVE", "NONNEG", "POSITIVE_INT", "NONNEG_INT", "UNIT_OPEN",
@@ -71,21 +73,22 @@ class Interval(Constraint):
     :func:`~widelimit._validation.check_int` / :func:`~widelimit._validation.check_real`.
     """
 
-    def __init__(self, kind: str, low=None, high=None, *, closed: str = "both"):
+    def __init__(self, kind: str, low=None, high=None, *, closed: str = "both", finite: bool = True):
         if kind not in ("real", "int") or closed not in ("both", "left", "right", "neither"):
             raise TypeError(f"Interval({kind!r}, closed={closed!r})")
-        self.kind, self.low, self.high = kind, low, high
+        self.kind, self.low, self.high, self.finite = kind, low, high, finite
         self.low_strict = closed in ("right", "neither")
         self.high_strict = closed in ("left", "neither")
         if kind == "int" and (self.low_strict or self.high_strict):
             raise TypeError("an integer Interval is closed: write Interval('int', 1, None) for > 0")
-        self.allowed = interval_words(kind, low, high, low_strict=self.low_strict, high_strict=self.high_strict)
+        self.allowed = interval_words(kind, low, high, low_strict=self.low_strict, high_strict=self.high_strict,
+                                      finite=finite)
 
     def convert(self, value, name):
         if self.kind == "int":
             return check_int(value, name, low=self.low, high=self.high)
         return check_real(value, name, low=self.low, strict=self.low_strict, high=self.high,
-                          high_strict=self.high_strict)
+                          high_strict=self.high_strict, finite=self.finite)
 
     def parse(self, text):
         try:
@@ -102,8 +105,6 @@ class Threads(Constraint):
     allowed = "an integer >= 1 and at most 4 per usable core"
 
     def convert(self, value, name):
-        from ._runtime import check_threads
-
         return check_threads(value, name)
 
     def parse(self, text):
@@ -114,18 +115,29 @@ class Threads(Constraint):
 
 
 class StrOptions(Constraint):
-    """One of a set of strings (compared exactly)."""
+    """One of a set of strings (compared exactly, or after ``fold="lower"`` / ``"upper"``)."""
 
-    def __init__(self, options, *, lower: bool = False):
+    def __init__(self, options, *, fold: str | None = None):
         self.options = tuple(options)
-        self.lower = lower
+        self.fold = fold
         self.allowed = "one of " + ", ".join(repr(o) for o in self.options)
 
     def convert(self, value, name):
         if isinstance(value, str):
-            v = value.lower() if self.lower else value
+            v = getattr(value, self.fold)() if self.fold else value
             if v in self.options:
                 return v
+        raise _Reject
+
+
+class String(Constraint):
+    """Any string (a name the function looks up itself: an array's key in a file, a column)."""
+
+    allowed = "a string"
+
+    def convert(self, value, name):
+        if isinstance(value, str):
+            return value
         raise _Reject
 
 
@@ -213,7 +225,7 @@ class Data(Constraint):
 class Lam(Constraint):
     """The sparsity ``lam``: :func:`~widelimit._validation.check_lam` (finite, ``>= 2^-1022``)."""
 
-    allowed = "a positive finite number"
+    allowed = "a finite number > 0"
 
     def convert(self, value, name):
         return check_lam(value) if name == "lam" else _renamed(check_lam, value, name)
@@ -259,8 +271,6 @@ class InstanceOf(Constraint):
         self.allowed = allowed or "a " + " or a ".join(t if isinstance(t, str) else t.__name__ for t in types)
 
     def convert(self, value, name):
-        import importlib
-
         for t in self._types:
             if isinstance(t, str):
                 mod, _, attr = t.partition(":")
@@ -317,7 +327,8 @@ def check_value(value, constraint, name: str):
 def validate_params(constraints: dict[str, Any]):
     """Decorator: check every argument of a call against its constraint, once, before the body runs.
 
-    ``constraints`` maps each parameter name (``**options`` included, by its name) to a constraint; a
+    ``constraints`` maps each parameter name (``**options`` included, by its name, to one constraint for
+    every option or to a dict ``{option: constraint}``, other options refused) to a constraint; a
     parameter without one is a ``TypeError`` when the function is defined (``self`` / ``cls`` excepted),
     and so is a constraint for a parameter the function does not have. The wrapper keeps the signature
     and docstring (``functools.wraps``); the constraints are at ``wrapper.__wl_constraints__``.
@@ -339,7 +350,13 @@ def validate_params(constraints: dict[str, Any]):
                 if name in ("self", "cls"):
                     continue
                 c = constraints[name]
-                if name == var_kw:
+                if name == var_kw and isinstance(c, dict):  # each named option its own constraint
+                    unknown = sorted(set(value) - set(c))
+                    if unknown:
+                        raise TypeError(f"{fn.__name__}() got an unexpected keyword argument {unknown[0]!r} "
+                                        f"(its options: {', '.join(sorted(c))})")
+                    bound.arguments[name] = {k: check_value(v, c[k], k) for k, v in value.items()}
+                elif name == var_kw:
                     if not isinstance(c, Passed):
                         bound.arguments[name] = {k: check_value(v, c, k) for k, v in value.items()}
                 elif not isinstance(c, Passed):
@@ -401,8 +418,8 @@ def cli_type(constraint, *, none: str | None = None) -> _Callable[[str], Any]:
 TOL = Interval("real", 0, None)
 #: ``max_iter``: an iteration / round / node budget, an integer >= 0 (``None``: the function's own default).
 MAX_ITER = [Interval("int", 0, None), None]
-#: ``time_limit``: seconds, a finite number >= 0 (``None``: no limit).
-TIME_LIMIT = [Interval("real", 0, None), None]
+#: ``time_limit``: seconds, a number >= 0 (``inf`` or ``None``: no limit, or the function's default).
+TIME_LIMIT = [Interval("real", 0, None, finite=False), None]
 #: ``threads``: worker threads, an integer from 1 to 4 per usable core (``None``: the machine's cores).
 THREADS = [Threads(), None]
 #: ``device``: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (or a ``torch.device``).

@@ -311,7 +311,7 @@ def check_vector(v, n: int, name: str) -> np.ndarray:
 def check_lam(lam) -> float:
     """Validate the sparsity parameter: a finite real number > 0 (not a bool, not a string)."""
     if isinstance(lam, (bool, np.bool_, str, bytes)):
-        raise ValueError(f"lam must be a positive finite number, got {type(lam).__name__} {lam!r}")
+        raise ValueError(f"lam must be a finite number > 0, got {shown(lam)}")
     try:
         if isinstance(lam, (int, float)):
             val = float(lam)
@@ -321,9 +321,9 @@ def check_lam(lam) -> float:
                 raise TypeError
             val = float(a)
     except (TypeError, ValueError):
-        raise ValueError(f"lam must be a positive finite number, got {type(lam).__name__} {str(lam)[:60]!r}") from None
+        raise ValueError(f"lam must be a finite number > 0, got {type(lam).__name__} {str(lam)[:60]!r}") from None
     if not math.isfinite(val) or val <= 0:
-        raise ValueError(f"lam must be a positive finite number, got {lam!r}")
+        raise ValueError(f"lam must be a finite number > 0, got {shown(val)}")
     if val < LAM_MIN:
         raise ValueError(f"lam must be at least {LAM_MIN!r} (the smallest normal float64; the certificate's "
                          f"rounding bounds do not hold for subnormal numbers), got {val!r}")
@@ -469,7 +469,9 @@ def shown(v) -> str:
     """A refused value as the messages show it: a number as itself (``-1``, ``2.5``, ``nan``), anything
     else with its type (``str 'abc'``, ``bool True``, ``NoneType None``)."""
     if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)):
-        return _show(v.item() if isinstance(v, np.generic) else v)
+        v = v.item() if isinstance(v, np.generic) else v
+        s = _show(v)
+        return s[:-2] if isinstance(v, float) and s.endswith(".0") else s
     return f"{type(v).__name__} {_show(v)}"
 
 
@@ -513,12 +515,9 @@ def check_real(v, name: str, *, low: float | None = None, strict: bool = False, 
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise ValueError(f"{what}, got {shown(v)}")
     v = float(v)
-    if math.isnan(v) or (finite and not math.isfinite(v)):
-        raise ValueError(f"{what}, got {v}")
-    if low is not None and (v <= low if strict else v < low):
-        raise ValueError(f"{what}, got {v:g}")
-    if high is not None and (v >= high if high_strict else v > high):
-        raise ValueError(f"{what}, got {v:g}")
+    if (math.isnan(v) or (finite and not math.isfinite(v)) or (low is not None and (v <= low if strict else v < low))
+            or (high is not None and (v >= high if high_strict else v > high))):
+        raise ValueError(f"{what}, got {shown(v)}")
     return v
 
 

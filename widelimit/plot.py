@@ -158,7 +158,7 @@ def plot_finite_solution(X, solution, path, *, title: str | None = None) -> Path
     ax2.axhline(solution.wide_lower_bound, color="k", ls="--", lw=1, label="wide-limit bound (every width)")
     ax2.set_xlabel("seconds")
     ax2.set_ylabel("objective")
-    ax2.set_title(f"value {solution.value:.6g}, relative gap {solution.rel_gap:.1e}, {solution.n_nodes} nodes")
+    ax2.set_title(f"value {solution.value:.6g}, relative gap {solution.rel_gap:.1e}, {solution.n_iter} nodes")
     ax2.legend(fontsize=8)
     return save_figure(fig, path)
 

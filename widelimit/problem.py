@@ -35,13 +35,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ._validation import check_data, check_lam
+from ._params import LAM, PROGRESS, Boolean, Data, Passed, PathLike, String, check_value, validate_params
 from .coding import optimal_codes
 from .data import open_activations
 from .engine import engine_for
 from .exact.certificate import Certificate, verify
 from .exact.median import MedianResult, huber_median
 from .exact.solve import WideLimitSolution, solve
+from .finite import FiniteSolution
 from .exact.stationarity import first_order_conditions
 from .learn.frontier import frontier
 from .learn.gradient import fit_dictionary
@@ -77,15 +78,14 @@ class Problem:
     lam, signed, n_points, dim
     """
 
+    @validate_params({"X": Data(finite=False, paths=True), "lam": LAM, "signed": Boolean(), "key": [String(), None]})
     def __init__(self, X, *, lam, signed: bool = False, key: str | None = None):
         if isinstance(X, (str, os.PathLike)):
-            X = open_activations(Path(X), key=key)
+            X = check_value(open_activations(Path(X), key=key), Data(finite=False), "X")
         elif key is not None:
             raise ValueError("key: only meaningful when X is a path")
-        if not isinstance(signed, bool):
-            raise ValueError(f"signed must be True or False, got {signed!r}")
-        self.data = check_data(X, finite=False)  # the first pass checks every row
-        self.lam = check_lam(lam)
+        self.data = X  # checked (the first pass checks every row)
+        self.lam = lam
         self.signed = signed
         self.engine = engine_for(self.data)
         self._median: MedianResult | None = None
@@ -115,6 +115,7 @@ class Problem:
         return f"Problem(N={self.n_points}, n={self.dim}, lam={self.lam:g}, signed={self.signed})"
 
     # ---- the wide limit -------------------------------------------------------------
+    @validate_params({"progress": PROGRESS, "checkpoint": [PathLike(), None]})
     def bound(self, *, progress=None, checkpoint=None) -> MedianResult:
         """The certified wide-limit optimum ``min_b H(b)`` (docs/theory.md §3), cached.
 
@@ -126,10 +127,14 @@ class Problem:
             self._median = huber_median(self.data, lam=self.lam, progress=progress, checkpoint=checkpoint)
         return self._median
 
-    def solve(self, *, width: int | None = None, progress=None, **options) -> WideLimitSolution:
+    @validate_params({"width": Passed("widelimit.solve"), "progress": Passed("widelimit.solve"),
+                      "options": Passed("widelimit.solve")})
+    def solve(self, *, width: int | None = None, progress=None, **options) -> WideLimitSolution | FiniteSolution:
         """The narrowest global optimum (``width=None``) with its certificate; see :func:`widelimit.solve`.
 
-        With ``width=k`` the certified global optimum among dictionaries of ``k`` atoms.
+        With ``width=k`` the certified global optimum among dictionaries of ``k`` atoms. Both carry
+        ``.certificate`` and the shared fields of a certified result; :meth:`verify` certifies them
+        (signed codes too, for a signed problem).
         """
         if width is not None:
             return solve(self.data, lam=self.lam, width=width, signed=self.signed, progress=progress,
@@ -144,31 +149,45 @@ class Problem:
             self._solution = sol
         return self._solution
 
+    @validate_params({"W": Passed("widelimit.verify"), "Z": Passed("widelimit.verify"),
+                      "b": Passed("widelimit.verify"), "options": Passed("widelimit.verify")})
     def verify(self, W, Z, b, **options) -> Certificate:
-        """Certificate of a candidate ``(W, Z, b)`` against this problem's optimum; see :func:`widelimit.verify`."""
+        """Certificate of a candidate ``(W, Z, b)`` against this problem's optimum; see :func:`widelimit.verify`.
+
+        A signed problem certifies signed codes (``signed=True`` is passed on unless given)."""
+        options.setdefault("signed", self.signed)
         return verify(self.data, W, Z, b, lam=self.lam, median=self.bound(), **options)
 
+    @validate_params({"W": Passed("widelimit.optimal_codes"), "b": Passed("widelimit.optimal_codes"),
+                      "options": Passed("widelimit.optimal_codes")})
     def optimal_codes(self, W, b, **options):
         """Certified optimal codes for the dictionary ``W`` and bias ``b``; see :func:`widelimit.optimal_codes`."""
         return optimal_codes(self.data, W, b, lam=self.lam, **options)
 
+    @validate_params({"W": Passed("widelimit.first_order_conditions"), "Z": Passed("widelimit.first_order_conditions"),
+                      "b": Passed("widelimit.first_order_conditions")})
     def first_order_conditions(self, W, Z, b):
         """Finite-width stationarity margins of ``(W, Z, b)``; see :func:`widelimit.first_order_conditions`."""
         return first_order_conditions(self.data, W, Z, b, lam=self.lam)
 
     # ---- other solvers on the same data ---------------------------------------------
+    @validate_params({"cone": Passed("widelimit.relax.cones.relax"), "solver": Passed("widelimit.relax.cones.relax"),
+                      "options": Passed("widelimit.relax.cones.relax")})
     def relax(self, *, cone: str = "dnn", solver: str = "SCS", **options):
         """The convex Q-problem over a CP-cone approximation; see :func:`widelimit.relax.cones.relax`."""
         return relax(self.data, lam=self.lam, cone=cone, solver=solver, **options)
 
+    @validate_params({"width": Passed("widelimit.fit_dictionary"), "options": Passed("widelimit.fit_dictionary")})
     def fit(self, width: int, **options):
         """The gradient solver of the nonconvex objective at ``width`` atoms; see :func:`widelimit.fit_dictionary`."""
         return fit_dictionary(self.data, lam=self.lam, width=width, **options)
 
+    @validate_params({"widths": Passed("widelimit.frontier"), "options": Passed("widelimit.frontier")})
     def frontier(self, widths, **options):
         """Best gradient objective per width against the certified optimum; see :func:`widelimit.frontier`."""
         return frontier(self.data, lam=self.lam, widths=widths, exact=self.solve(), **options)
 
+    @validate_params({"sae": Passed("widelimit.certify_sae"), "options": Passed("widelimit.certify_sae")})
     def certify_sae(self, sae, **options):
         """Certify a trained SAE on this data at this ``lam``; see :func:`widelimit.certify_sae`."""
         return certify_sae(self.data, sae, lam=self.lam, **options)

@@ -169,3 +169,16 @@ def test_experiment_interrupted_leaves_the_previous_run(tmp_path, capsys, monkey
     assert rc == 0, err
     assert (out / "sae" / "cfg.json").read_text() == "run 3" and (out / "certificate.json").read_text() == "run 3"
     assert json.loads(printed)["files"] == [str(out / "certificate.json")]  # the final path, not the temporary one
+
+
+def test_an_empty_working_directory_is_filled_not_replaced(tmp_path, capsys, monkeypatch):
+    """``--out .`` in an empty folder: the folder itself stays (a rename over it would leave the shell in a
+    deleted directory); the files appear in it."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    inode = os.stat(".").st_ino
+    rc, _, err = _run(capsys, "demo", "--out", ".")
+    assert rc == 0, err
+    assert os.stat(here).st_ino == inode and os.path.samefile(".", here)
+    assert sorted(p.name for p in here.iterdir()) == ["demo.json", "demo.npz", "demo.png"]

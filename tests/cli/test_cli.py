@@ -91,7 +91,7 @@ def test_human_table(tmp_path, capsys):
     # a one-step width-1 fit on spread-out data is far from the optimum: the verdict is NO
     X = np.random.default_rng(0).standard_normal((40, 3)) * 3
     np.save(tmp_path / "x.npy", X)
-    assert main(["fit", str(tmp_path / "x.npy"), "--lam", "0.5", "--width", "1", "--max-steps", "1"]) == 0
+    assert main(["fit", str(tmp_path / "x.npy"), "--lam", "0.5", "--width", "1", "--max-iter", "1"]) == 0
     f = _table(capsys.readouterr().out)
     assert float(f["relative gap"]) > 1e-4 and f["certified"] == "NO"
     assert float(f["value"]) - float(f["lower bound"]) == pytest.approx(float(f["gap"]), rel=1e-6)

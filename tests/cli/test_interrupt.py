@@ -68,8 +68,8 @@ def big(tmp_path_factory):
 @pytest.mark.parametrize("stage", ["handler", "imported", "running", "computing"])
 def test_ctrl_c_at_each_stage_prints_one_line(stage, big, tmp_path):
     out = tmp_path / "fitout"
-    argv = ["fit", str(big), "--lam", "0.5", "--width", "100", "--max-steps", "1000000", "--rtol", "0",
-            "--max-time", "600", "--out", str(out)]
+    argv = ["fit", str(big), "--lam", "0.5", "--width", "100", "--max-iter", "1000000", "--rtol", "0",
+            "--time-limit", "600", "--out", str(out)]
     status, stages, lines, stdout = _interrupt_at(stage, argv, tmp_path)
     assert status == 130, (stages, lines)
     assert lines == ["widelimit fit: interrupted"], (stages, lines)

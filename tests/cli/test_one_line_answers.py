@@ -52,6 +52,9 @@ def test_a_server_that_is_not_dask(data, not_dask, capsys):
     assert err.startswith(f"widelimit bound: error: --dask {not_dask}: the server at this address is not a Dask "
                           "scheduler (its reply could not be read as a Dask message: "), err
     assert "EiB" not in err and "allocate" not in err
+    import dask
+
+    assert dask.config.get("scheduler", None) is None  # the failed client left the process's scheduler alone
 
 
 def test_nan_codes_in_a_dask_verify_name_z():

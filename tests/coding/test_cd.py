@@ -40,7 +40,7 @@ def test_each_algorithm_matches_cvxpy_and_its_gap_is_a_true_bound(algorithm, lam
     X, W, b = _problem(1)
     ref = _cvxpy_values(X, W, b, lam)
     res = optimal_codes(X, W, b, lam=lam, algorithm=algorithm, tol=1e-10, device="cpu")
-    assert res.converged
+    assert res.certified
     np.testing.assert_allclose(res.point_values, ref, rtol=1e-7)
     # certified: P_i - gap_i <= optimum_i <= P_i (cvxpy's optimum is accurate to ~1e-9)
     assert np.all(res.point_values - res.point_gaps <= ref + 1e-8 * np.maximum(ref, 1))
@@ -59,7 +59,7 @@ def test_cd_matches_fista_on_a_wide_dictionary_with_a_warm_start():
     Z0 = np.maximum(rng.standard_normal((N, k)) - 2.0, 0.0)  # a poor, sparse warm start
     a = optimal_codes(X, W, b, lam=lam, algorithm="cd", tol=1e-11, Z0=Z0, batch_size=64)
     f = optimal_codes(X, W, b, lam=lam, algorithm="fista", tol=1e-11, device="cpu", dtype="float64", max_iter=50000)
-    assert a.converged and f.converged
+    assert a.certified and f.certified
     np.testing.assert_allclose(a.point_values, f.point_values, rtol=1e-9)
     # strictly convex in the codes here (n >= support size): the codes agree too
     np.testing.assert_allclose(a.codes.toarray(), f.codes.toarray(), atol=1e-4)
@@ -74,7 +74,7 @@ def test_unconverged_cd_still_certifies_a_true_bound():
     norms = np.linalg.norm(W, axis=1)
     coder = GramCoder(W / norms[:, None], lam=lam, tol=1e-12, max_rounds=1, max_sweeps=1, newton_every=0)
     out = coder.solve(X - b)
-    assert not out.converged and out.unconverged_rows().size > 0  # stopped early on purpose
+    assert not out.certified and out.unconverged_rows().size > 0  # stopped early on purpose
     assert np.all(out.point_values - out.point_gaps <= ref + 1e-8)
     assert np.all(out.point_values >= ref - 1e-8)
 
@@ -92,7 +92,7 @@ def test_both_certificate_paths_match_cvxpy_over_several_rounds(gram_updates):
     Y0 = np.maximum(np.random.default_rng(2).standard_normal((25, 60)) - 1.5, 0.0)
     coder = GramCoder(U, lam=lam, tol=1e-11, ws_extra=3, gram_updates=gram_updates, fast_products=True)
     out = coder.solve(X - b, Y0)
-    assert out.n_iter >= 3 and out.converged and out.unconverged_rows().size == 0
+    assert out.n_iter >= 3 and out.certified and out.unconverged_rows().size == 0
     assert (out.correlations is not None) == gram_updates
     np.testing.assert_allclose(out.point_values, ref, rtol=1e-8)
     assert np.all(out.point_values - out.point_gaps <= ref + 1e-9 * np.maximum(ref, 1))
@@ -240,16 +240,16 @@ def test_fit_stops_for_the_time_budget_before_the_final_coding():
     real = gradient._Reporter
 
     class Spy(real):
-        def __init__(self, rtol, window, max_time, *a, **kw):
-            seen.append(max_time)
-            super().__init__(rtol, window, max_time, *a, **kw)
+        def __init__(self, rtol, window, time_limit, *a, **kw):
+            seen.append(time_limit)
+            super().__init__(rtol, window, time_limit, *a, **kw)
 
     gradient._Reporter = Spy
     try:
-        fit = wl.fit_dictionary(X, lam=0.5, width=4, max_time=1e-6, device="cpu")
+        fit = wl.fit_dictionary(X, lam=0.5, width=4, time_limit=1e-6, device="cpu")
     finally:
         gradient._Reporter = real
-    assert fit.stop_reason == "max_time"
+    assert fit.stop_reason == "time_limit"
     assert seen == [pytest.approx((1 - gradient._FINAL_SHARE) * 1e-6)]
 
 
@@ -258,8 +258,8 @@ def test_cd_time_budget_returns_certified_codes():
     lam = 0.3
     ref = optimal_codes(X, W, b, lam=lam, algorithm="fista", tol=1e-12, device="cpu", dtype="float64",
                         max_iter=50000)
-    spent = optimal_codes(X, W, b, lam=lam, algorithm="cd", tol=1e-12, max_time=0.0)  # no round may start
-    assert spent.n_iter == 0 and not spent.converged and spent.codes.nnz == 0
+    spent = optimal_codes(X, W, b, lam=lam, algorithm="cd", tol=1e-12, time_limit=0.0)  # no round may start
+    assert spent.n_iter == 0 and not spent.certified and spent.codes.nnz == 0
     # the zero codes' gap is still a true bound on their suboptimality
     assert np.all(spent.point_values - spent.point_gaps <= ref.point_values + 1e-9)
     np.testing.assert_allclose(spent.point_values, ((X - b) ** 2).sum(1), rtol=1e-12)

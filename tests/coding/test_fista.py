@@ -38,7 +38,7 @@ def test_matches_cvxpy_with_nonunit_atoms(rng):
     lam = 0.7
     ref, Zref = _cvxpy_codes(X, W, b, lam)
     res = optimal_codes(X, W, b, lam=lam, tol=1e-9, device="cpu")
-    assert isinstance(res, CodingResult) and res.converged
+    assert isinstance(res, CodingResult) and res.certified
     assert res.value == pytest.approx(ref, rel=1e-7)
     # the certified lower bound really is below the optimum, and tight
     assert res.lower_bound <= ref + 1e-9 * ref
@@ -58,7 +58,7 @@ def test_matches_sklearn_sparse_encode(rng):
     Zsk = sparse_encode(X - b, W, positive=True, algorithm="lasso_cd", alpha=lam, max_iter=10000)
     ref = sae_objective(X, W, Zsk, b, lam=lam).value
     res = optimal_codes(X, W, b, lam=lam, tol=1e-8, device="cpu")
-    assert res.converged
+    assert res.certified
     assert res.value <= ref * (1 + 1e-7)
     assert res.lower_bound <= ref
     assert res.value == pytest.approx(ref, rel=1e-6)
@@ -77,7 +77,7 @@ def test_orthonormal_dictionary_closed_form(rng):
     res = optimal_codes(X, W, b, lam=lam, tol=1e-10, device="cpu")
     # float32 codes: the gap is quadratic in the code error, so codes are good to ~1e-7 relative
     np.testing.assert_allclose(res.codes.toarray(), Zexact, rtol=1e-5, atol=1e-6)
-    assert res.converged and res.max_gap <= 1e-10 * max(res.point_values.max(), lam**2)
+    assert res.certified and res.max_gap <= 1e-10 * max(res.point_values.max(), lam**2)
     res64 = optimal_codes(X, W, b, lam=lam, tol=1e-12, device="cpu", dtype="float64")
     np.testing.assert_allclose(res64.codes.toarray(), Zexact, rtol=1e-12, atol=1e-12)
 
@@ -101,11 +101,11 @@ def test_batches_warm_start_and_options(rng):
     lam = 0.5
     full = optimal_codes(X, W, b, lam=lam, tol=1e-9, device="cpu")
     small = optimal_codes(X.astype(np.float32), W, b, lam=lam, tol=1e-9, device="cpu", batch_size=7)
-    assert full.converged and small.converged
+    assert full.certified and small.certified
     assert small.value == pytest.approx(full.value, rel=1e-6)
     # warm start at the solution: certified at the first check, no iterations
     warm = optimal_codes(X, W, b, lam=lam, tol=1e-6, device="cpu", Z0=full.codes)
-    assert warm.n_iter == 0 and warm.converged
+    assert warm.n_iter == 0 and warm.certified
     dense = optimal_codes(X, W, b, lam=lam, tol=1e-6, device="cpu", Z0=full.codes.toarray())
     assert dense.n_iter == 0
     none = optimal_codes(X, W, b, lam=lam, device="cpu", return_codes=False)
@@ -157,6 +157,6 @@ def test_cuda_matches_cpu(rng):
     X, W, b = _problem(rng, N=500, k=64, n=16)
     cpu = optimal_codes(X, W, b, lam=0.5, tol=1e-8, device="cpu")
     gpu = optimal_codes(X, W, b, lam=0.5, tol=1e-8, device="cuda")
-    assert gpu.device.startswith("cuda") and gpu.converged
+    assert gpu.device.startswith("cuda") and gpu.certified
     assert gpu.value == pytest.approx(cpu.value, rel=1e-7)
     assert gpu.lower_bound <= cpu.value * (1 + 1e-9)

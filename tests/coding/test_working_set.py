@@ -26,7 +26,7 @@ def test_matches_full_solver_and_is_certified(lam, ws):
     X, W, b = _problem()
     ref = optimal_codes(X, W, b, lam=lam, tol=1e-8, device="cpu")
     got = optimal_codes_working_set(X, W, b, lam=lam, tol=1e-8, device="cpu", ws_size=ws)
-    assert got.converged and got.gap <= 1e-7 * max(got.value, lam * lam)
+    assert got.certified and got.gap <= 1e-7 * max(got.value, lam * lam)
     np.testing.assert_allclose(got.point_values, ref.point_values, rtol=1e-7, atol=1e-10)
     # the reported value is the objective of the returned codes (independent evaluation)
     assert got.value == pytest.approx(sae_objective(X, W, got.codes, b, lam=lam).value, rel=1e-10)
@@ -38,11 +38,11 @@ def test_fallback_and_warm_start_paths():
     lam = 0.05
     ref = optimal_codes(X, W, b, lam=lam, tol=1e-8, device="cpu")
     # one round and tiny working sets: most tokens finish in the full solver
-    fb = optimal_codes_working_set(X, W, b, lam=lam, tol=1e-8, device="cpu", ws_size=2, max_rounds=1, inner_iter=5)
-    assert fb.converged
+    fb = optimal_codes_working_set(X, W, b, lam=lam, tol=1e-8, device="cpu", ws_size=2, max_iter=1, inner_iter=5)
+    assert fb.certified
     np.testing.assert_allclose(fb.point_values, ref.point_values, rtol=1e-6, atol=1e-10)
     warm = optimal_codes_working_set(X, W, b, lam=lam, tol=1e-8, device="cpu", Z0=ref.codes, batch_size=7)
-    assert warm.converged and warm.n_iter == 1
+    assert warm.certified and warm.n_iter == 1
     np.testing.assert_allclose(warm.point_values, ref.point_values, rtol=1e-7, atol=1e-10)
 
 

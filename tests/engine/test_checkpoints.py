@@ -83,7 +83,7 @@ def test_an_edited_bound_is_never_reported(problem, tmp_path, edit):
     # the saved bound is never read: the resume ends where the uninterrupted run does, bit for bit
     assert res.lower_bound <= res.value and res.gap >= 0
     assert res.lower_bound == ref.lower_bound and np.array_equal(res.point, ref.point)
-    assert res.converged == ref.converged and res.value == ref.value
+    assert res.certified == ref.certified and res.value == ref.value
 
 
 def test_an_edited_bound_on_the_command_line(problem, tmp_path, capsys):

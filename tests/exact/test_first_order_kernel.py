@@ -70,7 +70,7 @@ def test_stationarity_and_stability_read_the_same_kernel():
     st = first_order_conditions(X, W, Z, b, lam=lam)
     assert st.code_active_error == pytest.approx(np.abs(corr[on] - lam).max(), rel=1e-10)
     assert st.code_margin == pytest.approx(lam - corr[~on].max(), rel=1e-10)
-    assert st.atom_residual == pytest.approx(tang_ref.max(), rel=1e-10)
+    assert st.atom_gradient == pytest.approx(tang_ref.max(), rel=1e-10)
     fs = feature_stability(X, W, Z, b, lam=lam, witnesses=False)
     S = Y.sum(0)
     live = S > 0

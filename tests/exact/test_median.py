@@ -52,7 +52,7 @@ def test_identical_points_and_single_point():
     X = np.tile([1.0, 2.0, 3.0], (7, 1))
     for r in (wl.huber_median(X, lam=0.5), wl.geometric_median(X)):
         np.testing.assert_allclose(r.point, [1, 2, 3])
-        assert r.value == 0.0 and r.gap == 0.0 and r.converged
+        assert r.value == 0.0 and r.gap == 0.0 and r.certified
     r = wl.huber_median(np.array([[4.0, -1.0]]), lam=2.0)
     np.testing.assert_allclose(r.point, [4.0, -1.0])
 
@@ -75,7 +75,7 @@ def test_geometric_median_at_a_data_point_with_duplicates(rng):
     X = np.vstack([np.zeros((6, 3)), rng.standard_normal((5, 3))])
     r = wl.geometric_median(X)
     np.testing.assert_allclose(r.point, 0.0, atol=1e-12)
-    assert r.converged and r.rel_gap <= 1e-10
+    assert r.certified and r.rel_gap <= 1e-10
 
 
 def test_float32_input_accumulates_in_float64(rng):
@@ -98,7 +98,7 @@ def test_huber_median_matches_cvxpy_clarabel(rng, lam):
     assert r.value <= prob.value + 1e-9  # ours is at least as good
     # the value agrees to 1e-7; the interior-point b is less accurate than ours (flat directions)
     np.testing.assert_allclose(r.point, b.value, atol=1e-5)
-    assert r.rel_gap <= 1e-10 and r.converged
+    assert r.rel_gap <= 1e-10 and r.certified
 
 
 def test_geometric_median_matches_cvxpy(rng):
@@ -169,7 +169,7 @@ def test_no_stall_when_points_sit_near_the_lam_sphere():
                for x0 in X), key=lambda r: r.fun)
     med = wl.huber_median(X, lam=lam)
     assert med.value <= ref.fun + 1e-12
-    assert med.converged and med.rel_gap <= 1e-10 and med.n_iter < 30
+    assert med.certified and med.rel_gap <= 1e-10 and med.n_iter < 30
 
 
 @settings(max_examples=40, deadline=None)
@@ -181,7 +181,7 @@ def test_huber_median_converges_on_points_on_few_lines(seed, lam, n_lines, N):
     U /= np.linalg.norm(U, axis=1, keepdims=True)
     X = rng.standard_normal(2) + rng.uniform(-3, 3, (N, 1)) * U[rng.integers(0, n_lines, N)]
     med = wl.huber_median(X, lam=lam)
-    assert med.converged and med.rel_gap <= 1e-9
+    assert med.certified and med.rel_gap <= 1e-9
 
 
 @pytest.mark.parametrize("seed,n_lines,N", [(70731, 2, 10), (40783, 3, 12)])
@@ -193,7 +193,7 @@ def test_geometric_median_converges_next_to_a_data_point(seed, n_lines, N):
     U /= np.linalg.norm(U, axis=1, keepdims=True)
     X = rng.standard_normal(2) + rng.uniform(-3, 3, (N, 1)) * U[rng.integers(0, n_lines, N)]
     g = wl.geometric_median(X)
-    assert g.converged and g.rel_gap <= 1e-9
+    assert g.certified and g.rel_gap <= 1e-9
 
 
 def test_geometric_median_at_a_data_point_with_near_neighbours():
@@ -203,4 +203,4 @@ def test_geometric_median_at_a_data_point_with_near_neighbours():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no overflow / invalid value on the way
         g = wl.geometric_median(star)
-    assert g.converged and np.linalg.norm(g.point) <= 1e-8
+    assert g.certified and np.linalg.norm(g.point) <= 1e-8

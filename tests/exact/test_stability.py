@@ -173,7 +173,7 @@ def test_stability_rows_hook_and_same_width_witness():
     assert rows[0]["ff_partner"] in (1, 2, 3)
     from widelimit.learn.same_width import same_width_witness
 
-    out = same_width_witness(X, W, b, lam=lam, max_steps=200)
+    out = same_width_witness(X, W, b, lam=lam, max_iter=200)
     fit = out["fit"]
     assert out["lower"] and out["value_found"] < out["value_given"]
     assert plain_objective(X, fit.dictionary, fit.codes, fit.bias, lam) == pytest.approx(out["value_found"], rel=1e-10)
@@ -257,7 +257,7 @@ def test_cli_certify_stability_on_an_optimal_sae(tmp_path, capsys):
     X, sae = orthogonal_rays_sae(LAM, seed=9)
     save_saelens(sae, tmp_path / "sae")
     np.save(tmp_path / "acts.npy", X)
-    rc = main(["certify", str(tmp_path / "sae"), str(tmp_path / "acts.npy"), "--lam", str(LAM), "--json",
+    rc = main(["certify", str(tmp_path / "acts.npy"), str(tmp_path / "sae"), "--lam", str(LAM), "--json",
                "--stability", "--device", "cpu", "--out", str(tmp_path / "out")])
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
@@ -267,7 +267,7 @@ def test_cli_certify_stability_on_an_optimal_sae(tmp_path, capsys):
         assert w["value"] >= d["lower_bound"] - 1e-12
     header = (tmp_path / "out" / "features.csv").read_text().splitlines()[0].split(",")
     assert {"stability_verdict", "stability_ff_lower", "stability_code_margin"} <= set(header)
-    assert main(["certify", str(tmp_path / "sae"), str(tmp_path / "acts.npy"), "--lam", str(LAM), "--device", "cpu",
+    assert main(["certify", str(tmp_path / "acts.npy"), str(tmp_path / "sae"), "--lam", str(LAM), "--device", "cpu",
                  "--stability"]) == 0
     out = capsys.readouterr().out
     assert "feature stability" in out and "unstable" in out

@@ -30,7 +30,7 @@ def test_perturbations_are_detected():
     R = np.linalg.qr(np.random.default_rng(0).standard_normal((5, 5)))[0]
     W2 = W @ (np.eye(5) + 0.01 * (R - R.T))
     W2 /= np.linalg.norm(W2, axis=1, keepdims=True)
-    assert first_order_conditions(X, W2, Z, b, lam=lam).atom_residual > 1e-5       # atoms rotated
+    assert first_order_conditions(X, W2, Z, b, lam=lam).atom_gradient > 1e-5       # atoms rotated
     # a scaled atom with compensating codes is the same point: still stationary
     assert first_order_conditions(X, 3 * W, Z / 3, b, lam=lam).holds(1e-10)
 
@@ -48,8 +48,8 @@ def test_inactive_feature_margin_violation():
     assert first_order_conditions(X, sol.dictionary, Z0, sol.bias, lam=lam).code_margin == pytest.approx(-2.0)
 
 
-def test_atom_residual_is_the_riemannian_gradient_norm_of_the_objective():
-    """``atom_residual`` against torch autograd of L(W, Z, b) projected on the sphere's tangent spaces."""
+def test_atom_gradient_is_the_riemannian_gradient_norm_of_the_objective():
+    """``atom_gradient`` against torch autograd of L(W, Z, b) projected on the sphere's tangent spaces."""
     import torch
 
     rng = np.random.default_rng(3)
@@ -65,7 +65,7 @@ def test_atom_residual_is_the_riemannian_gradient_norm_of_the_objective():
     G = G.numpy()
     tangent = G - np.sum(G * W, axis=1, keepdims=True) * W
     foc = first_order_conditions(X, W, Z, b, lam=lam)
-    assert foc.atom_residual == pytest.approx(np.linalg.norm(tangent, axis=1).max(), rel=1e-12)
+    assert foc.atom_gradient == pytest.approx(np.linalg.norm(tangent, axis=1).max(), rel=1e-12)
     assert foc.bias_residual == pytest.approx(np.linalg.norm((X - b - Z @ W).mean(0)), rel=1e-12)
 
 

@@ -202,7 +202,7 @@ def test_closed_form_at_the_number_of_rays():
     X, _ = wl.datasets.rays2d()
     wide = wl.solve(X, lam=1.0)
     sol = wl.solve(X, lam=1.0, width=wide.width + 1)
-    assert sol.status == "closed_form" and sol.certified and sol.n_nodes == 0
+    assert sol.status == "closed_form" and sol.certified and sol.n_iter == 0
     assert abs(sol.value - wide.value) <= 1e-12 * wide.value
     _check_triple(X, 1.0, sol)
 
@@ -215,12 +215,12 @@ def test_time_limit_returns_uncertified_best():
     _check_triple(X, 0.3, sol)
     # a limit of 0 bounds no node (the root's bound and the multistart used to run whatever the limit):
     # the certified bound is the wide limit's, exactly
-    assert sol.n_nodes == 0 and sol.lower_bound == wl.solve(X, lam=0.3).lower_bound
+    assert sol.n_iter == 0 and sol.lower_bound == wl.solve(X, lam=0.3).lower_bound
 
 
 @pytest.mark.parametrize("width", [0, -2, 1.5, True, "2"])
 def test_bad_width(width):
-    with pytest.raises(ValueError, match="width must be a positive integer"):
+    with pytest.raises(ValueError, match=r"^width must be an integer >= 1 or None, got "):
         wl.solve(_data(0, 5, 2), lam=0.3, width=width)
 
 
@@ -283,7 +283,7 @@ def test_frontier_with_exact_widths(monkeypatch):
     monkeypatch.setattr(mod, "_median", lambda *a, **k: medians.append(1) or real(*a, **k))
     X = _data(1, 6, 2)
     ev = []
-    fr = wl.frontier(X, lam=0.3, widths=[1, 2], n_restarts=1, exact_widths=True, max_steps=200, progress=ev.append)
+    fr = wl.frontier(X, lam=0.3, widths=[1, 2], n_restarts=1, exact_widths=True, max_iter=200, progress=ev.append)
     assert fr.exact_certified == [True, True]
     assert len(medians) == 1  # the exact widths reuse the wide solve's median
     # progress: the gradient widths, then each exact width's search, ending on its returned value and bound
@@ -299,11 +299,18 @@ def test_frontier_with_exact_widths(monkeypatch):
     assert fr.exact_values[1] < fr.exact_values[0]
 
 
-@pytest.mark.parametrize("kw,msg", [({"rel_tol": 0.0}, "rel_tol"), ({"time_limit": -1.0}, "time_limit"),
-                                    ({"rel_tol": float("nan")}, "rel_tol")])
+@pytest.mark.parametrize("kw,msg", [({"tol": 0.0}, r"^tol must be a finite number in \(0, 1\) with width="),
+                                    ({"time_limit": -1.0}, r"^time_limit must be a number >= 0 or None, got -1$"),
+                                    ({"tol": float("nan")}, r"^tol must be a finite number >= 0 or None, got nan"),
+                                    ({"max_iter": 2.5}, r"^max_iter must be an integer >= 0 or None, got 2.5")])
 def test_bad_search_options(kw, msg):
     with pytest.raises(ValueError, match=msg):
         wl.solve(_data(0, 6, 2), lam=0.3, width=1, **kw)
+
+
+def test_search_options_without_width_are_refused():
+    with pytest.raises(ValueError, match=r"^time_limit applies only with width="):
+        wl.solve(_data(0, 6, 2), lam=0.3, time_limit=5.0)
 
 
 def test_progress_events_of_the_search(monkeypatch):
@@ -326,7 +333,7 @@ def test_progress_events_of_the_search(monkeypatch):
     assert all(a.rows_done <= b.rows_done for a, b in zip(bb, bb[1:]))
     assert [e.done for e in bb] == [False] * (len(bb) - 1) + [True]
     last = bb[-1]
-    assert (last.value, last.lower_bound, last.rows_done) == (sol.value, sol.lower_bound, sol.n_nodes)
+    assert (last.value, last.lower_bound, last.rows_done) == (sol.value, sol.lower_bound, sol.n_iter)
     # one event each time the gap passes a power of ten (the history's marks), none in between here
     assert [(e.value, e.lower_bound) for e in bb[:-1]] == [(h[2], max(h[1], sol.wide_lower_bound))
                                                            for h in sol.history[:-1]]
@@ -335,9 +342,9 @@ def test_progress_events_of_the_search(monkeypatch):
     monkeypatch.setattr(bnb, "_PROGRESS_EVERY", 0.0)
     ev0 = []
     sol0 = wl.solve(X, lam=0.3, width=2, progress=ev0.append)
-    assert sol0.value == sol.value and sol0.n_nodes == sol.n_nodes
+    assert sol0.value == sol.value and sol0.n_iter == sol.n_iter
     rounds = len([e for e in ev0 if e.stage == "branch and bound"])
-    assert rounds >= sol.n_nodes // (bnb._BATCH + 2 * X.shape[1]) and rounds > len(bb)
+    assert rounds >= sol.n_iter // (bnb._BATCH + 2 * X.shape[1]) and rounds > len(bb)
 
 
 def test_progress_closed_form_and_problem_reuses_its_median():
@@ -389,13 +396,13 @@ def test_cli_frontier_exact_reports_each_search(tmp_path, capsys, monkeypatch):
     X = _data(1, 6, 2)
     f = tmp_path / "x.npy"
     np.save(f, X)
-    assert main(["frontier", str(f), "--lam", "0.3", "--widths", "1,2", "--exact", "--max-steps", "100", "--json",
+    assert main(["frontier", str(f), "--lam", "0.3", "--widths", "1,2", "--exact", "--max-iter", "100", "--json",
                  "--out", str(tmp_path / "fr")]) == 0
     d = json.loads(capsys.readouterr().out)
     for w, v, lb in zip(d["widths"], d["exact_values"], d["exact_lower_bounds"]):
         sol = wl.solve(X, lam=0.3, width=w)
         assert (v, lb) == (sol.value, sol.lower_bound)
-        assert f"exact width {w}: {v:.8g}, certified bound {lb:.8g} ({sol.n_nodes} nodes)" in said
+        assert f"exact width {w}: {v:.8g}, certified bound {lb:.8g} ({sol.n_iter} nodes)" in said
 
 
 def test_cli_frontier_table_says_which_exact_values_are_certified(tmp_path, capsys, monkeypatch):
@@ -407,7 +414,7 @@ def test_cli_frontier_table_says_which_exact_values_are_certified(tmp_path, caps
     X = _data(3, 20, 2)
     f = tmp_path / "x.npy"
     np.save(f, X)
-    base = ["frontier", str(f), "--lam", "0.3", "--widths", "2", "--max-steps", "100", "--out", str(tmp_path / "fr"),
+    base = ["frontier", str(f), "--lam", "0.3", "--widths", "2", "--max-iter", "100", "--out", str(tmp_path / "fr"),
             "--exact"]
     assert main(base + ["--exact-time-limit", "0"]) == 0
     stopped = " ".join(capsys.readouterr().out.split())
@@ -427,7 +434,7 @@ def test_threads_give_the_same_search():
     ref = runs[0]
     assert ref.certified
     for s in runs[1:]:
-        assert (s.value, s.lower_bound, s.n_nodes) == (ref.value, ref.lower_bound, ref.n_nodes)
+        assert (s.value, s.lower_bound, s.n_iter) == (ref.value, ref.lower_bound, ref.n_iter)
         assert [h[1:] for h in s.history] == [h[1:] for h in ref.history]  # the same bounds at every mark
         assert np.array_equal(s.dictionary, ref.dictionary) and np.array_equal(s.codes, ref.codes)
     with pytest.raises(ValueError, match="threads"):
@@ -443,7 +450,7 @@ def test_memory_limit_returns_uncertified_best():
     full = wl.solve(X, lam=0.3, width=3)
     sol = wl.solve(X, lam=0.3, width=3, limits=FiniteLimits(max_queue_bytes=200_000))
     assert full.certified and sol.status == "memory_limit" and not sol.certified
-    assert sol.n_nodes < full.n_nodes and sol.rel_gap > 1e-6
+    assert sol.n_iter < full.n_iter and sol.rel_gap > 1e-6
     assert full.lower_bound >= sol.lower_bound >= full.wide_lower_bound  # a valid, weaker bound
     assert sol.value >= full.lower_bound
     _check_triple(X, 0.3, sol)
@@ -463,7 +470,7 @@ def test_search_on_data_far_from_unit_scale_is_the_search_on_their_exact_rescali
     got = wl.solve(X0 * s, lam=0.1 * s, width=2, progress=seen.append)
     assert ref.certified and got.certified and got.status == ref.status == "optimal"
     assert (got.value, got.lower_bound, got.gap) == (ref.value * s * s, ref.lower_bound * s * s, ref.gap * s * s)
-    assert got.rel_gap == ref.rel_gap and got.n_nodes == ref.n_nodes
+    assert got.rel_gap == ref.rel_gap and got.n_iter == ref.n_iter
     np.testing.assert_array_equal(got.dictionary, ref.dictionary)
     np.testing.assert_array_equal(got.bias, ref.bias * s)
     np.testing.assert_array_equal(got.codes, ref.codes * s)
@@ -473,8 +480,8 @@ def test_search_on_data_far_from_unit_scale_is_the_search_on_their_exact_rescali
     assert wl.sae_objective(X0 * s, got.dictionary, got.codes, got.bias, lam=0.1 * s).value == got.value
 
 
-def test_a_closed_search_above_rel_tol_is_not_called_optimal():
-    """rel_tol 1e-15 is below the objective's rounding: every node closes, the gap stays near 1e-12, and the
+def test_a_closed_search_above_tol_is_not_called_optimal():
+    """tol 1e-15 is below the objective's rounding: every node closes, the gap stays near 1e-12, and the
     status said "optimal" beside certified False."""
-    sol = wl.solve(_data(0, 6, 2), lam=0.1, width=1, rel_tol=1e-15, time_limit=math.inf, max_nodes=100_000)  # ~4000
+    sol = wl.solve(_data(0, 6, 2), lam=0.1, width=1, tol=1e-15, time_limit=math.inf, max_iter=100_000)  # ~4000
     assert sol.rel_gap > 1e-15 and not sol.certified and sol.status == "resolution_limit"

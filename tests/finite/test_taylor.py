@@ -138,7 +138,7 @@ def test_search_certifies_where_the_cone_bound_alone_could_not():
     value matches a brute force over a grid of dictionaries refined by alternating minimisation."""
     X = np.random.default_rng(0).standard_normal((20, 2)) * 2.0
     lam = 0.3
-    sol = wl.solve(X, lam=lam, width=2, rel_tol=1e-6, max_nodes=60000, time_limit=math.inf)  # ~2100 nodes
+    sol = wl.solve(X, lam=lam, width=2, tol=1e-6, max_iter=60000, time_limit=math.inf)  # ~2100 nodes
     assert sol.certified and sol.status == "optimal"
     assert sol.rel_gap <= 1e-6
     assert sol.value == pytest.approx(float(wl.sae_objective(X, sol.dictionary, sol.codes, sol.bias,

@@ -86,9 +86,9 @@ def _json(path):
     return json.loads(path.read_text(), parse_constant=pytest.fail)
 
 
-def test_antipodal_experiment_quick(tmp_path):
+def test_antipodal_experiment_quick(quick_experiment):
     """The experiment's JSON against 1-D computations on the same data and the threshold by quadrature."""
-    get("antipodal")(tmp_path, quick=True)
+    _, tmp_path = quick_experiment("antipodal")
     res = _json(tmp_path / "antipodal.json")
     assert (tmp_path / "antipodal.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     st, g = res["setting"], res["grid"]
@@ -137,7 +137,7 @@ def test_antipodal_experiment_quick(tmp_path):
 # ---------------------------------------------------------------- exclusive and rays
 
 
-def test_exclusive_experiment_quick(tmp_path):
+def test_exclusive_experiment_quick(quick_experiment):
     """The experiment's JSON against the closed-form optimum of exclusive categories.
 
     The closed form is that of theory.md §3 (one atom per ray, code ``r - lam``); its consequences for
@@ -148,7 +148,7 @@ def test_exclusive_experiment_quick(tmp_path):
     inactive point has residual 0. Hence the code margin lam K/(K-1) (lam with inactive points) and
     the smallest off-support dual entry (lam/N) min(K/(K-1), 1 if inactive points).
     """
-    get("exclusive")(tmp_path, quick=True)
+    _, tmp_path = quick_experiment("exclusive")
     res = _json(tmp_path / "exclusive.json")
     assert (tmp_path / "exclusive.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lam = res["lam"]
@@ -168,13 +168,13 @@ def test_exclusive_experiment_quick(tmp_path):
         assert r["dual_offsupport_min"] == pytest.approx(lam / r["n_points"] * min(K / (K - 1), 1 if n_in else 2),
                                                          rel=1e-9)
         foc = r["stationarity"]
-        assert max(foc["code_active_error"], foc["atom_residual"], foc["bias_residual"]) < 1e-9
+        assert max(foc["code_active_error"], foc["atom_gradient"], foc["bias_residual"]) < 1e-9
     a = res["asymmetric"]  # category 0 keeps one ray, every other point is its own
     assert a["certified"] and a["width"] == 1 + a["n_points"] - a["n_category0"]
 
 
-def test_rays_experiment_quick(tmp_path):
-    res = get("rays")(tmp_path, quick=True)
+def test_rays_experiment_quick(quick_experiment):
+    res, tmp_path = quick_experiment("rays")
     assert res["width"] == res["n_rays_true"] == 6 and res["certified"] and res["core_codes_zero"]
     assert res["bias_error"] < 1e-9 and res["atoms_match_rays_max_error"] < 1e-12
     assert res["huber_vs_geometric_distance"] > 0.1
@@ -268,8 +268,8 @@ def test_absorption_gain_closed_form():
 # ---------------------------------------------------------------- experiments using the gradient solver
 
 
-def test_absorption_experiment_quick(tmp_path):
-    res = get("absorption")(tmp_path, quick=True)
+def test_absorption_experiment_quick(quick_experiment):
+    res, tmp_path = quick_experiment("absorption")
     assert res["max_abs_err_delta_b0"] < 1e-8 and res["max_certified_gap"] < 1e-8
     for x in res["cells"]:
         assert x["delta_b0"] >= -1e-9                      # absorption never loses at bias 0
@@ -283,8 +283,8 @@ def test_absorption_experiment_quick(tmp_path):
     assert (tmp_path / "absorption.png").exists()
 
 
-def test_splitting_frontier_quick(tmp_path):
-    res = get("splitting")(tmp_path, quick=True)
+def test_splitting_frontier_quick(quick_experiment):
+    res, tmp_path = quick_experiment("splitting")
     fr = res["hierarchical"]["frontier"]
     v, lb = np.array(fr["values"]), fr["lower_bound"]
     assert np.all(np.diff(v) <= 1e-9 * v[:-1])               # non-increasing in width

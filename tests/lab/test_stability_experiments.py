@@ -24,8 +24,8 @@ def _one_atom_1d(x, lam, sign):
     return minimize_scalar(f, bounds=(b0 - 1e-3, b0 + 1e-3), method="bounded", options={"xatol": 1e-12}).fun
 
 
-def test_finite_width_antipodal_cells_match_a_1d_brute_force():
-    res = experiments.get("finite-width")(quick=True)
+def test_finite_width_antipodal_cells_match_a_1d_brute_force(quick_experiment):
+    res = quick_experiment("finite-width")[0]
     lam, n = 0.5, 20
     s_all = np.random.default_rng(0).uniform(1.0, 3.0, n)  # the experiment's data, rebuilt
     assert [c["p"] for c in res["antipodal"]] == [0.2, 0.5, 0.8]
@@ -42,8 +42,8 @@ def test_finite_width_antipodal_cells_match_a_1d_brute_force():
         assert cell["gradient_value"] >= cell["lower_bound"] * (1 - 1e-9)  # no run beats a certified bound
 
 
-def test_stability_experiment_against_closed_forms_and_the_wide_limit():
-    res = experiments.get("stability")(quick=True)
+def test_stability_experiment_against_closed_forms_and_the_wide_limit(quick_experiment):
+    res = quick_experiment("stability")[0]
     lam, K = res["lam"], 4
     ex = res["exclusive"]
     # exclusive categories at their closed-form optimum: every code margin is lam K / (K - 1)

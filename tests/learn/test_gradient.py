@@ -146,7 +146,7 @@ def test_dict_sweeps_are_monotone_block_minimisers(rng):
 def test_full_batch_small_working_sets(rng):
     """Tiny working sets (many truncated per step) still give monotone steps and near-optimal running codes."""
     X, _ = _sparse_problem(rng, N=80, k=16, n=8)
-    fit = wl.fit_dictionary(X, lam=0.3, width=12, device="cpu", seed=0, ws_size=1, max_steps=80)
+    fit = wl.fit_dictionary(X, lam=0.3, width=12, device="cpu", seed=0, ws_size=1, max_iter=80)
     vals = [h["value"] for h in fit.history]
     assert all(v1 <= v0 * (1 + 1e-6) for v0, v1 in zip(vals, vals[1:]))
     # the running objective uses the solver's own codes: close to the certified optimal re-coding
@@ -160,9 +160,9 @@ def test_extrapolation_speeds_up_convergence_and_keeps_the_history_monotone(rng,
 
     X, _ = _sparse_problem(rng, N=200, k=16, n=8)
     kw = dict(device="cpu", seed=0, rtol=0.0)
-    on = wl.fit_dictionary(X, lam=0.3, width=12, max_steps=60, **kw)
+    on = wl.fit_dictionary(X, lam=0.3, width=12, max_iter=60, **kw)
     monkeypatch.setattr(steps, "EXTRAPOLATE", (0.0,) + steps.EXTRAPOLATE[1:])
-    off = wl.fit_dictionary(X, lam=0.3, width=12, max_steps=20, **kw)
+    off = wl.fit_dictionary(X, lam=0.3, width=12, max_iter=20, **kw)
     v_on, v_off = [h["value"] for h in on.history], [h["value"] for h in off.history]
     assert v_on[:2] == v_off[:2]  # the first extrapolation needs a previous step
     converged = v_on[-1]
@@ -208,9 +208,9 @@ def test_below_the_number_of_rays_stays_above_the_bound(rays):
 
 
 @pytest.mark.parametrize("kw", [
-    {"init": "rays"}, {"init": "data"}, {"init": "random", "max_steps": 40}, {"batch_size": 8, "max_steps": 60},
-    {"encoder": "standard", "max_steps": 150, "lr": 3e-3}, {"encoder": "jumprelu", "max_steps": 150},
-    {"encoder": "topk", "topk": 2, "max_steps": 150},
+    {"init": "rays"}, {"init": "data"}, {"init": "random", "max_iter": 40}, {"batch_size": 8, "max_iter": 60},
+    {"encoder": "standard", "max_iter": 150, "lr": 3e-3}, {"encoder": "jumprelu", "max_iter": 150},
+    {"encoder": "topk", "topk": 2, "max_iter": 150},
 ])
 def test_invariants_at_every_returned_solution(rays, kw, one_torch_thread):
     X, _, lam = rays
@@ -220,7 +220,7 @@ def test_invariants_at_every_returned_solution(rays, kw, one_torch_thread):
     assert fit.codes.shape == (X.shape[0], 5) and (fit.codes.data >= 0).all()
     assert fit.value == pytest.approx(wl.sae_objective(X, fit.dictionary, fit.codes, fit.bias, lam=lam).value, rel=1e-9)
     assert fit.coding_gap <= 1e-6 * fit.value
-    assert all(np.isfinite(h["value"]) for h in fit.history) and fit.n_steps == fit.history[-1]["step"]
+    assert all(np.isfinite(h["value"]) for h in fit.history) and fit.n_iter == fit.history[-1]["step"]
     assert fit.value >= wl.solve(X, lam=lam).lower_bound - 1e-12
     if fit.encoder != "none":
         # optimal re-coding of the decoder can only improve on the encoder's own codes
@@ -252,13 +252,13 @@ def test_invariants_at_every_returned_solution(rays, kw, one_torch_thread):
 def test_encoder_training_lowers_the_objective(rays, encoder, kw, factor, one_torch_thread):
     """150 Adam steps cut the encoder's excess over the wide-limit bound, L(encoder codes) - L*, by a stated factor.
 
-    The run with max_steps=0 is the same encoder at its initialisation (W_enc = W^T, b_enc = -lam).
+    The run with max_iter=0 is the same encoder at its initialisation (W_enc = W^T, b_enc = -lam).
     """
     X, _, lam = rays
     best = wl.solve(X, lam=lam).value
-    start = wl.fit_dictionary(X, lam=lam, width=5, encoder=encoder, device="cpu", seed=1, max_steps=0, **kw)
-    fit = wl.fit_dictionary(X, lam=lam, width=5, encoder=encoder, device="cpu", seed=1, max_steps=150, **kw)
-    assert start.n_steps == 0 and fit.n_steps == 150
+    start = wl.fit_dictionary(X, lam=lam, width=5, encoder=encoder, device="cpu", seed=1, max_iter=0, **kw)
+    fit = wl.fit_dictionary(X, lam=lam, width=5, encoder=encoder, device="cpu", seed=1, max_iter=150, **kw)
+    assert start.n_iter == 0 and fit.n_iter == 150
     assert start.encoder_value - best > 2.0  # far from the optimum at the start (measured 2.9; topk 2.4)
     assert fit.encoder_value - best <= (start.encoder_value - best) / factor
     json.dumps(fit.as_dict())
@@ -267,7 +267,7 @@ def test_encoder_training_lowers_the_objective(rays, encoder, kw, factor, one_to
 def test_amortised_relu_reaches_the_bound_on_rays(rays, one_torch_thread):
     X, _, lam = rays
     lb = wl.solve(X, lam=lam).lower_bound
-    fit = wl.fit_dictionary(X, lam=lam, width=4, encoder="standard", device="cpu", max_steps=1500, lr=3e-3)
+    fit = wl.fit_dictionary(X, lam=lam, width=4, encoder="standard", device="cpu", max_iter=1500, lr=3e-3)
     # 1-sparse optimal codes (<w, x - b> - lam)_+ are exactly a ReLU encoder: both objectives near the bound
     assert (fit.value - lb) / fit.value < 1e-4
     assert (fit.encoder_value - lb) / fit.encoder_value < 1e-3
@@ -275,11 +275,11 @@ def test_amortised_relu_reaches_the_bound_on_rays(rays, one_torch_thread):
 
 def test_deterministic_on_cpu(rays):
     X, _, lam = rays
-    a = wl.fit_dictionary(X, lam=lam, width=3, init="data", device="cpu", seed=7, max_steps=30)
-    b = wl.fit_dictionary(X, lam=lam, width=3, init="data", device="cpu", seed=7, max_steps=30)
+    a = wl.fit_dictionary(X, lam=lam, width=3, init="data", device="cpu", seed=7, max_iter=30)
+    b = wl.fit_dictionary(X, lam=lam, width=3, init="data", device="cpu", seed=7, max_iter=30)
     np.testing.assert_array_equal(a.dictionary, b.dictionary)
     assert [h["value"] for h in a.history] == [h["value"] for h in b.history]
-    init = wl.fit_dictionary(X, lam=lam, width=3, init=a.dictionary, bias=a.bias, device="cpu", max_steps=5)
+    init = wl.fit_dictionary(X, lam=lam, width=3, init=a.dictionary, bias=a.bias, device="cpu", max_iter=5)
     assert init.init == "array" and init.value <= a.value * (1 + 1e-6)
 
 
@@ -297,7 +297,7 @@ def test_data_far_from_unit_magnitude_fit_as_their_exact_rescaling(encoder, e, o
     X0 = X0 / (np.abs(X0 - wl.huber_median(X0, lam=lam).point).max() * 1.01)
     assert 0.5 <= np.abs(X0 - wl.huber_median(X0, lam=lam).point).max() < 1.0
     s = 2.0 ** e
-    kw = dict(width=3, max_steps=100, encoder=encoder, seed=1, device="cpu")
+    kw = dict(width=3, max_iter=100, encoder=encoder, seed=1, device="cpu")
     ref = wl.fit_dictionary(X0, lam=lam, **kw)
     seen = []
     fit = wl.fit_dictionary(X0 * s, lam=lam * s, progress=seen.append, **kw)
@@ -317,7 +317,7 @@ def test_data_far_from_unit_magnitude_fit_as_their_exact_rescaling(encoder, e, o
 def test_history_is_monotone_full_batch(rays):
     X, _, lam = rays
     seen = []
-    fit = wl.fit_dictionary(X, lam=lam, width=3, init="random", device="cpu", seed=2, max_steps=50, progress=seen.append)
+    fit = wl.fit_dictionary(X, lam=lam, width=3, init="random", device="cpu", seed=2, max_iter=50, progress=seen.append)
     vals = [h["value"] for h in fit.history]
     assert all(v1 <= v0 * (1 + 1e-6) for v0, v1 in zip(vals, vals[1:]))
     # one Progress event per recorded step, carrying the step and the value of the history

@@ -108,7 +108,7 @@ def api_parameters(tmp, capsys, files):
         (lambda: wl.solve_dnn(X, lam=1.0, Q0=np.full((30, 30), np.nan)), "Q0 has a non-finite value in row 0"),
         (lambda: wl.solve_dnn(X, lam=1.0, check_every=0), "check_every must be an integer >= 1, got 0"),
         (lambda: wl.verify(X, np.eye(4), np.zeros((30, 4)), np.zeros(4), lam=1.0, median="x"),
-         "median: a Huber median at lam=1.0 of 4-dimensional data is needed, got str"),
+         "median must be a MedianResult (widelimit.huber_median) or None, got str 'x'"),
         (lambda: wl.ActivationSource.open(None), "path must be a file or folder path"),
     ]
     for call, msg in cases:
@@ -272,7 +272,7 @@ def messages_name_the_flags(tmp, capsys, files):
     cfg["normalize_activations"] = "expected_average_only_in"
     (tmp / "sae" / "cfg.json").write_text(json.dumps(cfg))
     np.save(tmp / "acts.npy", X)
-    line = cli_error(capsys, "certify", tmp / "sae", tmp / "acts.npy", "--lam", "0.5")
+    line = cli_error(capsys, "certify", tmp / "acts.npy", tmp / "sae", "--lam", "0.5")
     assert "--norm-scaling-factor" in line and "norm_scaling_factor" not in line, line
 
 
@@ -280,8 +280,8 @@ def no_warnings_in_normal_use(tmp, capsys, files):
     ro = np.load(files["good"], mmap_mode="r")  # read-only: torch warned on every fit of a .npy
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        wl.fit_dictionary(ro, lam=1.0, width=3, max_steps=5)
-        for argv in (["fit", files["good"], "--lam", "1", "--width", "3", "--max-steps", "5", "--json"],
+        wl.fit_dictionary(ro, lam=1.0, width=3, max_iter=5)
+        for argv in (["fit", files["good"], "--lam", "1", "--width", "3", "--max-iter", "5", "--json"],
                      ["solve", files["pt"], "--lam", "1", "--json"], ["bound", files["pt"], "--lam", "1", "--json"],
                      ["bound", files["safetensors"], "--lam", "1", "--json"]):
             rc, out, err = cli(capsys, *argv)
@@ -289,9 +289,9 @@ def no_warnings_in_normal_use(tmp, capsys, files):
 
 
 def cli_flags_refuse_nan_inf_negative(tmp, capsys, files):
-    for argv, flag in [(["certify", "x", files["npy"], "--lam", "1", "--tol", "-1"], "--tol"),
-                       (["certify", "x", files["npy"], "--lam", "1", "--tol", "nan"], "--tol"),
-                       (["certify", "x", files["npy"], "--lam", "1", "--norm-scaling-factor", "-1"], "--norm-scaling-factor"),
+    for argv, flag in [(["certify", files["npy"], "x", "--lam", "1", "--tol", "-1"], "--tol"),
+                       (["certify", files["npy"], "x", "--lam", "1", "--tol", "nan"], "--tol"),
+                       (["certify", files["npy"], "x", "--lam", "1", "--norm-scaling-factor", "-1"], "--norm-scaling-factor"),
                        (["solve", files["npy"], "--lam", "inf"], "--lam"),
                        (["fit", files["npy"], "--lam", "1", "--width", "0"], "--width"),
                        (["fit", files["npy"], "--lam", "1", "--width", "2", "--seed", "abc"], "--seed"),
@@ -384,9 +384,10 @@ def test_certify_and_bound_read_a_folder_of_shards_alike(tmp_path, capsys):
     np.save(tmp_path / "all.npy", X)
     got = {}
     for name in ("shards", "all.npy"):
-        rc, out, err = cli(capsys, "certify", tmp_path / "sae", tmp_path / name, "--lam", "0.5", "--json")
+        rc, out, err = cli(capsys, "certify", tmp_path / name, tmp_path / "sae", "--lam", "0.5", "--json",
+                           "--no-progress")
         assert rc == 0 and err == "", err
         got[name] = json.loads(out)
-    for k in ("n_tokens", "sae_objective", "optimal_code_objective", "lower_bound", "global_gap"):
+    for k in ("n_points", "sae_objective", "optimal_code_objective", "lower_bound", "global_gap"):
         assert got["shards"][k] == got["all.npy"][k], k
-    assert got["all.npy"]["n_tokens"] == X.shape[0]
+    assert got["all.npy"]["n_points"] == X.shape[0]

@@ -76,7 +76,7 @@ def test_topk_beyond_the_width_is_refused(good, capsys, cmd, needles):
 
 
 def test_topk_shown_in_table_and_json(good, capsys):
-    argv = ["fit", good, "--lam", "0.5", "--width", "2", "--encoder", "topk", "--topk", "1", "--max-steps", "5",
+    argv = ["fit", good, "--lam", "0.5", "--width", "2", "--encoder", "topk", "--topk", "1", "--max-iter", "5",
             "--device", "cpu"]
     assert main(argv) == 0
     assert "topk (k = 1)" in capsys.readouterr().out
@@ -213,7 +213,7 @@ def test_relax_bench_export_that_is_a_file_is_refused(tmp_path, capsys):
 def test_frontier_records_the_final_plot_path(good, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     d = _json(capsys, ["frontier", good, "--lam", "0.5", "--widths", "1,2", "--out", "fr", "--json",
-                       "--max-steps", "5", "--restarts", "1", "--device", "cpu"])
+                       "--max-iter", "5", "--restarts", "1", "--device", "cpu"])
     assert d["plot"] == os.path.join("fr", "frontier.png") and Path(d["plot"]).is_file()
     assert json.loads(Path("fr/frontier.json").read_text())["plot"] == d["plot"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fr", "good.npy"]  # no temporary folder left
@@ -225,7 +225,7 @@ def test_frontier_records_the_final_plot_path(good, tmp_path, capsys, monkeypatc
 
 
 def test_fit_batch_at_least_n_is_the_full_data(good, capsys):
-    argv = ["fit", good, "--lam", "0.5", "--width", "2", "--batch-size", "100", "--max-steps", "5", "--device", "cpu"]
+    argv = ["fit", good, "--lam", "0.5", "--width", "2", "--batch-size", "100", "--max-iter", "5", "--device", "cpu"]
     d = _json(capsys, [*argv, "--json"])
     assert d["batch_size"] == 8 and d["full_batch"] is True
     assert main(argv) == 0

@@ -88,7 +88,7 @@ def test_bool_activations_refused_by_certify(tmp_path, capsys, sae_dir):
     sae, acts = sae_dir
     p = tmp_path / "bool_acts.npy"
     np.save(p, np.load(acts) > 0)
-    err = one_line_error(capsys, ["certify", sae, p, "--lam", "0.5"])
+    err = one_line_error(capsys, ["certify", p, sae, "--lam", "0.5"])
     assert "bool_acts.npy: array has dtype bool" in err and "floating point or integer" in err, err
 
 
@@ -106,15 +106,14 @@ def test_bool_in_every_format_and_the_api(tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# --time-limit / --rel-tol: only with --width, checked when parsed
+# --time-limit / --tol: only with --width, checked when parsed
 # --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("flag, value, needle", [
     ("--time-limit", "5", "--time-limit applies only with --width"),
-    ("--rel-tol", "0.5", "--rel-tol applies only with --width"),
     ("--time-limit", "-1", "argument --time-limit: must be a finite number >= 0, got -1"),  # a bad value first
-    ("--rel-tol", "5", "argument --rel-tol: must be a finite number in (0, 1), got 5"),
+    ("--tol", "-5", "argument --tol: must be a finite number >= 0, got -5"),
 ])
 def test_width_options_without_width_are_refused(good, capsys, flag, value, needle):
     err = one_line_error(capsys, ["solve", good, "--lam", "0.5", flag, value])
@@ -124,10 +123,10 @@ def test_width_options_without_width_are_refused(good, capsys, flag, value, need
 @pytest.mark.parametrize("flag, value, needle", [
     ("--time-limit", "-1", "argument --time-limit: must be a finite number >= 0, got -1"),
     ("--time-limit", "nan", "argument --time-limit"),
-    ("--rel-tol", "5", "argument --rel-tol: must be a finite number in (0, 1), got 5"),
-    ("--rel-tol", "0", "argument --rel-tol: must be a finite number in (0, 1)"),
-    ("--rel-tol", "1", "argument --rel-tol: must be a finite number in (0, 1)"),
-    ("--rel-tol", "nan", "argument --rel-tol"),
+    ("--tol", "5", "--tol must be a finite number in (0, 1) with --width, got 5"),
+    ("--tol", "0", "--tol must be a finite number in (0, 1) with --width, got 0"),
+    ("--tol", "1", "--tol must be a finite number in (0, 1) with --width"),
+    ("--tol", "nan", "argument --tol: must be a finite number >= 0, got nan"),
 ])
 def test_width_option_values_checked_at_parse_time(good, capsys, flag, value, needle):
     err = one_line_error(capsys, ["solve", good, "--lam", "0.5", "--width", "1", flag, value])
@@ -138,15 +137,15 @@ def test_width_options_with_width_are_used(good, capsys, X):
     """Both options reach the search, checked by an outcome no machine speed or load can change: a time limit
     of 0 s stops the search before its first node, after one start (it once asked for a certificate within
     60 s, which a loaded machine missed), and the tolerance is the one reported."""
-    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--time-limit", "0", "--rel-tol", "1e-4",
+    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--time-limit", "0", "--tol", "1e-4",
                        "--json", "--no-progress"])
-    ref = wl.solve(X, lam=0.5, width=1, rel_tol=1e-4, time_limit=0)
-    assert d["status"] == ref.status == "time_limit" and not d["certified"] and d["n_nodes"] == 0
-    assert d["rel_tol"] == 1e-4 and d["width"] == 1
+    ref = wl.solve(X, lam=0.5, width=1, tol=1e-4, time_limit=0)
+    assert d["status"] == ref.status == "time_limit" and not d["certified"] and d["n_iter"] == 0
+    assert d["tol"] == 1e-4 and d["width"] == 1
     assert d["value"] == ref.value and d["lower_bound"] == ref.lower_bound
     # the default (no --time-limit) is not 0: the same search certifies, to the tolerance given
-    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--rel-tol", "0.5", "--json", "--no-progress"])
-    assert d["certified"] and d["status"] == "optimal" and d["rel_gap"] <= 0.5 and d["rel_tol"] == 0.5
+    d = _json(capsys, ["solve", good, "--lam", "0.5", "--width", "1", "--tol", "0.5", "--json", "--no-progress"])
+    assert d["certified"] and d["status"] == "optimal" and d["rel_gap"] <= 0.5 and d["tol"] == 0.5
 
 
 # --------------------------------------------------------------------------------------
@@ -160,7 +159,7 @@ def test_key_on_single_array_files_is_refused(good, good_csv, capsys, sae_dir):
             err = one_line_error(capsys, [cmd, path, "--lam", "0.5", "--key", "acts"])
             assert f"{name}: --key 'acts' given" in err and ".npz, .safetensors or .pt files only" in err, err
     sae, acts = sae_dir
-    err = one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--key", "acts"])
+    err = one_line_error(capsys, ["certify", acts, sae, "--lam", "0.5", "--key", "acts"])
     assert "acts.npy: --key 'acts' given" in err, err
 
 
@@ -181,7 +180,7 @@ def test_column_on_npy_is_refused(good, capsys, sae_dir):
     err = one_line_error(capsys, ["bound", good, "--lam", "0.5", "--column", "acts"])
     assert "good.npy: --column 'acts' given" in err and "Arrow file or a datasets cache only" in err, err
     sae, acts = sae_dir
-    err = one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--column", "acts"])
+    err = one_line_error(capsys, ["certify", acts, sae, "--lam", "0.5", "--column", "acts"])
     assert "acts.npy: --column 'acts'" in err, err
 
 
@@ -218,7 +217,7 @@ def test_unwritable_out_names_flag_and_path(good, capsys, sae_dir):
     err = one_line_error(capsys, ["experiment", "rays", "--quick", "--out", "/proc/x"])
     assert "--out /proc/x: cannot write here" in err, err
     sae, acts = sae_dir
-    err = one_line_error(capsys, ["certify", sae, acts, "--lam", "0.5", "--out", "/proc/x"])
+    err = one_line_error(capsys, ["certify", acts, sae, "--lam", "0.5", "--out", "/proc/x"])
     assert "--out /proc/x: cannot write here" in err and not any(s in err for s in (".tmp",)), err
     err = one_line_error(capsys, ["fit", good, "--lam", "0.5", "--width", "1", "--out", "/proc/x"])
     assert "--out /proc/x: cannot write here" in err and not any(s in err for s in (".tmp",)), err
@@ -305,7 +304,7 @@ def test_bad_l1_coefficient_in_cfg_names_the_file_and_field(sae_dir, capsys, val
     cfg["l1_coefficient"] = value
     cfg_path.write_text(json.dumps(cfg))
     needle = "must be a positive finite number" if value <= 0 else "(half of it is lam, which must be a normal float64)"
-    err = one_line_error(capsys, ["certify", sae, acts])
+    err = one_line_error(capsys, ["certify", acts, sae])
     assert f"{cfg_path}: field 'l1_coefficient' must be" in err, err
     assert needle in err, err
     assert not any(s in err for s in ("--l1-coefficient",)), err
@@ -317,7 +316,7 @@ def test_bad_l1_in_metadata_names_the_file_and_field(sae_dir, capsys):
     cfg = json.loads(cfg_path.read_text())
     cfg.setdefault("metadata", {})["training_architecture_details"] = {"l1_coefficient": -3}
     cfg_path.write_text(json.dumps(cfg))
-    err = one_line_error(capsys, ["certify", sae, acts])
+    err = one_line_error(capsys, ["certify", acts, sae])
     assert "field 'metadata.training_architecture_details.l1_coefficient' must be a positive finite number" in err, err
     assert not any(s in err for s in ("--l1-coefficient",)), err
 
@@ -333,7 +332,7 @@ def test_subnormal_lam_refused(good, capsys, sae_dir, X):
         assert f"argument --lam: must be at least {TINY!r} (the smallest normal float64" in err, err
         assert not any(s in err for s in ("inconsistent certificate",)), err
     sae, acts = sae_dir
-    err = one_line_error(capsys, ["certify", sae, acts, "--lam", "1e-320"])
+    err = one_line_error(capsys, ["certify", acts, sae, "--lam", "1e-320"])
     assert "argument --lam: must be at least" in err, err
     err = one_line_error(capsys, ["fit", good, "--lam", "1e-320", "--width", "1"])
     assert "lam must be at least" in err, err
@@ -352,7 +351,7 @@ def test_the_smallest_accepted_lam_works_end_to_end(good, capsys, X):
     assert d["lower_bound"] <= d["value"]
     np.testing.assert_allclose(d["bias"], geo.point, rtol=1e-9, atol=1e-12)
     b = _json(capsys, ["bound", good, "--lam", repr(TINY), "--json", "--no-progress"])
-    assert b["converged"] and b["value"] == pytest.approx(2 * TINY * geo.value, rel=1e-9)
+    assert b["certified"] and b["value"] == pytest.approx(2 * TINY * geo.value, rel=1e-9)
     assert b["lower_bound"] <= b["value"] and b["lower_bound"] == pytest.approx(b["value"], rel=1e-9)
 
 
@@ -441,7 +440,7 @@ def test_just_below_the_limit_is_solved(tmp_path, capsys, X):
     lam = s * 1e-40  # every point beyond lam; the objective about 2 lam |x| ~ 1e300
     geo = wl.geometric_median(X0)
     b = _json(capsys, ["bound", tmp_path / "big.npy", "--lam", repr(lam), "--json", "--no-progress"])
-    assert b["converged"] and b["lower_bound"] == pytest.approx(2 * lam * s * geo.value, rel=1e-9)
+    assert b["certified"] and b["lower_bound"] == pytest.approx(2 * lam * s * geo.value, rel=1e-9)
     d = _json(capsys, ["solve", tmp_path / "big.npy", "--lam", repr(lam), "--json", "--no-progress"])
     assert np.isfinite(d["value"]) and d["lower_bound"] <= d["value"]
     assert d["lower_bound"] == pytest.approx(b["lower_bound"], rel=1e-9)

@@ -40,7 +40,7 @@ def test_constructed_optimum_certifies_in_every_format(tmp_path, fmt, arch):
     cert = certify_sae(X, loaded, lam=LAM, device="cpu")
     assert cert.global_gap <= 1e-6
     assert abs(cert.encoder_gap) <= 1e-6 and cert.coding_gap <= 1e-6
-    assert cert.certified_optimal
+    assert cert.certified
     assert cert.violations == []
     assert cert.max_residual_norm <= LAM * (1 + 1e-9)
     assert cert.bias_stationarity <= 1e-9
@@ -57,7 +57,7 @@ def test_perturbed_decoder_is_not_certified_and_the_feature_is_named():
     W[2] = W[2] + 0.1 * W[0]
     bad = SAE(W_dec=W, b_dec=sae.b_dec, W_enc=sae.W_enc, b_enc=sae.b_enc)
     cert = certify_sae(X, bad, lam=LAM, device="cpu")
-    assert not cert.certified_optimal and cert.global_gap > 1e-4
+    assert not cert.certified and cert.global_gap > 1e-4
     assert cert.violating_features("atom stationarity: tangent gradient = 0") == [2]
     assert 2 in cert.violating_features("feature-residual on firing tokens: <u_d, r_i> = lam")
     # the optimum is still certified from below
@@ -70,7 +70,7 @@ def test_perturbed_encoder_shows_encoder_gap_and_silent_violation():
     b_enc[5] = -4.0  # feature 5 now stays silent on points it should code
     bad = SAE(W_dec=sae.W_dec, b_dec=sae.b_dec, W_enc=sae.W_enc, b_enc=b_enc)
     cert = certify_sae(X, bad, lam=LAM, device="cpu")
-    assert cert.encoder_gap > 1e-3 and not cert.certified_optimal
+    assert cert.encoder_gap > 1e-3 and not cert.certified
     # the decoder and bias are still optimal: optimal codes reach the global bound
     assert cert.optimal_code_objective - cert.lower_bound <= 1e-6
     assert 5 in cert.violating_features("should have fired: <u_d, r_i> <= lam on silent tokens")
@@ -184,7 +184,7 @@ def test_decoder_only_file(tmp_path):
     X, sae = orthogonal_rays_sae(LAM, seed=8)
     np.savez(tmp_path / "dec.npz", W_dec=sae.W_dec * 3.0, b_dec=sae.b_dec)
     cert = certify_sae(X, load_sae(tmp_path / "dec.npz"), lam=LAM, device="cpu")
-    assert cert.encoder_gap is None and cert.global_gap <= 1e-6 and cert.certified_optimal
+    assert cert.encoder_gap is None and cert.global_gap <= 1e-6 and cert.certified
 
 
 def test_bad_inputs():
@@ -197,7 +197,7 @@ def test_bad_inputs():
         certify_sae(Xn, sae, lam=LAM, batch_size=8)
     with pytest.raises(ValueError, match="exactly one of lam or l1_coefficient"):
         certify_sae(X, sae, lam=LAM, l1_coefficient=1.0)
-    with pytest.raises(ValueError, match="lam must be a positive"):
+    with pytest.raises(ValueError, match="lam must be a finite number > 0"):
         certify_sae(X, sae, lam=-1.0)
     assert resolve_lam(l1_coefficient=3.0) == 1.5
 
@@ -211,14 +211,14 @@ def test_cli_certify_json_and_outputs(tmp_path, capsys):
     X, sae = orthogonal_rays_sae(LAM, seed=9)
     save_saelens(sae, tmp_path / "sae")
     np.save(tmp_path / "acts.npy", X.astype(np.float32))
-    rc = main(["certify", str(tmp_path / "sae"), str(tmp_path / "acts.npy"), "--l1-coefficient", str(2 * LAM),
+    rc = main(["certify", str(tmp_path / "acts.npy"), str(tmp_path / "sae"), "--l1-coefficient", str(2 * LAM),
                "--json", "--out", str(tmp_path / "out"), "--device", "cpu"])
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
     for key in ("sae_objective", "optimal_code_objective", "lower_bound", "encoder_gap", "global_gap",
-                "certified_optimal", "n_tokens", "d_in", "d_sae", "metrics"):
+                "certified", "n_points", "d_in", "d_sae", "metrics"):
         assert key in d
-    assert d["n_tokens"] == X.shape[0] and d["d_in"] == 12 and d["d_sae"] == 8 and d["lam"] == LAM
+    assert d["n_points"] == X.shape[0] and d["d_in"] == 12 and d["d_sae"] == 8 and d["lam"] == LAM
     # float32 activations: the optimum is certified to float32 accuracy
     assert d["global_gap"] <= 1e-5
     names = {p.name for p in (tmp_path / "out").iterdir()}
@@ -226,7 +226,7 @@ def test_cli_certify_json_and_outputs(tmp_path, capsys):
     rows = (tmp_path / "out" / "features.csv").read_text().splitlines()
     assert len(rows) == 9 and rows[0].startswith("feature,frequency")
     # the table output
-    assert main(["certify", str(tmp_path / "sae"), str(tmp_path / "acts.npy"), "--lam", str(LAM), "--device", "cpu"]) == 0
+    assert main(["certify", str(tmp_path / "acts.npy"), str(tmp_path / "sae"), "--lam", str(LAM), "--device", "cpu"]) == 0
     assert "certified optimal" in capsys.readouterr().out
 
 
@@ -249,29 +249,50 @@ def test_cli_bad_inputs_exit_nonzero(tmp_path, capsys):
     (tmp_path / "badarch" / "cfg.json").write_text(json.dumps(cfg))
     sae_dir, good = str(tmp_path / "sae"), str(tmp_path / "short.npy")
     cases = [
-        ([sae_dir, good, "--lam", "0.5"], "d_in=5 but the SAE expects d_in=12"),
-        ([sae_dir, str(tmp_path / "inf.npy"), "--lam", "0.5"], "row 3"),
-        ([sae_dir, str(tmp_path / "evil.pt"), "--lam", "0.5"], "refused to unpickle"),
-        ([str(tmp_path / "badarch"), good, "--lam", "0.5"], "unsupported SAELens architecture 'weird'"),
-        ([str(tmp_path / "nothing"), good, "--lam", "0.5"], "no such file"),
-        ([sae_dir, good, "--lam", "0"], "argument --lam: must be a finite number > 0"),
+        ([good, sae_dir, "--lam", "0.5"], "d_in=5 but the SAE expects d_in=12"),
+        ([str(tmp_path / "inf.npy"), sae_dir, "--lam", "0.5"], "row 3"),
+        ([str(tmp_path / "evil.pt"), sae_dir, "--lam", "0.5"], "refused to unpickle"),
+        ([good, str(tmp_path / "badarch"), "--lam", "0.5"], "unsupported SAELens architecture 'weird'"),
+        ([good, str(tmp_path / "nothing"), "--lam", "0.5"], "no such file"),
+        ([good, sae_dir, "--lam", "0"], "argument --lam: must be a finite number > 0"),
+        # the old order (SAE first) is named, not read as activations
+        ([sae_dir, good, "--lam", "0.5"], "the activations come first: widelimit certify ACTS SAE"),
     ]
     for argv, msg in cases:
         assert main(["certify", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert msg in err and err.count("\n") == 1, err
     # --lam and --l1-coefficient are exclusive: argparse's refusal is one line too
-    assert main(["certify", sae_dir, good, "--lam", "1", "--l1-coefficient", "2"]) == 2
+    assert main(["certify", good, sae_dir, "--lam", "1", "--l1-coefficient", "2"]) == 2
     err = capsys.readouterr().err
     assert "not allowed with argument" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("kind", ["saelens", "npz"])
+def test_cli_old_argument_order_is_one_line_naming_the_order(tmp_path, capsys, kind):
+    """`certify SAE ACTS` (the order before 0.3) exits 2 with one line that gives the order, before loading
+    anything; data first is the order of certify_sae(acts, sae) and of every other command."""
+    X, sae = orthogonal_rays_sae(LAM, seed=11)
+    if kind == "saelens":
+        save_saelens(sae, tmp_path / "sae")
+        sae_path = str(tmp_path / "sae")
+    else:
+        sae_path = str(tmp_path / "sae.npz")
+        np.savez(sae_path, W_dec=sae.W_dec, b_dec=sae.b_dec)
+    np.save(tmp_path / "acts.npy", X)
+    assert main(["certify", sae_path, str(tmp_path / "acts.npy"), "--lam", str(LAM)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the activations come first: widelimit certify ACTS SAE" in err, err
+    assert main(["certify", str(tmp_path / "acts.npy"), sae_path, "--lam", str(LAM), "--json"]) == 0  # the right order
+    assert json.loads(capsys.readouterr().out)["certified"]
 
 
 def test_cli_subprocess_exit_code(tmp_path):
     X, sae = orthogonal_rays_sae(LAM, seed=12)
     save_saelens(sae, tmp_path / "sae")
     save_file({"acts": torch.as_tensor(X[:, :4]).float()}, str(tmp_path / "a.safetensors"))
-    p = subprocess.run([sys.executable, "-m", "widelimit", "certify", str(tmp_path / "sae"),
-                        str(tmp_path / "a.safetensors"), "--lam", "0.5"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "widelimit", "certify", str(tmp_path / "a.safetensors"),
+                        str(tmp_path / "sae"), "--lam", "0.5"], capture_output=True, text=True)
     assert p.returncode == 2 and "d_in=4" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -280,7 +301,7 @@ def test_write_certificate_files(tmp_path):
     cert = certify_sae(X, sae, lam=LAM, device="cpu")
     files = write_sae_certificate(cert, tmp_path)
     d = json.loads((tmp_path / "certificate.json").read_text())
-    assert d["certified_optimal"] is True and len(d["optimal_bias"]) == 12
+    assert d["certified"] is True and len(d["optimal_bias"]) == 12
     assert all(f.exists() and f.stat().st_size > 0 for f in files)
 
 
@@ -310,7 +331,7 @@ def test_diagnostics_agree_with_first_order_conditions():
     F = cert.features
     assert np.nanmax(F["max_violation_firing"]) == pytest.approx(foc.code_active_error, rel=1e-9)
     assert np.max(F["max_violation_silent"]) == pytest.approx(max(0.0, -foc.code_margin), rel=1e-9, abs=1e-12)
-    assert np.max(F["tangent_grad_norm"]) == pytest.approx(foc.atom_residual, rel=1e-9)
+    assert np.max(F["tangent_grad_norm"]) == pytest.approx(foc.atom_gradient, rel=1e-9)
     assert cert.bias_stationarity == pytest.approx(foc.bias_residual, rel=1e-9)
 
 

@@ -38,7 +38,7 @@ def test_weights_file_is_read_with_the_cfg_beside_it(tmp_path):
     assert ((got.encode(X) > 0).sum(1) <= 1).all()
     # and the CLI on the weights file certifies the TopK SAE (the constructed optimum)
     np.save(tmp_path / "x.npy", X)
-    assert main(["certify", str(tmp_path / "s" / "sae_weights.safetensors"), str(tmp_path / "x.npy"),
+    assert main(["certify", str(tmp_path / "x.npy"), str(tmp_path / "s" / "sae_weights.safetensors"),
                  "--lam", "0.5", "--json"]) == 0
 
 
@@ -64,8 +64,8 @@ def test_empty_config_is_refused_not_guessed(tmp_path):
     with pytest.raises(SAEFormatError, match="tensor 'threshold' present but .* says architecture 'standard'"):
         load_sae(tmp_path / "j", architecture="standard")
     np.save(tmp_path / "x.npy", X)
-    assert main(["certify", str(tmp_path / "j"), str(tmp_path / "x.npy"), "--lam", "0.5"]) == 2
-    assert main(["certify", str(tmp_path / "j"), str(tmp_path / "x.npy"), "--lam", "0.5", "--architecture",
+    assert main(["certify", str(tmp_path / "x.npy"), str(tmp_path / "j"), "--lam", "0.5"]) == 2
+    assert main(["certify", str(tmp_path / "x.npy"), str(tmp_path / "j"), "--lam", "0.5", "--architecture",
                  "jumprelu", "--json"]) == 0
 
 
@@ -88,7 +88,7 @@ def test_saelens_mistyped_fields(tmp_path, capsys, field, value, msg):
         load_sae(tmp_path / "s")
     assert msg in str(e.value) and "cfg.json" in str(e.value) and "\n" not in str(e.value)
     np.save(tmp_path / "x.npy", np.zeros((3, sae.d_in)))
-    assert main(["certify", str(tmp_path / "s"), str(tmp_path / "x.npy"), "--lam", "1"]) == 2
+    assert main(["certify", str(tmp_path / "x.npy"), str(tmp_path / "s"), "--lam", "1"]) == 2
     err = capsys.readouterr().err
     assert msg in err and err.count("\n") == 1
 

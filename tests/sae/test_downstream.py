@@ -48,7 +48,7 @@ def test_hf_gpt2_identity_and_ablation(gpt2):
     z = downstream_loss(model, _silent_sae(32), ids, module=model.transformer.h[0], attention_mask=mask)
     assert z["ce_loss_with_sae"] == pytest.approx(z["ce_loss_with_ablation"], rel=1e-9)
     assert z["ce_loss_score"] == pytest.approx(0.0, abs=1e-9) and z["kl_div_with_ablation"] > 1e-3
-    assert r["n_tokens"] == 6 * 11 - 4
+    assert r["n_points"] == 6 * 11 - 4
 
 
 def test_transformer_lens_matches_hf_convention():

@@ -191,5 +191,7 @@ def test_metrics_agree_with_sae_lens_evals():
     ref = saelens_sparsity_and_variance(m, X, ctx=16, batch_prompts=16)
     assert ref["n_tokens"] == 256
     cert = wl.certify_sae(X, m, lam=0.1, device="cpu")
-    for k in ("mse", "explained_variance", "cossim", "l2_ratio", "relative_reconstruction_bias", "l0", "l1"):
+    for k in ("mse", "explained_variance", "explained_variance_legacy", "cossim", "l2_ratio",
+              "relative_reconstruction_bias", "l0", "l1"):
         assert cert.metrics[k] == pytest.approx(ref[k], rel=1e-9, abs=1e-12), k
+    assert cert.metrics["explained_variance_legacy"] != pytest.approx(cert.metrics["explained_variance"], rel=1e-6)

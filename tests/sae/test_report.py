@@ -14,7 +14,7 @@ from widelimit.cli import main
 from widelimit.sae.formats import load_sae, save_saelens
 from widelimit.sae.model import SAE
 from widelimit.sae.callback import CertifyCallback
-from widelimit.sae.report import SHOULD_HAVE_FIRED, figures, flat_dict
+from widelimit.sae.report import SHOULD_HAVE_FIRED, certificate_rows, figures, flat_dict
 
 LAM = 0.5
 
@@ -48,7 +48,7 @@ def test_metrics_match_an_independent_computation():
     assert d["gap/encoder"] + d["gap/dictionary_at_bias"] + d["gap/bias"] == pytest.approx(d["gap/global"], abs=1e-12)
     bstar = wl.huber_median(X, lam=LAM).point
     assert cert.wide_optimum_width == int((np.linalg.norm(X - bstar, axis=1) > LAM).sum())
-    assert all("/" in k or k in ("lam", "certified", "tokens", "seconds") for k in d)
+    assert all("/" in k or k in ("lam", "certified", "n_points", "time_s") for k in d)
     json.dumps(d, allow_nan=False)
 
 
@@ -67,11 +67,23 @@ def test_rounding_is_not_a_violation_but_a_silent_feature_is():
     assert cert.violating_features(SHOULD_HAVE_FIRED) == [5]
 
 
-def test_topk_sae_is_compared_at_equal_l0():
+def test_topk_sae_is_certified_at_its_own_l0_and_at_equal_l0_only_when_asked():
     sae, X = _random_sae(seed=4, arch="topk", k=3)
-    cert = wl.certify_sae(X, sae, device="cpu")
+    own = wl.certify_sae(X, sae, device="cpu")  # issue 28: no L1 stand-in unless asked
+    assert own.lam is None and own.encoder_gap is None and own.lower_bound is None and own.violations == []
+    f = sae.encode(X)
+    mse = ((X - sae.decode(f)) ** 2).sum(1).mean()
+    assert own.sparsity["sae_value"] == pytest.approx(mse, rel=1e-12)
+    assert own.sparsity["lower_bound"] <= own.sparsity["value"] <= mse and own.sparsity["gain"] >= 0
+    names = [r[0] for r in certificate_rows(own)]
+    assert names[0] == "gain at its L0 (MSE)" and "encoder gap (L1)" not in names
+    assert "features that should have fired" not in names and "wide-limit bound" not in names
+    cert = wl.certify_sae(X, sae, device="cpu", objective="l1")
     obj = cert.objective
     assert obj["stand_in"] and obj["lam_source"].startswith("calibrated")
+    names = [r[0] for r in certificate_rows(cert)]
+    assert "L1 stand-in: objective difference" in names and "encoder gap (L1)" not in names
+    assert "features that should have fired" not in names  # the L1 flags are not the TopK SAE's
     target = (sae.encode(X) > 0).sum(1).mean()
     # an independent solver at the calibrated lam fires as often as the SAE (1 % bisection tolerance)
     opt = wl.optimal_codes(X, sae.unit_dictionary(), sae.b_dec, lam=cert.lam, tol=1e-10)
@@ -110,7 +122,7 @@ def test_callback_samples_and_logs():
     for step in range(5):
         cb(step, sae)
     assert [s for s, _ in logged] == [0, 2, 4] and cb.acts.shape == (50, X.shape[1])
-    assert logged[0][1]["certify/tokens"] == 50 and "certify/gap/encoder" in logged[0][1]
+    assert logged[0][1]["certify/n_points"] == 50 and "certify/gap/encoder" in logged[0][1]
 
 
 def test_fit_out_is_a_saelens_folder_that_certify_and_sae_lens_read(tmp_path, capsys):
@@ -118,16 +130,16 @@ def test_fit_out_is_a_saelens_folder_that_certify_and_sae_lens_read(tmp_path, ca
     np.save(tmp_path / "x.npy", X.astype(np.float32))
     out = tmp_path / "fit"
     assert main(["fit", str(tmp_path / "x.npy"), "--lam", str(LAM), "--width", "4", "--encoder", "standard",
-                 "--max-steps", "300", "--lr", "3e-3", "--device", "cpu", "--json", "--out", str(out)]) == 0
+                 "--max-iter", "300", "--lr", "3e-3", "--device", "cpu", "--json", "--out", str(out)]) == 0
     capsys.readouterr()
     got = load_sae(out)
     assert got.architecture == "standard" and got.l1_coefficient == 2 * LAM
-    fit = wl.fit_dictionary(X, lam=LAM, width=4, encoder="standard", max_steps=50, device="cpu")
+    fit = wl.fit_dictionary(X, lam=LAM, width=4, encoder="standard", max_iter=50, device="cpu")
     s = fit.to_sae()
     enc = wl.learn.gradient.encoder_codes(X, "standard", fit.encoder_params, fit.bias).toarray()
     np.testing.assert_allclose(s.encode(X), enc, atol=1e-12)
     # certify reads the folder with lam from its config
-    assert main(["certify", str(out), str(tmp_path / "x.npy"), "--json"]) == 0
+    assert main(["certify", str(tmp_path / "x.npy"), str(out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["lam"] == LAM and d["objective"]["lam_source"].startswith("the SAE's config")
     sl = pytest.importorskip("sae_lens")
@@ -144,11 +156,11 @@ def test_cli_shard_folder_and_max_tokens(tmp_path, capsys):
     (tmp_path / "shards").mkdir()
     np.save(tmp_path / "shards" / "a.npy", X[:60].astype(np.float32))
     np.save(tmp_path / "shards" / "b.npy", X[60:].astype(np.float32))
-    assert main(["certify", str(tmp_path / "sae"), str(tmp_path / "shards"), "--lam", str(LAM), "--max-tokens",
+    assert main(["certify", str(tmp_path / "shards"), str(tmp_path / "sae"), "--lam", str(LAM), "--max-tokens",
                  "50", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["n_tokens"] == 50 and d["n_tokens_total"] == X.shape[0]
-    assert d["flat"]["tokens"] == 50
+    assert d["n_points"] == 50 and d["n_points_total"] == X.shape[0]
+    assert d["flat"]["n_points"] == 50
 
 
 def test_fit_out_of_free_codes_says_its_encoder_was_not_trained(tmp_path, capsys):
@@ -169,7 +181,7 @@ def test_fit_out_of_free_codes_says_its_encoder_was_not_trained(tmp_path, capsys
     assert f"widelimit fit: note: {out}: {note}" in io.err
     assert any(w.startswith(note) for w in json.loads((out / "cfg.json").read_text())["metadata"]["widelimit_warnings"])
     assert any(w.startswith(note) for w in load_sae(out).warnings)
-    assert main(["certify", str(out), str(tmp_path / "x.npy"), "--json"]) == 0
+    assert main(["certify", str(tmp_path / "x.npy"), str(out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert any(n.startswith(note) for n in d["notes"]) and d["sae_objective"] > 1.5 * fit["value"]
     sl = pytest.importorskip("sae_lens")
@@ -183,7 +195,7 @@ def test_an_l1_trained_topk_or_jumprelu_fit_is_certified_on_its_own_objective(en
     SAE's objective is the fit's encoder value."""
     X, _ = orthogonal_rays_sae(LAM, n_pairs=2, dim=4, seed=7)
     fit = wl.fit_dictionary(X, lam=LAM, width=4, encoder=encoder, topk=2 if encoder == "topk" else None,
-                            max_steps=100, device="cpu")
+                            max_iter=100, device="cpu")
     save_saelens(fit.to_sae(dtype="float64"), tmp_path / "sae")
     c = wl.certify_sae(X, load_sae(tmp_path / "sae"))
     assert c.lam == LAM and c.objective["stand_in"] is False

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from ..data import datasets
 from ..data.shards import show
 from ..data.source import check_values, open_activations
 from ..exact.gap import allowed_gap
+from ..finite import FiniteSolution
 from ..plot import plot_solution
 from ._output import atomic_outputs, check_out_dir, check_out_file, moved  # noqa: F401 (the subcommands' imports)
 
@@ -125,31 +125,49 @@ def _why_not(c) -> str:
 
 
 def _solution_rows(sol, geo=None):
+    """The one table of a solution of ``solve`` at any width (a ``WideLimitSolution`` or a ``FiniteSolution``):
+    the shared fields of a certified result, the certificate's dual quantities, then what only one kind has."""
     c = sol.certificate
+    finite = isinstance(sol, FiniteSolution)
     rows = [
         ("points N x dims n", f"{c.n_points} x {c.dim}", "data size"),
         ("lam", sol.lam, "sparsity (SAELens l1_coefficient = 2 lam)"),
-        ("value", c.value, "objective of the returned (W, Z, b)"),
-        ("lower bound", c.lower_bound, "certified: no width, dictionary or code does better"),
-        ("gap", c.gap, "value - lower bound"),
-        ("relative gap", c.rel_gap, f"certified if (gap + rounding error) / value <= {c.tol:g}"),
-        ("rounding error", c.rounding_error, "bound on the float64 rounding of value and lower bound"),
-        ("width", sol.width, "atoms = rays beyond lam (narrowest optimum)"),
-        ("points within lam", int(np.count_nonzero(sol.rays < 0)), "code 0"),
-        ("bias stationarity", c.bias_stationarity, "||mean residual||, 0 at the optimal bias"),
-        ("min dual entry", c.dual_min, f"min_ij G_ij, >= 0 at an optimum (rounding level {_dual_round(c):.0e})"),
-        ("complementarity", c.complementarity, "<G, Q>, 0 at an optimum"),
-        ("median passes", sol.median.n_passes, f"passes over X ({sol.median.method})"),
-        ("solve passes", sol.n_passes, "passes over X in all (median, rays, dictionary + certificate)"),
+        ("width", sol.width, f"unit atoms (the optimum at width >= {sol.n_rays}, the number of rays)" if finite
+         else "atoms = rays beyond lam (narrowest optimum)"),
+        ("value", sol.value, "objective of the returned (W, Z, b)"),
+        ("lower bound", sol.lower_bound, f"certified: no width-{sol.width} dictionary does better" if finite
+         else "certified: no width, dictionary or code does better"),
+        ("gap", sol.gap, "value - lower bound"),
+        ("relative gap", sol.rel_gap, f"certified if gap / value <= {sol.tol:g}" if finite
+         else f"certified if (gap + rounding error) / value <= {sol.tol:g}"),
+        ("status", sol.status, "why the computation stopped"),
+        ("iterations", sol.n_iter, "branch-and-bound nodes" if finite else "Newton iterations of the median"),
+        ("seconds", sol.time_s, "wall clock"),
     ]
-    if not np.array_equal(sol.bias_segment[0], sol.bias_segment[1]):
-        rows.append(("optimal bias set", "segment", "collinear data: every b on the segment is optimal"))
-    if sol.excess > 1e-12 * max(1.0, abs(sol.value)):
-        rows.append(("excess from merging", sol.excess, "ray_tol merged non-identical directions"))
+    if finite:
+        rows.append(("wide-limit bound", c.lower_bound, "valid at every width; certified at this width: "
+                     + ("yes" if c.certified else "no")))
+    rows += [
+        ("rounding error", c.rounding_error, "bound on the float64 rounding of value and wide-limit bound"),
+        ("bias stationarity", c.bias_stationarity, "||mean residual||, 0 at the optimal bias"),
+        ("min dual entry", c.dual_min, f"min_ij G_ij, >= 0 at a wide-limit optimum (rounding level {_dual_round(c):.0e})"),
+        ("complementarity", c.complementarity, "<G, Q>, 0 at a wide-limit optimum"),
+    ]
+    if not finite:
+        rows += [
+            ("points within lam", int(np.count_nonzero(sol.rays < 0)), "code 0"),
+            ("median passes", sol.median.n_passes, f"passes over X ({sol.median.method})"),
+            ("solve passes", sol.n_passes, "passes over X in all (median, rays, dictionary + certificate)"),
+        ]
+        if not np.array_equal(sol.bias_segment[0], sol.bias_segment[1]):
+            rows.append(("optimal bias set", "segment", "collinear data: every b on the segment is optimal"))
+        if sol.excess > 1e-12 * max(1.0, abs(sol.value)):
+            rows.append(("excess from merging", sol.excess, "ray_tol merged non-identical directions"))
     if geo is not None:
         rows.append(("||b* - geometric median||", float(np.linalg.norm(sol.bias - geo.point)),
                      "0 when no point is within lam of the geometric median"))
-    rows.append(("certified", c.certified, "gap within tolerance" if c.certified else _why_not(c)))
+    why = sol.status if finite else ("gap within tolerance" if c.certified else _why_not(c))
+    rows.append(("certified", sol.certified, why))
     return rows
 
 

@@ -40,8 +40,8 @@ def _same_device(a: Path, b: Path) -> bool:
 def _staging(real: Path) -> tuple[Path, bool]:
     """``(folder, beside)``: where the temporary folder for the resolved target ``real`` is made.
 
-    ``beside`` (the target's parent, on the target's filesystem): the finished folder can replace a new or
-    empty target by one rename. Otherwise (the target is a mount point, or its parent cannot be written)
+    ``beside`` (the target's parent, on the target's filesystem): the finished folder can become a new
+    target by one rename. Otherwise (the target is a mount point, or its parent cannot be written)
     the temporary folder is made inside the target and its files are renamed into it one by one.
     """
     if not real.is_dir():  # a new folder is made in its parent: the parent's filesystem
@@ -154,8 +154,8 @@ def atomic_outputs(out, flag: str = "--out"):
     """Yield a temporary folder; on success its files appear in ``out`` by renames.
 
     The temporary folder is on ``out``'s own filesystem (:func:`_staging`, after resolving symlinks).
-    A new or empty ``out`` is replaced by the finished folder in one rename (all files or none); into a
-    folder that already holds files each file is moved by one ``os.replace`` (never half-written). On an
+    A new ``out`` is the finished folder renamed (all files or none); into an existing folder each file is
+    moved by one ``os.replace`` (never half-written). On an
     error or Ctrl-C the temporary folder is removed and ``out`` is left as it was. A folder that cannot be
     made or written is one ``ValueError`` naming ``flag`` and ``out`` as given (never the temporary name).
     """
@@ -186,15 +186,16 @@ def atomic_outputs(out, flag: str = "--out"):
 
 
 def _install_folder(tmp: Path, real: Path) -> bool:
-    """Rename the finished folder ``tmp`` to ``real`` when ``real`` is absent or an empty folder (one atomic
-    rename); ``False`` (nothing done) when ``real`` holds files, which are then merged file by file."""
-    if real.is_dir() and any(real.iterdir()):
+    """Rename the finished folder ``tmp`` to ``real`` when ``real`` does not exist (one atomic rename);
+    ``False`` (nothing done) when it exists, and the files are then moved into it one by one. An existing
+    folder is never replaced, even an empty one: it may be someone's working directory."""
+    if real.exists() or real.is_symlink():
         return False
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp made it private; the results get the usual permissions
     try:
-        os.rename(tmp, real)  # rename(2) replaces an empty folder
+        os.rename(tmp, real)
     except OSError:
-        if real.is_dir() and any(real.iterdir()):  # filled meanwhile: merge instead
+        if real.exists():  # made meanwhile: merge instead
             return False
         raise
     return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -96,6 +97,9 @@ def _dask_client(spec: str, timeout: float = 30.0):
     """``(client, cluster)`` for ``--dask``: the address is checked, and the cluster must start (``local``), the
     scheduler answer and have at least one worker, all within ``timeout`` seconds together.
 
+    The client is not made the process's default (the command computes inside ``client.as_current()``): a
+    client that failed while connecting stayed the default, and later computations in the process went to it.
+
     ``local:N`` is at most the usable cores (:func:`usable_cores`): every worker is a process.
     """
     try:
@@ -126,9 +130,9 @@ def _dask_client(spec: str, timeout: float = 30.0):
     try:
         if local is not None:
             cluster = _start_local_cluster(spec, nw, timeout)
-            client = Client(cluster, timeout=left())
+            client = Client(cluster, timeout=left(), set_as_default=False)
         else:
-            client = Client(spec, timeout=timeout)
+            client = Client(spec, timeout=timeout, set_as_default=False)
     except ValueError:
         if cluster is not None:
             cluster.close()
@@ -234,7 +238,8 @@ def _run_bound(args) -> int:
         if client is not None:
             X = from_source(X if isinstance(X, ActivationSource) else ActivationSource.from_array(X), rows=args.rows)
         t0 = time.perf_counter()
-        with progress_display(err, enabled=not args.no_progress) as cb:
+        with progress_display(err, enabled=not args.no_progress) as cb, \
+                (client.as_current() if client is not None else contextlib.nullcontext()):
             if args.geometric:
                 res = geometric_median(X, progress=cb, checkpoint=args.checkpoint)
             else:
@@ -249,8 +254,8 @@ def _run_bound(args) -> int:
     d = {
         "data": label, "n_points": int(N), "dim": int(n), "kind": res.kind, "lam": res.lam,
         "lower_bound": res.lower_bound, "value": res.value, "gap": res.gap, "rel_gap": res.rel_gap,
-        "converged": bool(res.converged), "n_passes": res.n_passes, "n_iter": res.n_iter, "method": res.method,
-        "seconds": secs, "backend": "dask" if args.dask else "local", "bias": res.point,
+        "certified": bool(res.certified), "n_passes": res.n_passes, "n_iter": res.n_iter, "method": res.method,
+        "time_s": secs, "backend": "dask" if args.dask else "local", "bias": res.point,
         "rounding": res.rounding, "fingerprint": res.fingerprint,
     }
     if args.json:
@@ -266,8 +271,8 @@ def _run_bound(args) -> int:
         ("gap", res.gap, "value - lower bound"),
         ("relative gap", res.rel_gap, "certificate quality"),
         ("passes", res.n_passes, f"passes over the data ({res.method})"),
-        ("seconds", secs, f"{'Dask ' + args.dask if args.dask else 'single process'}"),
-        ("converged", res.converged, "gap within tolerance"),
+        ("time_s", secs, f"{'Dask ' + args.dask if args.dask else 'single process'}"),
+        ("certified", res.certified, "gap within tolerance"),
     ]))
     sys.stdout.flush()
     return 0

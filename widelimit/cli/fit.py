@@ -31,7 +31,7 @@ _DEFAULT_FRONTIER_TIME_LIMIT = 3600.0
 # --------------------------------------------------------------------------------------
 
 
-def _add_fit_options(p):
+def _add_fit_options(p, per_run_time: bool = True):
     p.add_argument("data", help="data file (.npy .npz .csv .safetensors .pt) or a built-in dataset name")
     p.add_argument("--lam", type=positive_float, default=None, help="sparsity lam > 0 (l1_coefficient = 2 lam)")
     p.add_argument("--key", default=None, help="array name inside .npz / .safetensors / .pt")
@@ -44,8 +44,9 @@ def _add_fit_options(p):
     p.add_argument("--restarts", type=positive_int, default=1, help="independent runs; the best is kept")
     p.add_argument("--seed", type=nonneg_int, default=0, help="random seed (an integer >= 0)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--max-steps", type=positive_int, default=None, help="step budget")
-    p.add_argument("--max-time", type=positive_float, default=None, help="time budget per run, seconds")
+    p.add_argument("--max-iter", type=positive_int, default=None, help="step budget")
+    if per_run_time:  # frontier has its own --time-limit, for all widths together (each run is capped by it)
+        p.add_argument("--time-limit", type=positive_float, default=None, help="time budget per run, seconds")
     p.add_argument("--rtol", type=nonneg_float, default=1e-8, help="stop when the relative improvement per step is below this")
     p.add_argument("--batch-size", type=positive_int, default=None, help="minibatch size (default: full batch for free codes, 4096 for "
                         "the encoders); at least N uses all the data")
@@ -76,9 +77,9 @@ def _check_fit_flags(args, widths) -> None:
     check_device(args.device)
 
 
-def _fit_kwargs(args):
-    kw = {"encoder": args.encoder, "device": args.device, "max_steps": args.max_steps, "max_time": args.max_time,
-          "rtol": args.rtol, "batch_size": args.batch_size, "lr": _DEFAULT_LR if args.lr is None else args.lr}
+def _fit_kwargs(args, per_run_time: bool = True):
+    kw = {"encoder": args.encoder, "device": args.device, "max_iter": args.max_iter,
+          **({"time_limit": args.time_limit} if per_run_time else {}), "rtol": args.rtol, "batch_size": args.batch_size, "lr": _DEFAULT_LR if args.lr is None else args.lr}
     if args.topk is not None:
         kw["topk"] = args.topk
     return kw
@@ -214,7 +215,7 @@ def _run_fit(args) -> int:
     ]
     if fit.encoder_value is not None:
         rows.append(("encoder value", fit.encoder_value, "objective of the encoder's own codes"))
-    rows += [("steps", fit.n_steps, f"stopped by {fit.stop_reason}"), ("time (s)", round(fit.time_s, 3), fit.device),
+    rows += [("steps", fit.n_iter, f"stopped by {fit.stop_reason}"), ("time (s)", round(fit.time_s, 3), fit.device),
              ("certified", cert.certified, "relative gap <= 1e-4")]
     con = _console()
     con.print(certificate_table(f"widelimit fit: {label}", rows))
@@ -225,7 +226,7 @@ def _run_fit(args) -> int:
 
 def _add_frontier(sub):
     p = sub.add_parser("frontier", help="best gradient objective per width vs the wide-limit bound (PNG + JSON)")
-    _add_fit_options(p)
+    _add_fit_options(p, per_run_time=False)
     p.add_argument("--widths", required=True, help="comma-separated widths, each once, e.g. 1,2,4,8")
     p.add_argument("--out", type=Path, default=Path("widelimit-frontier"), help="folder for frontier.png/json")
     p.add_argument("--exact", action="store_true", help="also the certified optimum per width (small data)")
@@ -273,7 +274,7 @@ def _run_frontier(args) -> int:
 
             fr = frontier(X, lam=lam, widths=widths, n_restarts=max(1, args.restarts), seed=args.seed, inits=inits,
                           out=tmp / "frontier.png", progress=cb, exact_widths=args.exact, exact_time_limit=time_limit,
-                          time_limit=args.time_limit, **_fit_kwargs(args))
+                          time_limit=args.time_limit, **_fit_kwargs(args, per_run_time=False))
         d = fr.as_dict()
         # the plot's path once moved into --out, not the temporary folder it was drawn in
         d["plot"] = str(moved([fr.plot], tmp, args.out)[0])

@@ -42,7 +42,7 @@ def _add_relax(sub):
     p.add_argument("--solver", default="SCS", type=_solver, metavar="{SCS,CLARABEL,TORCH}",
                    help="conic solver via cvxpy, or TORCH (widelimit's own first-order DNN solver; cone dnn)")
     p.add_argument("--tol", type=positive_float, default=1e-6, help="solver tolerance (TORCH: certified relative gap)")
-    p.add_argument("--max-iters", type=positive_int, default=None, help="solver iteration cap")
+    p.add_argument("--max-iter", type=positive_int, default=None, help="solver iteration cap")
     p.add_argument("--device", default=None,
                    help="with --solver TORCH: auto, cpu, cuda or cuda:N (default auto); the cvxpy solvers run on the CPU")
     p.add_argument("--refine", action="store_true",
@@ -71,22 +71,22 @@ def _run_relax(args) -> int:
     exact = solve(X, lam=lam).value
     if args.solver == "TORCH":
 
-        r = solve_dnn(X, lam=lam, tol=args.tol, device=args.device or "auto", **{} if args.max_iters is None else {"max_iter": args.max_iters})
-        status = "optimal" if r.converged else "not_converged"
-        value = r.lower_bound if r.converged else float("nan")
+        r = solve_dnn(X, lam=lam, tol=args.tol, device=args.device or "auto", **{} if args.max_iter is None else {"max_iter": args.max_iter})
+        status = "optimal" if r.certified else "not_converged"
+        value = r.lower_bound if r.certified else float("nan")
         d = {"value": value, "status": status, "cone": "dnn", "kind": "outer", "solver": "TORCH",
              "time_s": r.time_s, "upper_value": r.value, "rel_gap": r.rel_gap, "n_iter": r.n_iter,
              "device": r.device, "b": r.b}
         Q, b = r.Q, r.b
     else:
 
-        r = relax(X, lam=lam, cone=args.cone, solver=args.solver, tol=args.tol, max_iters=args.max_iters)
+        r = relax(X, lam=lam, cone=args.cone, solver=args.solver, tol=args.tol, max_iter=args.max_iter)
         d = r.as_dict()
         d["value"] = r.value
         Q, b = r.Q, r.b
     ok = d["status"] == "optimal"
     err = d["value"] - exact if ok else float("nan")
-    d.update({"data": label, "lam": lam, "N": int(X.shape[0]), "n": int(X.shape[1]), "exact_value": exact,
+    d.update({"data": label, "lam": lam, "n_points": int(X.shape[0]), "dim": int(X.shape[1]), "exact_value": exact,
               "error": err, "rel_error": abs(err) / max(abs(exact), 1e-300) if ok else float("nan")})
     if args.refine:
 

@@ -6,9 +6,10 @@ from pathlib import Path
 
 from ._common import (_console, _solution_rows, _write_solution, atomic_outputs, certificate_table,
                       check_out_dir, lam_float, load_data, moved, nonneg_float, only_with, print_json,
-                      progress_display, unit_interval_float)
+                      progress_display)
 from ..exact.solve import solve
-from .solve_width import run_solve_width
+from .._params import TOL, cli_type
+from .solve_width import parse_width, write_finite_solution
 
 
 # --------------------------------------------------------------------------------------
@@ -30,23 +31,26 @@ def _add_solve(sub):
     p.add_argument("--width", default=None, help="certified global optimum at this finite width (branch and bound)")
     p.add_argument("--time-limit", type=nonneg_float, default=None,
                    help="with --width: seconds for the search, >= 0 (default 600)")
-    p.add_argument("--rel-tol", type=unit_interval_float, default=None,
-                   help="with --width: relative gap of the search, in (0, 1) (default 1e-6)")
+    p.add_argument("--tol", type=cli_type(TOL), default=None,
+                   help="relative gap at which the solution counts as certified (default 1e-9; with --width, "
+                   "in (0, 1), default 1e-6)")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr (shown on terminals only)")
 
 
 #: Defaults of the options that apply only with --width (default=None above tells "given" from "not given").
-WIDTH_DEFAULTS = {"time_limit": 600.0, "rel_tol": 1e-6}
+WIDTH_DEFAULTS = {"time_limit": 600.0}
 
 
 def _check_width_options(args) -> None:
     """Options of the --width search given without --width, or combined with what it cannot do, are refused."""
-    only_with({"--time-limit": args.time_limit, "--rel-tol": args.rel_tol}, args.width is not None, "--width")
+    only_with({"--time-limit": args.time_limit}, args.width is not None, "--width")
     if args.width is None:
         return
     if args.signed:
         raise ValueError("--width and --signed cannot be combined: the finite-width search supports nonnegative "
                          "codes only")
+    if args.tol is not None and not 0 < args.tol < 1:
+        raise ValueError(f"--tol must be a finite number in (0, 1) with --width, got {args.tol!r}")
     for dest, default in WIDTH_DEFAULTS.items():
         if getattr(args, dest) is None:
             setattr(args, dest, default)
@@ -61,18 +65,19 @@ def _run_solve(args) -> int:
     lam = args.lam if args.lam is not None else lam0
     if lam is None:
         raise ValueError("--lam is required for data files")
-    if args.width is not None:
-
-        return run_solve_width(args, X, lam, label)
     from rich.console import Console
 
+    k = None if args.width is None else parse_width(args.width)
     err = Console(stderr=True)
     with progress_display(err, enabled=not args.no_progress and err.is_terminal) as cb:  # terminals only
-        sol = solve(X, lam=lam, ray_tol=args.ray_tol, signed=args.signed, progress=cb)
+        sol = solve(X, lam=lam, ray_tol=args.ray_tol, signed=args.signed, tol=args.tol, width=k,
+                    time_limit=args.time_limit, progress=cb)
     files = []
     if args.out:
         with atomic_outputs(args.out) as tmp:
-            files = moved(_write_solution(tmp, X, sol), tmp, args.out)
+            written = (_write_solution(tmp, X, sol) if k is None
+                       else write_finite_solution(tmp, X, sol, f"{label}: width {sol.width}, lam = {sol.lam:g}"))
+            files = moved(written, tmp, args.out)
     if args.json:
         d = sol.as_dict()
         d["data"] = label
@@ -80,7 +85,8 @@ def _run_solve(args) -> int:
         print_json(d)
     else:
         con = _console()
-        con.print(certificate_table(f"widelimit solve: {label}", _solution_rows(sol)))
+        title = f"widelimit solve{'' if k is None else f' --width {k}'}: {label}"
+        con.print(certificate_table(title, _solution_rows(sol)))
         for f in files:
             con.print(f"wrote {f}")
     return 0

@@ -20,6 +20,11 @@ dictionaries; the choice was measured by ``benchmarks/certify_speed.py``
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
+from .._params import (DEVICE, LAM, NONNEG_INT, POSITIVE_INT, PROGRESS, TIME_LIMIT, TOL, ArrayLike, Boolean, Data,
+                       StrOptions, validate_params)
 from .._runtime import resolve_device, with_thread_limit
 from .cd import cd_codes
 from .fista import fista_codes
@@ -32,7 +37,10 @@ ALGORITHMS = ("auto", "cd", "working_set", "fista")
 #: Widest dictionary for which the Gram-based algorithms form ``G = U U^T`` (512 MiB in float64).
 GRAM_LIMIT = 8192
 #: Options only ``"fista"`` accepts; with ``algorithm="auto"`` they select it.
-_FISTA_ONLY = frozenset({"max_iter", "dtype", "check_every"})
+_FISTA_ONLY = frozenset({"dtype", "check_every"})
+#: The options of the algorithms (``**options`` of :func:`optimal_codes`), each with its constraint.
+_OPTIONS = {"max_iter": POSITIVE_INT, "time_limit": TIME_LIMIT, "dtype": StrOptions(("float32", "float64")),
+            "check_every": POSITIVE_INT, "ws_size": POSITIVE_INT, "ws_extra": NONNEG_INT, "inner_iter": POSITIVE_INT}
 
 
 def choose_algorithm(k: int, device) -> str:
@@ -47,6 +55,11 @@ def choose_algorithm(k: int, device) -> str:
     return "fista"
 
 
+@validate_params({
+    "X": Data(), "W": ArrayLike(), "b": ArrayLike(), "lam": LAM, "algorithm": StrOptions(ALGORITHMS), "tol": TOL,
+    "device": DEVICE, "Z0": [ArrayLike(), None], "return_codes": Boolean(), "batch_size": [POSITIVE_INT, None],
+    "progress": PROGRESS, "options": _OPTIONS,
+})
 @with_thread_limit
 def optimal_codes(X, W, b, *, lam, algorithm: str = "auto", tol: float = 1e-6, device="auto", Z0=None,
                   return_codes: bool = True, batch_size: int | None = None, progress=None, **options) -> CodingResult:
@@ -72,7 +85,7 @@ def optimal_codes(X, W, b, *, lam, algorithm: str = "auto", tol: float = 1e-6, d
         Sparsity ``lam > 0`` (SAELens ``l1_coefficient = 2 lam``).
     algorithm : {"auto", "cd", "working_set", "fista"}
         See the module docstring; ``"auto"`` uses :func:`choose_algorithm` (or ``"fista"`` when an
-        option only it has is given: ``max_iter``, ``dtype``, ``check_every``).
+        option only it has is given: ``dtype``, ``check_every``).
     tol : float
         Per-point target ``gap_i <= tol * max(P_i, gap_floor(lam))``.
     device : {"auto", "cpu", "cuda", "cuda:N"}
@@ -86,8 +99,9 @@ def optimal_codes(X, W, b, *, lam, algorithm: str = "auto", tol: float = 1e-6, d
     progress : callable(Progress), optional
         Receives a :class:`widelimit.Progress` event after each batch (``stage="optimal codes"``).
     **options
-        Passed to the algorithm (``max_iter``, ``dtype`` for ``"fista"``; ``ws_size``,
-        ``max_rounds`` for ``"working_set"``; ``ws_extra``, ``max_rounds`` for ``"cd"``).
+        Passed to the algorithm: ``max_iter`` (iterations of ``"fista"``, working-set rounds of the
+        others), ``dtype``, ``check_every`` for ``"fista"``; ``ws_size``, ``inner_iter`` for
+        ``"working_set"``; ``ws_extra``, ``time_limit`` (seconds) for ``"cd"``. Another option is refused.
 
     Returns
     -------
@@ -102,9 +116,14 @@ def optimal_codes(X, W, b, *, lam, algorithm: str = "auto", tol: float = 1e-6, d
     >>> np.round(res.codes.toarray(), 6).tolist()   # (x - lam)_+ per coordinate for an orthonormal W
     [[2.0, 0.0], [0.0, 0.0]]
     """
+    t0 = time.perf_counter()
+    res = _optimal_codes(X, W, b, lam=lam, algorithm=algorithm, tol=tol, device=device, Z0=Z0,
+                         return_codes=return_codes, batch_size=batch_size, progress=progress, **options)
+    return dataclasses.replace(res, time_s=time.perf_counter() - t0)
 
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+
+def _optimal_codes(X, W, b, *, lam, algorithm, tol, device, Z0, return_codes, batch_size, progress, **options):
+    """:func:`optimal_codes` on checked arguments: the algorithm chosen and run."""
     dev = resolve_device(device)
     k = getattr(W, "shape", (None,))[0]
     if algorithm == "auto":

@@ -31,7 +31,7 @@ and few active per token (``L0 << k``), and warm starts that are already good
    product ``R U^T`` (float32, its maximum made exact in float64). Tokens meeting
    ``gap <= tol max(P, gap_floor(lam))`` are done; the others go back to step 2.
 
-Tokens still uncertified after ``max_rounds`` go to :func:`widelimit.coding.fista.fista_codes`
+Tokens still uncertified after ``max_iter`` rounds go to :func:`widelimit.coding.fista.fista_codes`
 (float64, warm-started), so every returned gap is certified the same way.
 """
 
@@ -482,21 +482,21 @@ class GramCoder:
 
 
 def cd_codes(X, W, b, *, lam, tol: float = 1e-6, Z0=None, return_codes: bool = True, batch_size: int | None = None,
-             ws_extra: int = 128, max_rounds: int = 20, max_time: float | None = None, progress=None) -> CodingResult:
+             ws_extra: int = 128, max_iter: int = 20, time_limit: float | None = None, progress=None) -> CodingResult:
     r"""Certified optimal nonnegative codes by working-set coordinate descent (module docstring); CPU.
 
     Parameters and result as :func:`widelimit.coding.optimal_codes` (``algorithm="cd"``);
-    ``max_time`` (seconds) stops the rounds (and the float64 fallback) when it is spent: every
-    gap returned is still certified, ``converged`` says whether all met ``tol``.
+    ``max_iter`` caps the working-set rounds; ``time_limit`` (seconds) stops the rounds (and the float64 fallback) when it is spent: every
+    gap returned is still certified, ``certified`` says whether all met ``tol``.
     """
-    deadline = None if max_time is None else time.perf_counter() + float(max_time)
+    deadline = None if time_limit is None else time.perf_counter() + float(time_limit)
     X, W, b, lam, tol = check_problem(X, W, b, lam, tol)
     N, n = X.shape
     k = W.shape[0]
     if Z0 is not None:
         Z0 = check_codes(Z0, N, k, name="Z0")
     norms, live, U = unit_atoms(W)
-    coder = GramCoder(U, lam=lam, tol=tol, ws_extra=ws_extra, max_rounds=max_rounds)
+    coder = GramCoder(U, lam=lam, tol=tol, ws_extra=ws_extra, max_rounds=max_iter)
     if batch_size is None:
         batch_size = int(max(256, min(4096, (1 << 27) // (8 * max(1, live.size)))))
     batch_size = int(batch_size)

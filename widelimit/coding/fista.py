@@ -206,7 +206,7 @@ def fista_codes(X, W, b, *, lam, tol: float = 1e-6, max_iter: int = 3000, batch_
     Returns
     -------
     CodingResult
-        ``codes``, ``value``, ``gap``, ``max_gap``, ``n_iter``, ``converged``, ``device``, ...
+        ``codes``, ``value``, ``gap``, ``max_gap``, ``n_iter``, ``certified``, ``device``, ...
 
     Examples
     --------

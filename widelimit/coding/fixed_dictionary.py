@@ -105,7 +105,7 @@ def fixed_dictionary_optimum(X, lam, W, b, Z, max_sweeps, tol):  # pragma: no co
     return objective_from_residual(lam, Z, R)
 
 
-def fixed_dictionary_objective(X, W, b=None, *, lam: float, tol: float = 1e-9, max_rounds: int = 20,
+def fixed_dictionary_objective(X, W, b=None, *, lam: float, tol: float = 1e-9, max_iter: int = 20,
                                device: str = "cpu") -> dict:
     r"""Objective of a fixed dictionary with optimal codes (and optimal bias when ``b`` is None), certified.
 
@@ -133,7 +133,7 @@ def fixed_dictionary_objective(X, W, b=None, *, lam: float, tol: float = 1e-9, m
     lam : float
     tol : float
         Relative target of the certified gap.
-    max_rounds : int
+    max_iter : int
         Rounds of the compiled solver and the exact step (free bias).
     device : str
         For the code solver (fixed bias).
@@ -155,7 +155,7 @@ def fixed_dictionary_objective(X, W, b=None, *, lam: float, tol: float = 1e-9, m
     Y = np.zeros((N, live.size))  # codes of the unit atoms
     bias = X.mean(axis=0)
     best = None
-    for rounds in range(1, max_rounds + 1):
+    for rounds in range(1, max_iter + 1):
         fixed_dictionary_optimum(X, lam, U, bias, Y, 100_000, 1e-15)
         Z, bb = dictionary_codes(Y, live, norms, W.shape[0]), bias.copy()
         polished = _polish_support(X, W, norms, sp.csr_array(Z), lam)

@@ -15,11 +15,13 @@ import numpy as np
 from .lasso import gap_floor
 import scipy.sparse as sp
 
+from ..results import CertifiedResult, shared_dict, status_of
+
 __all__ = ["CodingResult"]
 
 
 @dataclass(frozen=True)
-class CodingResult:
+class CodingResult(CertifiedResult):
     """Optimal nonnegative codes for a fixed dictionary and bias, with their certificate.
 
     Attributes
@@ -39,7 +41,7 @@ class CodingResult:
         ``P_i`` and ``gap_i`` per point (float64).
     n_iter : int
         Largest number of iterations (FISTA) or working-set rounds (the Gram coders) any point needed.
-    converged : bool
+    certified : bool
         Every point met ``gap_i <= tol * max(P_i, gap_floor(lam))``.
     n_unconverged : int
         Points that did not (:meth:`unconverged_rows` lists them).
@@ -53,6 +55,10 @@ class CodingResult:
         ``<u_d, r_i>`` of those residuals, each within ``correlation_error[i]`` of the exact value
         (:class:`~widelimit.coding.cd.GramCoder` with Gram updates); else ``None``.
     correlation_error : ndarray (N,) or None
+    time_s : float or None
+        Wall-clock seconds (set by :func:`widelimit.optimal_codes`).
+    lower_bound, rel_gap, status
+        ``value - gap``; ``gap / |value|``; ``"optimal"`` when certified, else ``"not_certified"``.
     """
 
     codes: sp.csr_array | None
@@ -64,7 +70,7 @@ class CodingResult:
     point_values: np.ndarray = field(repr=False)
     point_gaps: np.ndarray = field(repr=False)
     n_iter: int
-    converged: bool
+    certified: bool
     n_unconverged: int
     device: str
     lam: float
@@ -72,6 +78,7 @@ class CodingResult:
     residuals: np.ndarray | None = field(default=None, repr=False)
     correlations: np.ndarray | None = field(default=None, repr=False)
     correlation_error: np.ndarray | None = field(default=None, repr=False)
+    time_s: float | None = None
 
     @classmethod
     def from_points(cls, codes, point_values, point_gaps, *, penalty_sum: float, n_iter: int, device, lam: float,
@@ -87,7 +94,7 @@ class CodingResult:
         n_bad = int(np.sum(gap > tol * np.maximum(P, gap_floor(lam))))
         return cls(codes=codes if return_codes else None, value=value, reconstruction=value - penalty,
                    penalty=penalty, gap=float(gap.sum()) / N, max_gap=float(gap.max(initial=0.0)), point_values=P,
-                   point_gaps=gap, n_iter=int(n_iter), converged=n_bad == 0, n_unconverged=n_bad, device=str(device),
+                   point_gaps=gap, n_iter=int(n_iter), certified=n_bad == 0, n_unconverged=n_bad, device=str(device),
                    lam=float(lam), tol=float(tol), **arrays)
 
     def unconverged_rows(self) -> np.ndarray:
@@ -100,6 +107,10 @@ class CodingResult:
         return self.value - self.gap
 
     @property
+    def status(self) -> str:
+        return status_of(self.certified, self.value)
+
+    @property
     def rel_gap(self) -> float:
         """``gap / value``."""
         return self.gap / max(abs(self.value), 1e-300)
@@ -107,9 +118,7 @@ class CodingResult:
     def as_dict(self) -> dict:
         """Summary as plain Python (JSON-serialisable); codes and per-point arrays are left out."""
         return {
-            "value": self.value, "reconstruction": self.reconstruction, "penalty": self.penalty,
-            "gap": self.gap, "rel_gap": self.rel_gap, "max_gap": self.max_gap,
-            "lower_bound": self.lower_bound, "n_iter": self.n_iter, "converged": bool(self.converged),
-            "n_unconverged": self.n_unconverged, "device": self.device, "lam": self.lam, "tol": self.tol,
+            **shared_dict(self), "reconstruction": self.reconstruction, "penalty": self.penalty,
+            "max_gap": self.max_gap, "n_unconverged": self.n_unconverged, "device": self.device, "lam": self.lam, "tol": self.tol,
             "nnz": None if self.codes is None else int(self.codes.nnz),
         }

@@ -18,7 +18,7 @@ when the optimal codes are sparse (``L0 << d_sae``, the SAE regime):
    done; the others get the violating atoms added and go back to step 2 (the
    working set doubles when a support fills it).
 
-A token still uncertified after ``max_rounds`` rounds is handed to
+A token still uncertified after ``max_iter`` rounds is handed to
 :func:`widelimit.coding.fista.fista_codes` (full-dictionary FISTA), warm-started,
 so the result is always certified the same way. Dictionaries wider than
 ``gram_limit`` atoms go to :func:`~widelimit.coding.fista.fista_codes` directly
@@ -121,7 +121,7 @@ def _inner(xx, q, G, y, lam, tol, floor, max_iter, check_every=10, newton_steps=
 
 
 def optimal_codes_working_set(X, W, b, *, lam, tol: float = 1e-6, device="auto", Z0=None, return_codes: bool = True,
-                              batch_size: int | None = None, ws_size: int = 32, max_rounds: int = 12,
+                              batch_size: int | None = None, ws_size: int = 32, max_iter: int = 12,
                               inner_iter: int = 2000, gram_limit: int = 8192) -> CodingResult:
     r"""Certified optimal nonnegative codes, computed on per-token working sets (module docstring).
 
@@ -130,7 +130,7 @@ def optimal_codes_working_set(X, W, b, *, lam, tol: float = 1e-6, device="auto",
 
     ws_size : int
         Initial working-set size per token (doubled while supports fill it, at most ``n``).
-    max_rounds : int
+    max_iter : int
         Working-set rounds before the remaining tokens go to the full solver.
     inner_iter : int
         Iteration cap of one restricted solve.
@@ -153,7 +153,7 @@ def optimal_codes_working_set(X, W, b, *, lam, tol: float = 1e-6, device="auto",
     U8 = torch.as_tensor(U64, dtype=torch.float64, device=dev)
     U64 = U8.cpu().numpy()
     atoms = dict(U8=U8, U64=U64, G=U8 @ U8.T, live=live, norms=norms)
-    rounds = dict(lam=lam, tol=tol, ws_size=ws_size, max_rounds=max_rounds, inner_iter=inner_iter)
+    rounds = dict(lam=lam, tol=tol, ws_size=ws_size, max_rounds=max_iter, inner_iter=inner_iter)
     if batch_size is None:
         batch_size = int(max(1, min(N, (1 << 27) // (8 * max(kl, 4 * ws_size * ws_size // 8 + n)))))
     P_all, gap_all = np.empty(N), np.empty(N)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._params import Boolean, PathLike, String, validate_params
 from .._validation import bad_row, chunk_rows, exact_float64, to_numpy, too_large
 from . import readers
 from .arrow import ArrowShard, arrow_files
@@ -306,6 +307,7 @@ def same_tensor(p: Path, shards: list[Shard]) -> None:
                         "with key=... (every shard must hold it)")
 
 
+@validate_params({"path": PathLike(), "key": [String(), None], "column": [String(), None], "header": [Boolean(), None]})
 def open_activations(path, *, key: str | None = None, column: str | None = None,
                      header: bool | None = None) -> ActivationSource:
     """Open activations ``X`` (N, n) at ``path`` as an :class:`ActivationSource` (nothing read up front

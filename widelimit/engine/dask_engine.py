@@ -114,6 +114,15 @@ def known_chunks(X, name: str) -> None:
 
 
 
+def _workers(client) -> dict:
+    """Every worker's info: newer distributed lists only the first few unless ``n_workers=-1`` is asked for."""
+    try:
+        info = client.scheduler_info(n_workers=-1)
+    except TypeError:  # distributed before 2025.4 takes no n_workers and lists them all
+        info = client.scheduler_info()
+    return info.get("workers", {})
+
+
 class DaskEngine:
     """Run the passes of :mod:`widelimit.engine.local` as Dask reductions over the row blocks of ``X``.
 
@@ -154,7 +163,7 @@ class DaskEngine:
             client = _client()
             persist = False
             if client is not None:
-                mem = sum(w.get("memory_limit", 0) or 0 for w in client.scheduler_info()["workers"].values())
+                mem = sum(w.get("memory_limit", 0) or 0 for w in _workers(client).values())
                 persist = X.nbytes <= 0.5 * mem
         self.persisted = bool(persist)
         self.X = X.persist() if self.persisted else X

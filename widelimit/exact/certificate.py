@@ -32,11 +32,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from .._validation import check_code_block, check_lam, check_tol, row_norms
+from .._params import LAM, NONNEG, PROGRESS, TOL, ArrayLike, Boolean, Data, InstanceOf, PathLike, validate_params
+from .._validation import check_code_block, check_codes, check_dictionary, check_vector, row_norms
+from ..results import CertifiedResult, shared_dict, status_of
 from .gap import allowed_gap, is_certified, relative_gap  # noqa: F401 (is_certified is documented here)
 from .median import MedianResult, huber_median
 from .median_pass import centered
-from .objective import _check_triple, _matmul_rows, code_mass, huber_h
+from .objective import _matmul_rows, code_mass, huber_h
 from ..engine import engine_for
 from ..engine.fingerprint import mismatch_error
 from ..engine.local import FloatOverflow, is_dask_array, raise_nonfinite, scratch
@@ -47,7 +49,7 @@ __all__ = ["Certificate", "verify", "is_certified", "relative_gap"]
 
 
 @dataclass(frozen=True)
-class Certificate:
+class Certificate(CertifiedResult):
     """What is known about a candidate (W, Z, b) relative to the global optimum.
 
     Attributes
@@ -108,9 +110,18 @@ class Certificate:
     rounding_error: float = 0.0
     fingerprint: str | None = None
 
+    @property
+    def status(self) -> str:
+        """``"optimal"`` when certified, else ``"not_certified"`` (``"overflow"``: the value is not finite)."""
+        return status_of(self.certified, self.value)
+
+    n_iter = None  #: a certificate iterates nothing (its passes are its solver's)
+    time_s = None  #: not measured (a certificate is one or two passes of a solve or verify)
+
     def as_dict(self) -> dict:
-        """Plain-Python dict (JSON-serialisable)."""
-        return {k: (bool(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in asdict(self).items()}
+        """Plain-Python dict (JSON-serialisable): the shared fields and every field."""
+        return {**shared_dict(self),
+                **{k: (bool(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in asdict(self).items()}}
 
 
 def check_given_median(median, *, lam: float, n: int) -> None:
@@ -290,8 +301,13 @@ def make_certificate(N, n, rec, pen, esum, emax, hub, comp, width, lam, median: 
     )
 
 
+@validate_params({
+    "X": Data(), "W": ArrayLike(), "Z": ArrayLike(), "b": ArrayLike(), "lam": LAM, "tol": TOL, "atol": NONNEG,
+    "median": [InstanceOf(MedianResult, allowed="a MedianResult (widelimit.huber_median)"), None],
+    "progress": PROGRESS, "checkpoint": [PathLike(), None], "signed": Boolean(),
+})
 def verify(X, W, Z, b, *, lam, tol: float = 1e-9, atol: float = 0.0, median: MedianResult | None = None,
-           progress=None, checkpoint=None) -> Certificate:
+           progress=None, checkpoint=None, signed: bool = False) -> Certificate:
     r"""Certify any candidate dictionary, codes and bias against the global optimum.
 
     Parameters
@@ -304,7 +320,7 @@ def verify(X, W, Z, b, *, lam, tol: float = 1e-9, atol: float = 0.0, median: Med
         Dictionary; rows need not be unit norm (norms are folded into the codes,
         see :func:`widelimit.sae_objective`).
     Z : array (N, k) or scipy.sparse matrix
-        Nonnegative codes.
+        Nonnegative codes (any sign with ``signed=True``).
     b : array (n,)
         Bias.
     tol : float
@@ -317,6 +333,10 @@ def verify(X, W, Z, b, *, lam, tol: float = 1e-9, atol: float = 0.0, median: Med
         Receives :class:`widelimit.engine.local.Progress` events (median passes, then the certificate pass).
     checkpoint : str or Path, optional
         Checkpoint file of the Huber median (see :func:`widelimit.huber_median`).
+    signed : bool
+        Signed codes (``z`` in R with penalty ``|z|``, as ``solve(signed=True)`` returns): certified as the
+        nonnegative codes ``[Z+, Z-]`` of the dictionary ``[W; -W]``, which have the same objective
+        (:func:`split_signed`); the lower bound is the same (theory.md §3).
 
     Returns
     -------
@@ -331,10 +351,33 @@ def verify(X, W, Z, b, *, lam, tol: float = 1e-9, atol: float = 0.0, median: Med
     ``dask.array`` with the same row chunks as ``X``. Cost: the median's
     passes plus one.
     """
-    X, W, Z, b, lam = _check_triple(X, W, Z, b, lam)
-    tol, atol = check_tol(tol, "tol"), check_tol(atol, "atol")
+    N, n = X.shape
+    W = check_dictionary(W, n)
+    Z = check_codes(Z, N, W.shape[0], nonneg=not signed)
+    b = check_vector(b, n, "b")
+    if signed:
+        W, Z = split_signed(W, Z)
+    return verify_checked(X, W, Z, b, lam=lam, tol=tol, atol=atol, median=median, progress=progress,
+                          checkpoint=checkpoint)
+
+
+def split_signed(W, Z):
+    """Signed codes as nonnegative ones: ``([W; -W], [Z+, Z-])``, the same products ``Z W`` and the same
+    penalty ``sum |z|``, so the certificate of the pair certifies the signed triple (theory.md §3)."""
+    if sp.issparse(Z):
+        pos, neg = Z.maximum(0), (-Z).maximum(0)
+        return np.vstack([W, -W]), sp.hstack([pos, neg]).tocsr()
+    if is_dask_array(Z):
+        import dask.array as da
+
+        return np.vstack([W, -W]), da.concatenate([Z.clip(0, None), (-Z).clip(0, None)], axis=1)
+    return np.vstack([W, -W]), np.hstack([np.maximum(Z, 0.0), np.maximum(-Z, 0.0)])
+
+
+def verify_checked(X, W, Z, b, *, lam, tol, atol=0.0, median=None, progress=None, checkpoint=None) -> Certificate:
+    """:func:`verify` on checked arguments (nonnegative codes); for callers that checked them already."""
     if median is not None:
-        check_given_median(median, lam=check_lam(lam), n=X.shape[1])
+        check_given_median(median, lam=lam, n=X.shape[1])
     def run(Xf, lam_f, f):  # data far from unit magnitude: certified as f X (f an exact power of two)
         med = (huber_median(Xf, lam=lam_f, progress=progress, checkpoint=checkpoint) if median is None
                else median if f == 1.0 else scale_median(median, f, lam_f))

@@ -40,15 +40,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from dataclasses import dataclass, field
+import time
 
 import numpy as np
 
 
-from .._validation import _finite_chunk, check_data, check_int, check_lam, check_seed, check_tol, check_vector, check_weights
+from .._params import LAM, NONNEG, POSITIVE_INT, PROGRESS, SEED, TOL, ArrayLike, Data, PathLike, validate_params
+from .._validation import _finite_chunk, check_vector, check_weights
+from .median_result import MedianResult
 from .collinear import collinear_fit, project_chunk, solve_1d
 from .newton import line_min, newton_direction, subsample_rows
-from .gap import relative_gap
 from .median_bound import ETA, check_consistent, gamma, lower_bound, norm, sum_depth
 from .median_pass import _grad, _merge_pass, _pass, _pass_chunk
 from .median_checkpoint import load_problem_state, saved_state, verified_mean
@@ -68,78 +69,6 @@ __all__ = ["MedianResult", "huber_median", "geometric_median", "huber_value"]
 _EPS = np.finfo(np.float64).eps
 
 
-@dataclass(frozen=True)
-class MedianResult:
-    """A certified solution of a median problem.
-
-    Attributes
-    ----------
-    point : ndarray (n,)
-        The returned location (inside ``segment`` when the optimum is not unique).
-    value : float
-        Objective at ``point`` (weighted mean over points).
-    lower_bound : float
-        Certified lower bound on the exact minimum value of the data as stored (from a dual
-        point, lowered by a rigorous bound on the rounding error: docs/theory.md §8).
-    gap : float
-        ``value - lower_bound``: a bound on the suboptimality of ``point`` (never clipped; a
-        negative gap beyond the rounding error raises instead).
-    segment : ndarray (2, n)
-        Endpoints of the optimal set when the data are collinear (equal rows
-        when the optimum is unique); for non-collinear data the optimum is
-        unique and both rows equal ``point``.
-    n_passes : int
-        Passes over the data that were made.
-    n_iter : int
-        Newton / majorise-minimise iterations.
-    converged : bool
-        Whether the relative gap reached the requested tolerance.
-    method : str
-        ``"newton"`` or ``"collinear-exact"``.
-    kind : str
-        ``"huber"`` or ``"geometric"``.
-    lam : float or None
-        The threshold of the Huber median.
-    fingerprint : str or None
-        Content fingerprint of the data it was computed on (XXH3-128 of every row, taken in the
-        first pass: :mod:`widelimit.engine.fingerprint`); :func:`widelimit.verify` refuses a
-        median whose fingerprint is not that of its data.
-    rounding : float
-        What the last pass's bound was lowered by for floating-point rounding.
-    weighted : bool
-        Computed with point weights other than all ones: the median of another problem, which
-        :func:`widelimit.solve` and :func:`widelimit.verify` refuse
-        (:func:`widelimit.exact.certificate.check_given_median`).
-    """
-
-    point: np.ndarray
-    value: float
-    lower_bound: float
-    gap: float
-    segment: np.ndarray
-    n_passes: int
-    n_iter: int
-    converged: bool
-    method: str
-    kind: str
-    lam: float | None = None
-    history: list = field(default_factory=list, repr=False)
-    fingerprint: str | None = None
-    rounding: float = 0.0
-    radius: float = 0.0  #: max_i ||x_i - point|| (as computed)
-    weighted: bool = False
-
-    @property
-    def rel_gap(self) -> float:
-        """``gap / |value|`` (:func:`widelimit.exact.gap.relative_gap`)."""
-        return relative_gap(self.gap, self.value)
-
-    @property
-    def unique(self) -> bool:
-        """Whether the optimal set is a single point (always for non-collinear data)."""
-        return bool(np.allclose(self.segment[0], self.segment[1], rtol=0, atol=0))
-
-
 # --------------------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------------------
@@ -157,8 +86,8 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
     :func:`widelimit.engine.local.one_blas_thread`). Data far from unit magnitude are solved
     as ``f X`` with an exact power of two ``f`` (:mod:`widelimit.exact.scaling`).
     """
-    max_iter, hess_rows, seed = check_int(max_iter, "max_iter", low=1), check_int(hess_rows, "hess_rows", low=1), \
-        check_seed(seed)
+    t0 = time.perf_counter()
+
     def run(f):
         return on_scaled_data(X, lam, lambda Xf, lam_f, _: _solve_passes(
             Xf, lam_f, w, kind, tol, xtol, max_iter, hess_rows, seed, progress, checkpoint, tap),
@@ -173,7 +102,8 @@ def _solve(X, lam, w, kind, tol, xtol, max_iter, hess_rows, seed, progress=None,
             if f_all == f:
                 raise
             res = run(f_all)
-    return res if w is None or bool(np.all(w == 1.0)) else dataclasses.replace(res, weighted=True)
+    weighted = w is not None and not bool(np.all(w == 1.0))
+    return dataclasses.replace(res, weighted=weighted, tol=float(tol), time_s=time.perf_counter() - t0)
 
 
 
@@ -324,7 +254,7 @@ class _Run:
         if self.done(gap, val):
             return MedianResult(
                 point=b, value=val, lower_bound=lb, gap=gap, segment=seg, n_passes=self.engine.passes, n_iter=0,
-                converged=True, method="collinear-exact", kind=self.kind, lam=self.lam_out,
+                certified=True, method="collinear-exact", kind=self.kind, lam=self.lam_out,
                 fingerprint=self.engine.fingerprint, rounding=self.err_now, radius=p.rmax,
             )
         # safeguard: collinear only to the data's precision (float32: up to ~64 eps |x| off the line), and
@@ -442,12 +372,19 @@ class _Run:
         check_consistent(val, 4.0 * self.gK * val + 4.0 * self.N * ETA / self.W, lb, "the median's objective")
         return MedianResult(
             point=b, value=val, lower_bound=lb, gap=gap, segment=np.stack([b, b]),
-            n_passes=passes0 + self.engine.passes, n_iter=it, converged=converged or self.done(gap, val),
+            n_passes=passes0 + self.engine.passes, n_iter=it, certified=converged or self.done(gap, val),
             method="newton", kind=kind, lam=self.lam_out, history=history, fingerprint=self.engine.fingerprint,
             rounding=self.err_now, radius=p.rmax,
         )
 
 
+_MEDIAN_CONSTRAINTS = {
+    "X": Data(finite=False), "weights": [ArrayLike(), None], "tol": TOL, "xtol": NONNEG, "max_iter": POSITIVE_INT,
+    "hess_rows": POSITIVE_INT, "seed": SEED, "progress": PROGRESS, "checkpoint": [PathLike(), None],
+}
+
+
+@validate_params({**_MEDIAN_CONSTRAINTS, "lam": LAM})
 def huber_median(X, *, lam, weights=None, tol=1e-12, xtol=1e-10, max_iter=100, hess_rows=4096, seed=0,
                  progress=None, checkpoint=None) -> MedianResult:
     r"""Certified minimiser of the Huber location objective: the optimal SAE bias.
@@ -497,11 +434,12 @@ def huber_median(X, *, lam, weights=None, tol=1e-12, xtol=1e-10, max_iter=100, h
         ``n_passes`` counts passes over the data (including those made before
         a resume).
     """
-    X = check_data(X, finite=False)  # the first pass checks every row (and names the first bad one)
-    return _solve(X, check_lam(lam), check_weights(weights, X.shape[0]), "huber", check_tol(tol, "tol"),
-                  check_tol(xtol, "xtol"), max_iter, hess_rows, seed, progress, checkpoint)
+    # X is checked without its rows: the first pass checks every row (and names the first bad one)
+    return _solve(X, lam, check_weights(weights, X.shape[0]), "huber", tol, xtol, max_iter, hess_rows, seed,
+                  progress, checkpoint)
 
 
+@validate_params(_MEDIAN_CONSTRAINTS)
 def geometric_median(X, *, weights=None, tol=1e-12, xtol=1e-10, max_iter=100, hess_rows=4096, seed=0,
                      progress=None, checkpoint=None) -> MedianResult:
     r"""Certified geometric median :math:`\arg\min_b \frac{1}{\sum w}\sum_i w_i\|x_i - b\|`.
@@ -511,15 +449,13 @@ def geometric_median(X, *, weights=None, tol=1e-12, xtol=1e-10, max_iter=100, he
     solved exactly and an optimal *segment* is returned when the weights split
     evenly (e.g. two points). See :func:`huber_median` for the parameters.
     """
-    X = check_data(X, finite=False)
-    return _solve(X, None, check_weights(weights, X.shape[0]), "geometric", check_tol(tol, "tol"),
-                  check_tol(xtol, "xtol"), max_iter, hess_rows, seed, progress, checkpoint)
+    return _solve(X, None, check_weights(weights, X.shape[0]), "geometric", tol, xtol, max_iter, hess_rows, seed,
+                  progress, checkpoint)
 
 
+@validate_params({"X": Data(), "b": ArrayLike(), "lam": LAM, "weights": [ArrayLike(), None]})
 def huber_value(X, b, *, lam, weights=None) -> float:
     """``H(b)``: the weighted mean of ``h_lam(||x_i - b||)`` (one pass, float64)."""
-    X = check_data(X)
-    lam = check_lam(lam)
     w = check_weights(weights, X.shape[0])
     b = check_vector(b, X.shape[1], "b")
     p = _pass(X, w, b, lam, "huber", 0.0, engine_for(X))

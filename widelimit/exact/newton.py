@@ -116,10 +116,14 @@ def _low_rank_step(D, cw, a, pairs, g, floor):
         if sy > 1e-12 * norm(s_) * norm(y_) and sBs > 0:
             U = np.column_stack([U, y_, Bs])
             C = np.concatenate([C, [1.0 / sy, -1.0 / sBs]])
-    Q, R = np.linalg.qr(U)
+    # torch's Householder QR and products: its LAPACK runs on the OpenMP pool of the passes (as in
+    # _newton_step); numpy's separate BLAS threads fought them for the cores (4x slower on 2 busy cores)
+    import torch
+
+    Q, R = (t.numpy() for t in torch.linalg.qr(torch.from_numpy(np.ascontiguousarray(U))))
     S = R @ (C[:, None] * R.T)
     mu, V = np.linalg.eigh(0.5 * (S + S.T))
-    QV = Q @ V
+    QV = matmul(Q, V)
     h = QV.T @ g
     return QV @ (h / np.maximum(a + mu, floor)) + (g - QV @ h) / max(a, floor)
 

@@ -25,6 +25,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
+from .._params import LAM, ArrayLike, Boolean, validate_params
 from .._validation import (
     check_code_block,
     check_codes,
@@ -148,6 +149,7 @@ def _sq_norm(E, s, Zc):
     return float(np.einsum("ij,ij->", E, E))
 
 
+@validate_params({"X": ArrayLike(), "W": ArrayLike(), "Z": ArrayLike(), "b": ArrayLike(), "lam": LAM, "signed": Boolean()})
 def sae_objective(X, W, Z, b, *, lam, signed: bool = False) -> ObjectiveValue:
     r"""Evaluate the sparse dictionary-learning objective (theory.md §1).
 
@@ -256,6 +258,7 @@ def _check_Q(Q, N: int) -> np.ndarray:
     return 0.5 * (Q + Q.T)
 
 
+@validate_params({"X": ArrayLike(), "Q": ArrayLike(), "b": [ArrayLike(), None], "lam": LAM})
 def q_objective(X, Q, b, *, lam) -> float:
     r"""The Q-form of the objective with the dictionary eliminated (theory.md §2).
 
@@ -292,6 +295,7 @@ def q_objective(X, Q, b, *, lam) -> float:
     return lam / N * (tr + float(Q.sum()))
 
 
+@validate_params({"X": ArrayLike(), "Z": ArrayLike(), "b": ArrayLike(), "lam": LAM})
 def optimal_dictionary(X, Z, b, *, lam) -> np.ndarray:
     r"""The dictionary that minimises :func:`unconstrained_objective` for fixed codes and bias.
 

@@ -15,6 +15,7 @@ certifies it with :func:`widelimit.verify`'s machinery.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING
 
 from dataclasses import dataclass
@@ -23,8 +24,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..engine.kernels import solution_rows
-from .._validation import check_data, check_lam, check_tol, chunk_rows
-from .certificate import Certificate, _certificate, _sq_over_lam, check_given_median, make_certificate
+from .._params import (LAM, MAX_ITER, NONNEG, POSITIVE_INT, PROGRESS, SEED, THREADS, TIME_LIMIT, TOL, Boolean, Data,
+                       InstanceOf, PathLike, validate_params)
+from .._validation import chunk_rows
+from ..results import CertifiedResult, shared_dict
+from .certificate import (Certificate, _certificate, _sq_over_lam, check_given_median, make_certificate,
+                          split_signed, verify_checked)
 from .median_bound import sum_depth
 from .median import MedianResult
 from .median import _solve as _median
@@ -34,7 +39,7 @@ from ..engine.local import LocalEngine, raise_nonfinite
 from ..engine.fingerprint import mismatch_error
 from .scaling import (on_scaled_data, scale_median, unscale_certificate, unscale_finite, unscale_median,
                       unscaled_value)
-from ..finite import solve_finite
+from ..finite import FiniteLimits, solve_finite
 
 if TYPE_CHECKING:  # the finite-width search imports this module
     from ..finite import FiniteSolution
@@ -46,7 +51,7 @@ DENSE_CODES_LIMIT = 200_000_000
 
 
 @dataclass(frozen=True)
-class WideLimitSolution:
+class WideLimitSolution(CertifiedResult):
     """The narrowest globally optimal (W, Z, b) of the wide-limit problem.
 
     Attributes
@@ -78,6 +83,12 @@ class WideLimitSolution:
     n_passes : int
         Passes over X the whole solve made (the median's, the rays' sort keys unless they
         came from the median's last pass, and the one that builds and certifies the solution).
+    time_s : float or None
+        Wall-clock seconds of the solve.
+    lower_bound, gap, rel_gap, certified, tol, status
+        The certificate's (:class:`~widelimit.results.CertifiedResult`).
+    n_iter : int
+        The Huber median's Newton iterations (the solve iterates nothing else).
     """
 
     value: float
@@ -93,6 +104,7 @@ class WideLimitSolution:
     excess: float
     signed: bool = False
     n_passes: int = 0
+    time_s: float | None = None
 
     @property
     def width(self) -> int:
@@ -108,8 +120,24 @@ class WideLimitSolution:
         return self.certificate.gap
 
     @property
+    def rel_gap(self) -> float:
+        return self.certificate.rel_gap
+
+    @property
     def certified(self) -> bool:
         return self.certificate.certified
+
+    @property
+    def tol(self) -> float:
+        return self.certificate.tol
+
+    @property
+    def status(self) -> str:
+        return self.certificate.status
+
+    @property
+    def n_iter(self) -> int:
+        return self.median.n_iter
 
     @property
     def sparse_codes(self) -> sp.csr_array:
@@ -147,11 +175,7 @@ class WideLimitSolution:
         """Summary as plain Python (JSON-serialisable); arrays other than the bias are left out."""
         c = self.certificate
         return {
-            "value": self.value,
-            "lower_bound": c.lower_bound,
-            "gap": c.gap,
-            "rel_gap": c.rel_gap,
-            "certified": bool(c.certified),
+            **shared_dict(self),
             "width": self.width,
             "bias": [float(v) for v in self.bias],
             "bias_segment": [[float(v) for v in row] for row in self.bias_segment],
@@ -192,9 +216,21 @@ def _narrowest_bias(X, med: MedianResult, lam, tol, signed, tap=None) -> tuple[n
     return best[0], best[1], passes
 
 
-def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bool = False,
+#: ``tol`` of :func:`solve` when none is given: the wide limit's, and the finite-width search's.
+TOL_WIDE, TOL_WIDTH = 1e-9, 1e-6
+
+
+@validate_params({
+    "X": Data(finite=False), "lam": LAM, "ray_tol": [NONNEG, None], "tol": [TOL, None], "signed": Boolean(),
+    "progress": PROGRESS, "checkpoint": [PathLike(), None],
+    "median": [InstanceOf(MedianResult, allowed="a MedianResult (widelimit.huber_median)"), None],
+    "width": [POSITIVE_INT, None], "time_limit": TIME_LIMIT, "max_iter": MAX_ITER, "seed": [SEED, None],
+    "threads": THREADS, "limits": [InstanceOf(FiniteLimits), None],
+})
+def solve(X, *, lam, ray_tol: float | None = None, tol: float | None = None, signed: bool = False,
           progress=None, checkpoint=None, median: MedianResult | None = None, width: int | None = None,
-          **finite_options) -> WideLimitSolution | FiniteSolution:
+          time_limit: float | None = None, max_iter: int | None = None, seed: int | None = None,
+          threads: int | None = None, limits: FiniteLimits | None = None) -> WideLimitSolution | FiniteSolution:
     r"""Solve the wide-limit sparse dictionary-learning problem exactly, with a certificate.
 
     Minimises ``mean_i ||z_i W + b - x_i||^2 + 2 lam ||z_i||_1`` over unit-norm
@@ -215,8 +251,9 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
         could cost more than a tenth of ``tol`` (:func:`auto_ray_tol`). A tolerance that merges genuinely different
         directions is allowed: ``value`` is then the true objective of the
         returned triple and ``excess`` the loss it adds.
-    tol : float
-        Relative gap at which the solution counts as certified.
+    tol : float, optional
+        Relative gap at which the solution counts as certified (default ``1e-9``; with ``width``,
+        the search's, default ``1e-6``).
     signed : bool
         Signed codes (``z`` in R with penalty ``|z|``): atoms are lines, not
         rays, so antipodal rays share one atom. The lower bound is the same.
@@ -224,8 +261,11 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     width : int, optional
         Solve at this finite width instead (``k`` unit atoms): the certified global optimum
         by branch and bound over the atoms' directions (docs/theory.md §7), a
-        :class:`widelimit.finite.FiniteSolution`. ``**finite_options`` (``rel_tol``,
-        ``time_limit``, ``max_nodes``, ``seed``, ``threads``) go to :func:`widelimit.finite.solve_finite`.
+        :class:`widelimit.finite.FiniteSolution`, with the options below.
+    time_limit, max_iter, seed, threads, limits : optional, with ``width`` only
+        The search's budget in seconds (default 600) and in nodes (default none), the seed of its
+        starting points (default 0), its threads and its size and memory limits
+        (:class:`widelimit.finite.FiniteLimits`); see :func:`widelimit.finite.solve_finite`.
     progress : callable, optional
         Receives :class:`widelimit.engine.local.Progress` events of the passes (with ``width``, then
         the branch and bound's, see :func:`widelimit.finite.solve_finite`).
@@ -238,7 +278,8 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
 
     Returns
     -------
-    WideLimitSolution
+    WideLimitSolution or FiniteSolution
+        Both carry ``.certificate`` and the shared fields of :class:`~widelimit.results.CertifiedResult`.
 
     Notes
     -----
@@ -253,15 +294,28 @@ def solve(X, *, lam, ray_tol: float | None = None, tol: float = 1e-9, signed: bo
     >>> round(sol.value, 12), sol.width, round(float(sol.bias[0]), 12)
     (4.666666666667, 1, 0.333333333333)
     """
+    t0 = time.perf_counter()
     if width is not None:
-        return _solve_width(X, lam, width, ray_tol=ray_tol, tol=tol, signed=signed, progress=progress,
-                            checkpoint=checkpoint, median=median, **finite_options)
-    if finite_options:
-        raise TypeError(f"solve() got unexpected keyword arguments {sorted(finite_options)} (only with width=)")
-    X = check_data(X, finite=False)  # the median's first pass checks every row
-    lam = check_lam(lam)
-    tol = check_tol(tol, "tol")
-    tol_dir = None if ray_tol is None else check_tol(ray_tol, "ray_tol")
+        if signed:
+            raise ValueError("width= cannot be combined with signed=True: the finite-width search supports "
+                             "nonnegative codes only")
+        if tol is not None and not 0 < tol < 1:  # a search judged at tol = 0 would never stop
+            raise ValueError(f"tol must be a finite number in (0, 1) with width=, got {tol!r}")
+        options = {k: v for k, v in (("time_limit", time_limit), ("max_iter", max_iter), ("seed", seed),
+                                     ("threads", threads), ("limits", limits)) if v is not None}
+        sol = _solve_width(X, lam, width, ray_tol=ray_tol, tol=TOL_WIDTH if tol is None else tol, progress=progress,
+                           checkpoint=checkpoint, median=median, **options)
+    else:
+        given = [k for k, v in (("time_limit", time_limit), ("max_iter", max_iter), ("seed", seed),
+                                ("threads", threads), ("limits", limits)) if v is not None]
+        if given:
+            raise ValueError(f"{given[0]} applies only with width= (the finite-width search)")
+        sol = _solve_wide(X, lam, ray_tol, TOL_WIDE if tol is None else tol, signed, progress, checkpoint, median)
+    return dataclasses.replace(sol, time_s=time.perf_counter() - t0)
+
+
+def _solve_wide(X, lam, tol_dir, tol, signed, progress, checkpoint, median) -> WideLimitSolution:
+    """:func:`solve` without ``width``, on checked arguments (data far from unit magnitude solved rescaled)."""
     def run(Xf, lam_f, f):  # data far from unit magnitude: solved as f X, f an exact power of two
         med = median if median is None or f == 1.0 else scale_median(median, f, lam_f)
         return _solve_exact(Xf, lam_f, tol_dir, tol, signed, progress, checkpoint, med)
@@ -291,35 +345,35 @@ def auto_ray_tol(dtype, lam, radius, tol) -> float:
     return min(default_ray_tol(dtype), cap)
 
 
-def _solve_width(X, lam, width, *, ray_tol, tol, signed, progress, checkpoint, median, **options):
+def _solve_width(X, lam, width, *, ray_tol, tol, progress, checkpoint, median, **options):
     """:func:`solve` at a finite width (the search lives in :mod:`widelimit.finite`): the wide-limit solve
-    (its bound holds at every width; ``checkpoint`` and ``median`` serve it), then the search; ``progress``
-    gets the events of both."""
-    if isinstance(width, (bool, np.bool_)) or not isinstance(width, (int, np.integer)) or width <= 0:
-        raise ValueError(f"width must be a positive integer, got {width!r}")
-    if signed:
-        raise ValueError("width= cannot be combined with signed=True: the finite-width search supports "
-                         "nonnegative codes only")
-
-    X = check_data(X)
+    (its bound holds at every width; ``checkpoint`` and ``median`` serve it; its first pass checks every
+    row), then the search; ``progress`` gets the events of both. The solution's ``certificate`` is that of
+    the returned ``(W, Z, b)`` against the wide-limit bound (:func:`widelimit.verify`)."""
     if int(width) > X.shape[0]:  # before anything of size width is made; width >= the rays is the closed form
         raise ValueError(f"width={int(width)} exceeds the number of points N = {X.shape[0]} (width must be <= N)")
-    lam = check_lam(lam)
-    wide = solve(X, lam=lam, ray_tol=ray_tol, tol=tol, progress=progress, checkpoint=checkpoint, median=median)
+    wide = _solve_wide(X, lam, ray_tol, tol, False, progress, checkpoint, median)
     X = np.asarray(X, dtype=np.float64)
 
     # the search's tolerances, kernels and squared norms work near unit scale: it runs on f X (f an exact power of
     # two; data near 1e-153 were judged against an absolute 1e-300, data near 1e154 overflowed the atoms' norms)
     def run(Xf, lam_f, f):
         if f == 1.0:
-            return solve_finite(X, lam, int(width), wide=wide, progress=progress, **options)
+            return solve_finite(X, lam, int(width), tol=tol, wide=wide, progress=progress, **options)
         events = None if progress is None else (lambda ev: progress(dataclasses.replace(
             ev, value=None if ev.value is None else unscaled_value(ev.value, f),
             lower_bound=None if ev.lower_bound is None else ev.lower_bound / f / f)))
-        return solve_finite(Xf[:], lam_f, int(width), wide=_rescaled(wide, 1.0 / f, lam_f), progress=events,
+        return solve_finite(Xf[:], lam_f, int(width), tol=tol, wide=_rescaled(wide, 1.0 / f, lam_f), progress=events,
                             **options)
 
-    return on_scaled_data(X, lam, run, lambda sol, f: unscale_finite(sol, f, lam), one_blas=False)
+    sol = on_scaled_data(X, lam, run, lambda sol, f: unscale_finite(sol, f, lam), one_blas=False)
+    return _with_certificate(sol, X, lam, wide.median, tol)
+
+
+def _with_certificate(sol: FiniteSolution, X, lam, median, tol) -> FiniteSolution:
+    """``sol`` with the certificate of its ``(W, Z, b)`` against the wide-limit bound (one pass over ``X``)."""
+    cert = verify_checked(X, sol.dictionary, sol.codes, sol.bias, lam=lam, tol=tol, median=median)
+    return dataclasses.replace(sol, certificate=cert)
 
 
 def _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median=None) -> WideLimitSolution:
@@ -358,7 +412,7 @@ def _solve_exact(X, lam, tol_dir, tol, signed, progress, checkpoint, median=None
         on = np.flatnonzero(groups.rays >= 0)
         Zs = sp.csr_array((z[on], (on, groups.rays[on])), shape=(N, Wd.shape[0]))
         if signed:
-            cert = _signed_certificate(X, Wd, Zs, b, lam, med, tol)
+            cert = _certificate(X, *split_signed(Wd, Zs), b, lam, med, tol, 0.0)
         else:
             cert = _certificate(X, Wd, Zs, b, lam, med, tol, 0.0, progress)
     excess = cert.value - cert.lower_bound_at_bias
@@ -458,12 +512,3 @@ def _build_and_certify(engine, groups: RayGroups, lam, med, tol, dtype, check=Fa
     cert = make_certificate(N, n, rec, 2.0 * lam * pen, esum, emax, hub, (lam / N) * comp, width, lam, med,
                             tol, 0.0, depth=sum_depth(engine) + 1)
     return W, z, cert
-
-
-def _signed_certificate(X, W, Zs, b, lam, med, tol):
-    """Certificate for signed codes: ``Z = Z+ - Z-`` on the doubled dictionary ``[W; -W]``."""
-    pos = Zs.maximum(0)
-    neg = (-Zs).maximum(0)
-    W2 = np.vstack([W, -W])
-    Z2 = sp.hstack([pos, neg]).tocsr()
-    return _certificate(X, W2, Z2, b, lam, med, tol, 0.0)

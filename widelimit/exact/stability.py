@@ -34,6 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog, nnls
 
+from .._params import LAM, ArrayLike, InstanceOf, Passed, validate_params
 from .._validation import row_norms
 from .objective import _check_triple, sae_objective
 from .second_order import joint_curvature, joint_witness
@@ -364,6 +365,8 @@ def _lp_size(Zs, live, d):
 # ----------------------------------------------------------------------------------------------
 
 
+@validate_params({"X": ArrayLike(), "W": ArrayLike(), "Z": ArrayLike(), "b": ArrayLike(), "lam": LAM,
+                  "options": [InstanceOf(StabilityOptions), None], "kw": Passed("widelimit.exact.stability.StabilityOptions")})
 def feature_stability(X, W, Z, b, *, lam, options: StabilityOptions | None = None, **kw) -> FeatureStability:
     r"""Check every feature of ``(W, Z, b)`` against theory.md §5's conditions; find witnesses.
 

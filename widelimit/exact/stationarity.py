@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from .._params import LAM, ArrayLike, validate_params
 from .._validation import row_norms
 from .objective import _check_triple, residual_pass
 
@@ -57,7 +58,7 @@ class Stationarity:
     code_margin : float
         ``lam - max <w_d, r_i>`` over inactive codes ``z_id = 0`` (``>= 0`` needed; ``> 0`` is strict).
         ``inf`` when every code is active.
-    atom_residual : float
+    atom_gradient : float
         Largest tangent-gradient norm ``max_d ||g_d||``,
         ``g_d = (2/N) sum_i z_id (r_i - <r_i, w_d> w_d)`` (module docstring).
     bias_residual : float
@@ -67,14 +68,14 @@ class Stationarity:
 
     code_active_error: float
     code_margin: float
-    atom_residual: float
+    atom_gradient: float
     bias_residual: float
     lam: float
 
     def holds(self, tol: float = 1e-8) -> bool:
         """All conditions hold to ``tol`` (relative to ``lam`` for the code conditions)."""
         return bool(self.code_active_error <= tol * self.lam and self.code_margin >= -tol * self.lam
-                    and self.atom_residual <= tol and self.bias_residual <= tol)
+                    and self.atom_gradient <= tol and self.bias_residual <= tol)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -135,6 +136,7 @@ def tangent_norms(EtZ, Wu):
     return ((g * g).sum(1)) ** 0.5
 
 
+@validate_params({"X": ArrayLike(), "W": ArrayLike(), "Z": ArrayLike(), "b": ArrayLike(), "lam": LAM})
 def first_order_conditions(X, W, Z, b, *, lam) -> Stationarity:
     r"""Evaluate the first-order conditions of ``L(W, Z, b)`` (theory.md §5).
 
@@ -172,5 +174,5 @@ def first_order_conditions(X, W, Z, b, *, lam) -> Stationarity:
     rsum, act_err, inact_max, EtZ = residual_pass(X, W, Z, b, chunk, merge, stage="first-order conditions")
     atom_res = 2.0 * float(tangent_norms(EtZ, Wu).max()) / N if k else 0.0
     return Stationarity(code_active_error=float(act_err.max(initial=0.0)),
-                        code_margin=float(lam - inact_max.max(initial=-np.inf)), atom_residual=atom_res,
+                        code_margin=float(lam - inact_max.max(initial=-np.inf)), atom_gradient=atom_res,
                         bias_residual=float(np.linalg.norm(rsum / N)), lam=lam)

@@ -33,7 +33,7 @@ import scipy.sparse as sp
 
 from .._memory import memory_budget
 from .._runtime import default_threads
-from .._validation import check_int
+from ..results import CertifiedResult, shared_dict
 from ..engine.local import Progress
 from ..exact.gap import is_certified, relative_gap
 from ..exact.objective import sae_objective
@@ -59,7 +59,7 @@ class FiniteLimits:
 
 
 @dataclass(frozen=True)
-class FiniteSolution:
+class FiniteSolution(CertifiedResult):
     """Global optimum at width ``k`` (or the best found, with its certified gap).
 
     Attributes
@@ -72,30 +72,35 @@ class FiniteSolution:
     gap, rel_gap : float
         ``value - lower_bound`` and ``gap / |value|``.
     certified : bool
-        ``rel_gap <= rel_tol``.
+        ``rel_gap <= tol``.
     dictionary : ndarray (k, n)
         Unit atoms.
     codes : ndarray (N, k)
         Nonnegative codes.
     bias : ndarray (n,)
     lam : float
-    rel_tol : float
+    tol : float
+        The relative gap the search was asked for.
     status : str
         ``"optimal"``, ``"time_limit"``, ``"node_limit"``, ``"memory_limit"`` (the open nodes reached
         ``FiniteLimits.max_queue_bytes``), ``"resolution_limit"`` (every node was closed or could not be
-        split further, yet the certified gap is above ``rel_tol``: a ``rel_tol`` near the rounding level
+        split further, yet the certified gap is above ``tol``: a ``tol`` near the rounding level
         of the objective) or ``"closed_form"`` (width >= number of rays).
-    n_nodes : int
+    n_iter : int
         Nodes whose bound was computed.
     n_rays : int
         Width of the narrowest wide-limit optimum.
     wide_lower_bound : float
         The wide-limit bound (valid at every width).
-    elapsed : float
-        Seconds.
+    time_s : float
+        Seconds (of the search; :func:`widelimit.solve` sets the whole call's).
     history : list of (seconds, lower_bound, value)
         The certified bounds as the search went (a row each time the relative gap passed a
         power of ten, and at the end).
+    certificate : Certificate or None
+        The certificate of the returned ``(W, Z, b)`` against the wide-limit bound (valid at every width:
+        its ``lower_bound`` is ``wide_lower_bound`` and its ``certified`` says whether this width already
+        reaches the wide-limit optimum), with its dual quantities; set by :func:`widelimit.solve`.
     """
 
     value: float
@@ -107,13 +112,14 @@ class FiniteSolution:
     codes: np.ndarray
     bias: np.ndarray
     lam: float
-    rel_tol: float
+    tol: float
     status: str
-    n_nodes: int
+    n_iter: int
     n_rays: int
     wide_lower_bound: float
-    elapsed: float
+    time_s: float
     history: tuple = ()
+    certificate: object = None
 
     @property
     def width(self) -> int:
@@ -126,12 +132,11 @@ class FiniteSolution:
     def as_dict(self) -> dict:
         """Summary as plain Python (JSON-serialisable): the wide solve's keys plus the search's."""
         return {
-            "value": self.value, "lower_bound": self.lower_bound, "gap": self.gap, "rel_gap": self.rel_gap,
-            "certified": bool(self.certified), "width": self.width, "bias": [float(v) for v in self.bias],
+            **shared_dict(self), "width": self.width, "bias": [float(v) for v in self.bias],
             "lam": self.lam, "n_points": int(self.codes.shape[0]), "dim": int(self.bias.size),
             "dictionary": [[float(v) for v in row] for row in self.dictionary],
-            "status": self.status, "n_nodes": self.n_nodes, "n_rays": self.n_rays,
-            "wide_lower_bound": self.wide_lower_bound, "rel_tol": self.rel_tol, "elapsed": self.elapsed,
+            "n_rays": self.n_rays, "wide_lower_bound": self.wide_lower_bound,
+            "certificate": None if self.certificate is None else self.certificate.as_dict(),
         }
 
 
@@ -320,7 +325,7 @@ def _initial(X, lam, k, rng, wide, n_starts, deadline=math.inf):
     return best
 
 
-def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=None, seed=0, n_starts=20,
+def solve_finite(X, lam, width, *, tol=1e-6, time_limit=600.0, max_iter=None, seed=0, n_starts=20,
                  wide=None, limits: FiniteLimits = FiniteLimits(), progress=None, threads=None) -> FiniteSolution:
     r"""Certified global optimum of the sparse dictionary-learning objective at width ``k``.
 
@@ -328,7 +333,7 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     ``wide`` is the wide-limit solution (its bound is valid at every width; at ``k >=`` its
     number of rays it *is* the optimum, padded with unused atoms). ``progress`` receives
     :class:`widelimit.Progress` events (stage ``"branch and bound"``, ``rows_done`` = nodes bounded,
-    ``rows_total`` = ``max_nodes`` or 0, ``value`` = best value so far, ``lower_bound`` = certified
+    ``rows_total`` = ``max_iter`` (the node budget) or 0, ``value`` = best value so far, ``lower_bound`` = certified
     bound so far) every half second of the search, whenever the relative gap passes a power of ten,
     and once at the end (``done``, the returned value and bound). ``threads`` (default
     :func:`widelimit._runtime.default_threads`): each round of the search branches the best open nodes
@@ -337,18 +342,14 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
     any number of threads.
     """
     t0 = time.perf_counter()
-    if not (0 < float(rel_tol) < 1):
-        raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
-    if not float(time_limit) >= 0:
-        raise ValueError(f"time_limit must be >= 0 seconds, got {time_limit!r}")
-    n_threads = default_threads() if threads is None else check_int(threads, "threads", low=1)
+    n_threads = default_threads() if threads is None else threads
 
     X = np.ascontiguousarray(X, dtype=np.float64)
     N, n = X.shape
     k = int(width)
     if k >= int(wide.width):  # closed form: the wide-limit optimum, padded with unused atoms
-        sol = _closed_form(X, lam, k, wide, rel_tol, t0)
-        _event(progress, 0, max_nodes, sol.value, sol.lower_bound, True)
+        sol = _closed_form(X, lam, k, wide, tol, t0)
+        _event(progress, 0, max_iter, sol.value, sol.lower_bound, True)
         return sol
     if n > limits.max_dim or k > limits.max_width or N > limits.max_points:
         raise ValueError(
@@ -357,12 +358,12 @@ def solve_finite(X, lam, width, *, rel_tol=1e-6, time_limit=600.0, max_nodes=Non
             "gradient solver (widelimit.fit_dictionary / `widelimit fit`) and compare with the wide-limit bound")
     rng = np.random.default_rng(seed)
     incumbent = _initial(X, lam, k, rng, wide, n_starts, deadline=t0 + float(time_limit))
-    search = _Search(X, lam, k, incumbent, rel_tol=rel_tol, wide=wide, limits=limits, progress=progress,
-                     max_nodes=max_nodes, t0=t0, threads=n_threads)
+    search = _Search(X, lam, k, incumbent, tol=tol, wide=wide, limits=limits, progress=progress,
+                     max_iter=max_iter, t0=t0, threads=n_threads)
     return search.run(float(time_limit))
 
 
-def _closed_form(X, lam, k, wide, rel_tol, t0) -> FiniteSolution:
+def _closed_form(X, lam, k, wide, tol, t0) -> FiniteSolution:
     """At a width of at least the wide limit's number of rays: its optimum, padded with unused atoms."""
     N, n = X.shape
     n_rays = int(wide.width)
@@ -373,7 +374,7 @@ def _closed_form(X, lam, k, wide, rel_tol, t0) -> FiniteSolution:
     W = np.vstack([W, pad])
     Z = np.hstack([wide.codes, np.zeros((N, k - n_rays))])
     val = float(sae_objective(X, W, Z, wide.bias, lam=lam).value)
-    return _result(val, max(wlb, -np.inf), W, Z, np.asarray(wide.bias, np.float64), lam, rel_tol, "closed_form", 0,
+    return _result(val, max(wlb, -np.inf), W, Z, np.asarray(wide.bias, np.float64), lam, tol, "closed_form", 0,
                    n_rays, wlb, t0, certified_hint=wide.certified)
 
 
@@ -381,10 +382,10 @@ class _Search:
     """One best-first branch and bound over the atoms' directions: the incumbent ``(ub, W, Z, b)``, the
     queue of open nodes, the bounds of closed ones, the progress marks and the bounding threads."""
 
-    def __init__(self, X, lam, k, incumbent, *, rel_tol, wide, limits, progress, max_nodes, t0, threads):
+    def __init__(self, X, lam, k, incumbent, *, tol, wide, limits, progress, max_iter, t0, threads):
         N, n = X.shape
-        self.X, self.lam, self.k, self.rel_tol, self.t0 = X, lam, k, rel_tol, t0
-        self.progress, self.max_nodes, self.threads = progress, max_nodes, threads
+        self.X, self.lam, self.k, self.tol, self.t0 = X, lam, k, tol, t0
+        self.progress, self.max_iter, self.threads = progress, max_iter, threads
         self.n_rays, self.wlb = int(wide.width), float(wide.lower_bound)
         self.ub, self.W_best, self.Z_best, self.b_best = incumbent
         # the best value's certificate is computed by the project's objective at the end
@@ -398,7 +399,7 @@ class _Search:
         self.node_bytes = 8 * self.root.lay.size + 520
         self.queue_bytes = memory_budget() if limits.max_queue_bytes is None else limits.max_queue_bytes
         self.scale = max(abs(self.ub), 1e-300)
-        self.tol_abs = 1e-3 * rel_tol * self.scale  # the relaxation's own gap, far below the search's
+        self.tol_abs = 1e-3 * tol * self.scale  # the relaxation's own gap, far below the search's
         self.n_nodes = 0
         self.history = []
         self.next_mark = 1.0  # record the bounds each time the relative gap passes the next power of ten
@@ -406,7 +407,7 @@ class _Search:
         self.pool = None
 
     def target(self):
-        return self.ub - self.rel_tol * self.scale * 0.999
+        return self.ub - self.tol * self.scale * 0.999
 
     def bound(self, node: _Node):
         """Certify ``node.lb``; return an explicit candidate ``(value, W, Z, b)`` or None (thread-safe: it
@@ -444,7 +445,7 @@ class _Search:
                 self.next_mark /= 10.0
         elif now < self.next_event:
             return
-        _event(self.progress, self.n_nodes, self.max_nodes, self.ub, max(lb_now, self.wlb), False)
+        _event(self.progress, self.n_nodes, self.max_iter, self.ub, max(lb_now, self.wlb), False)
         self.next_event = now + _PROGRESS_EVERY
 
     def offer(self, ch, cand):
@@ -507,7 +508,7 @@ class _Search:
         """``"optimal"`` while the search may go on, else the limit it hit."""
         if time.perf_counter() - self.t0 > time_limit:
             return "time_limit"
-        if self.max_nodes is not None and self.n_nodes >= self.max_nodes:
+        if self.max_iter is not None and self.n_nodes >= self.max_iter:
             return "node_limit"
         if n_open * self.node_bytes > self.queue_bytes:
             return "memory_limit"
@@ -516,17 +517,17 @@ class _Search:
     def _result(self, status, open_lb) -> FiniteSolution:
         val = float(sae_objective(self.X, self.W_best, self.Z_best, self.b_best, lam=self.lam).value)
         self.history.append((time.perf_counter() - self.t0, float(max(open_lb, self.wlb)), val))
-        sol = _result(val, max(open_lb, self.wlb), self.W_best, self.Z_best, self.b_best, self.lam, self.rel_tol,
+        sol = _result(val, max(open_lb, self.wlb), self.W_best, self.Z_best, self.b_best, self.lam, self.tol,
                       status, self.n_nodes, self.n_rays, self.wlb, self.t0, history=tuple(self.history))
-        _event(self.progress, self.n_nodes, self.max_nodes, sol.value, sol.lower_bound, True)
+        _event(self.progress, self.n_nodes, self.max_iter, sol.value, sol.lower_bound, True)
         return sol
 
 
-def _event(progress, n_nodes, max_nodes, value, lower_bound, done):
+def _event(progress, n_nodes, max_iter, value, lower_bound, done):
     """One :class:`widelimit.Progress` event of the search (nothing without a callback)."""
     if progress is not None:
         progress(Progress(stage="branch and bound", pass_index=int(n_nodes), rows_done=int(n_nodes),
-                          rows_total=0 if max_nodes is None else int(max_nodes), value=float(value),
+                          rows_total=0 if max_iter is None else int(max_iter), value=float(value),
                           lower_bound=float(lower_bound), done=bool(done)))
 
 
@@ -565,17 +566,17 @@ def _branch(node: _Node, n: int, min_width: float):
     return kids
 
 
-def _result(val, lb, W, Z, b, lam, rel_tol, status, n_nodes, n_rays, wlb, t0, certified_hint=None, history=()):
+def _result(val, lb, W, Z, b, lam, tol, status, n_nodes, n_rays, wlb, t0, certified_hint=None, history=()):
     lb = min(float(lb), val)  # a bound above the value would only be rounding
     gap = val - lb
     rel = relative_gap(gap, val)
-    cert = is_certified(gap, val, tol=rel_tol) and status in ("optimal", "closed_form")
-    if status == "optimal" and not cert:  # every node closed, yet the gap is above rel_tol: the search's resolution
+    cert = is_certified(gap, val, tol=tol) and status in ("optimal", "closed_form")
+    if status == "optimal" and not cert:  # every node closed, yet the gap is above tol: the search's resolution
         status = "resolution_limit"
     if certified_hint is not None:
         cert = cert and bool(certified_hint)
     return FiniteSolution(value=val, lower_bound=lb, gap=gap, rel_gap=rel, certified=bool(cert),
                           dictionary=np.asarray(W, np.float64), codes=np.asarray(Z, np.float64),
-                          bias=np.asarray(b, np.float64), lam=float(lam), rel_tol=float(rel_tol), status=status,
-                          n_nodes=int(n_nodes), n_rays=n_rays, wide_lower_bound=wlb,
-                          elapsed=time.perf_counter() - t0, history=tuple(history))
+                          bias=np.asarray(b, np.float64), lam=float(lam), tol=float(tol), status=status,
+                          n_iter=int(n_nodes), n_rays=n_rays, wide_lower_bound=wlb,
+                          time_s=time.perf_counter() - t0, history=tuple(history))

@@ -36,12 +36,12 @@ class ScipResult:
     dictionary: np.ndarray
     codes: np.ndarray
     bias: np.ndarray
-    elapsed: float
+    time_s: float
 
 
-def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e-6, threads: int = 1,
+def solve_scip(X, lam, width, *, time_limit: float = 1800.0, tol: float = 1e-6, threads: int = 1,
                max_iter: int | None = None) -> ScipResult:
-    """Solve the plain formulation with SCIP to relative gap ``rel_tol`` (or until ``time_limit`` seconds, or
+    """Solve the plain formulation with SCIP to relative gap ``tol`` (or until ``time_limit`` seconds, or
     ``max_iter`` branch-and-bound nodes: a budget whose result does not depend on the machine's speed)."""
     try:
         from pyscipopt import Model, quicksum
@@ -59,7 +59,7 @@ def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e
     m = Model()
     m.hideOutput()
     m.setParam("limits/time", min(float(time_limit), 1e20))  # SCIP caps its limit at 1e20 s (math.inf: none)
-    m.setParam("limits/gap", float(rel_tol))
+    m.setParam("limits/gap", float(tol))
     m.setParam("limits/absgap", 0.0)
     if max_iter is not None:
         if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
@@ -82,11 +82,11 @@ def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e
     m.setObjective(obj, "minimize")
     t0 = time.perf_counter()
     m.optimize()
-    elapsed = time.perf_counter() - t0
+    time_s = time.perf_counter() - t0
     status = m.getStatus()
     if m.getNSols() == 0:
         return ScipResult(math.inf, float(m.getDualbound()), math.inf, status, np.zeros((k, n)), np.zeros((N, k)),
-                          np.zeros(n), elapsed)
+                          np.zeros(n), time_s)
     s = m.getBestSol()
     W = np.array([[s[w[j][d]] for d in range(n)] for j in range(k)])
     W /= np.maximum(np.linalg.norm(W, axis=1, keepdims=True), 1e-300)
@@ -94,4 +94,4 @@ def solve_scip(X, lam, width, *, time_limit: float = 1800.0, rel_tol: float = 1e
     bb = np.array([s[b[d]] for d in range(n)])
     val = float(sae_objective(X, W, Z, bb, lam=lam).value)
     lb = float(m.getDualbound())
-    return ScipResult(val, lb, relative_gap(val - lb, val), status, W, Z, bb, elapsed)
+    return ScipResult(val, lb, relative_gap(val - lb, val), status, W, Z, bb, time_s)

@@ -523,12 +523,8 @@ def unsuperposed_optimum(p: float, d: int, m: int = 3, xi="rademacher", n: int |
 
 
 def sphere_moment_constant(d: int, m: int) -> float:
-    r"""``d (d+2) ... (d+2m-2) / (2m-1)!! = 1 / E[u_1^{2m}]`` for ``u`` uniform on the unit sphere of ``R^d``.
-
-    This is the largest ``(sum_i ||w_i||^{2m})^2 / sum_{ij} <w_i, w_j>^{2m}`` over real vectors ``w_i`` in
-    ``R^d`` (any number of them): the real order-``m`` Welch constant (docs/superposition.md, "the
-    sparse-limit ceiling", with proof). ``m = 1``: ``d``. It is below ``C(d+m-1, m)`` for ``d >= 2, m >= 2``.
-    """
+    r"""``d (d+2)...(d+2m-2) / (2m-1)!! = 1 / E[u_1^{2m}]`` (``u`` uniform on the sphere of ``R^d``): the largest
+    ``(sum_i ||w_i||^{2m})^2 / sum_{ij} <w_i, w_j>^{2m}`` over real vectors (docs/superposition.md, with proof)."""
     return _frames.real_welch_constant(d, m)
 
 

@@ -296,9 +296,9 @@ def _fit_free(Xd, W, b, lam, opts, report):
     f = float(P.double().mean())
     step = 0
     report(step, f)
-    reason = "max_steps"
+    reason = "max_iter"
     beta, prev = EXTRAPOLATE[0], None
-    while step < opts["max_steps"]:
+    while step < opts["max_iter"]:
         step += 1
         if step > 1:
             S = R @ W.T
@@ -344,9 +344,9 @@ def _fit_free_minibatch(X, W, b, lam, opts, report, dev, cdt):
     Bm = torch.zeros((k, n), dtype=cdt, device=dev)
     rng = np.random.default_rng(opts["seed"])
     step = 0
-    reason = "max_steps"
+    reason = "max_iter"
     batches = _minibatches(N, bs, rng)
-    while step < opts["max_steps"]:
+    while step < opts["max_iter"]:
         step += 1
         idx = next(batches)
         xb = torch.as_tensor(np.asarray(X[idx], dtype=np.float64), dtype=cdt, device=dev)

@@ -78,9 +78,9 @@ def _fit_amortised(X, Xd, W, b, lam, encoder, opts, report, dev, cdt):
     bs = min(int(opts["batch_size"] or 4096), N)
     rng = np.random.default_rng(opts["seed"])
     step = 0
-    reason = "max_steps"
+    reason = "max_iter"
     batches = _minibatches(N, bs, rng)
-    while step < opts["max_steps"]:
+    while step < opts["max_iter"]:
         step += 1
         idx = next(batches)
         xb = Xd[torch.as_tensor(idx, device=dev)] if Xd is not None else torch.as_tensor(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._params import LAM, POSITIVE_INT, SEED, TOL, Data, InstanceOf, Passed, validate_params
 from .._validation import check_data, check_int, check_lam, check_seed
 from ..exact.certificate import Certificate, verify
 from ..exact.solve import WideLimitSolution, solve
@@ -111,6 +112,9 @@ class CrossValidation:
         }
 
 
+@validate_params({"X": Data(), "lam": LAM, "width": [POSITIVE_INT, None], "n_restarts": POSITIVE_INT, "seed": SEED,
+                  "inits": InstanceOf(list, tuple, allowed="a list of inits"), "tol": TOL, "exact": [InstanceOf(WideLimitSolution), None],
+                  "fit_kwargs": Passed("widelimit.fit_dictionary")})
 def crossvalidate(X, *, lam, width=None, n_restarts: int = 3, seed: int = 0, inits=("rays", "data"),
                   tol: float = 1e-4, exact: WideLimitSolution | None = None, **fit_kwargs) -> CrossValidation:
     """Run the gradient solver and the exact solver on the same data and compare them.
@@ -131,7 +135,7 @@ def crossvalidate(X, *, lam, width=None, n_restarts: int = 3, seed: int = 0, ini
     exact : WideLimitSolution, optional
         A precomputed :func:`widelimit.solve` result for the same ``X`` and ``lam``.
     **fit_kwargs
-        Passed to :func:`widelimit.fit_dictionary` (``device``, ``max_steps``, ``encoder``, ...).
+        Passed to :func:`widelimit.fit_dictionary` (``device``, ``max_iter``, ``encoder``, ...).
 
     Returns
     -------

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from .._validation import check_data, check_int, check_lam, check_real, check_seed
+from .._params import (LAM, POSITIVE, POSITIVE_INT, PROGRESS, SEED, TIME_LIMIT, TOL, Boolean, Data, InstanceOf, Passed,
+                       PathLike, validate_params)
+from .._validation import check_int
 from .crossval import best_fit
 from .gradient import check_fit_memory
 from ..engine.local import Progress
@@ -96,6 +98,11 @@ class Frontier:
         }
 
 
+@validate_params({"X": Data(), "lam": LAM, "widths": Passed("frontier: each width an integer >= 1, checked in the body"),
+                  "n_restarts": POSITIVE_INT, "seed": SEED, "inits": InstanceOf(list, tuple, allowed="a list of inits"),
+                  "sat_tol": TOL, "out": [PathLike(), None], "exact": [InstanceOf(WideLimitSolution), None], "progress": PROGRESS,
+                  "exact_widths": Boolean(), "exact_time_limit": TIME_LIMIT, "time_limit": [POSITIVE, None],
+                  "fit_kwargs": Passed("widelimit.fit_dictionary")})
 def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays", "data"),
              sat_tol: float = 1e-4, out=None, exact: WideLimitSolution | None = None, progress=None,
              exact_widths: bool = False, exact_time_limit: float = 600.0, time_limit: float | None = None,
@@ -128,7 +135,7 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
         the wide-limit solve's median.
     time_limit : float, optional
         Seconds for the gradient fits of all widths together (smallest width first). Each run's
-        ``max_time`` is capped by what is left; once nothing is left, the remaining widths are skipped
+        ``time_limit`` is capped by what is left; once nothing is left, the remaining widths are skipped
         (``status="time_limit"``, ``skipped_widths``); the first width is always fitted.
     **fit_kwargs
         Passed to :func:`widelimit.fit_dictionary`.
@@ -137,16 +144,12 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
     -------
     Frontier
     """
-    X = check_data(X)
-    lam = check_lam(lam)
     if isinstance(widths, (str, bytes)) or not hasattr(widths, "__iter__"):
         raise ValueError(f"widths must be a list of integers >= 1, got {type(widths).__name__} {widths!r}"[:200])
     ws = [check_int(w, "every width", low=1) for w in widths]
     if not ws:
         raise ValueError("widths is empty")
-    check_int(n_restarts, "n_restarts", low=1), check_seed(seed)
     ws = sorted(set(ws))
-    check_real(time_limit, "time_limit", low=0, strict=True, none_ok=True)
     # the largest width's fit is refused now, not after the smaller ones ran
     check_fit_memory(X.shape[0], X.shape[1], ws[-1], encoder=fit_kwargs.get("encoder", "none"),
                      batch_size=fit_kwargs.get("batch_size"), device=fit_kwargs.get("device", "auto"))
@@ -162,7 +165,7 @@ def frontier(X, *, lam, widths, n_restarts: int = 3, seed: int = 0, inits=("rays
                 skipped = ws[i:]
                 break
             per_run = max(left, 1e-3) / int(n_restarts)
-            kw["max_time"] = per_run if kw.get("max_time") is None else min(float(kw["max_time"]), per_run)
+            kw["time_limit"] = per_run if kw.get("time_limit") is None else min(float(kw["time_limit"]), per_run)
         best, fits = best_fit(X, lam=lam, width=w, n_restarts=n_restarts, seed=seed, inits=inits, **kw)
         values.append(best.value)
         restarts.append([f.value for f in fits])

@@ -78,8 +78,9 @@ import scipy.sparse as sp
 
 from .._memory import check_memory
 from .._runtime import resolve_device, with_thread_limit
-from .._validation import (check_data, check_dictionary, check_int, check_lam, check_real, check_seed, check_vector,
-                           writable)
+from .._params import (DEVICE, LAM, MAX_ITER, NONNEG, NONNEG_INT, POSITIVE, POSITIVE_INT, PROGRESS, SEED, ArrayLike,
+                       Boolean, Data, StrOptions, validate_params)
+from .._validation import check_dictionary, check_vector, writable
 from ..coding import GRAM_LIMIT
 from ..coding import optimal_codes as _entry_codes
 from ..coding.fista import fista_codes as optimal_codes
@@ -118,9 +119,10 @@ class FitResult:
     history : list of dict
         ``{"step", "time_s", "value"}`` per step: the float32 objective (full batch), or the
         mean batch loss over the last ``window`` steps (minibatch and encoder training).
-    n_steps : int
+    n_iter : int
+        Steps made.
     stop_reason : str
-        ``"rtol"`` (relative improvement below ``rtol``), ``"max_steps"`` or ``"max_time"``.
+        ``"rtol"`` (relative improvement below ``rtol``), ``"max_iter"`` or ``"time_limit"``.
     encoder : str
     encoder_params : dict
         SAELens-layout parameters for amortised encoders: ``W_enc (n, k)``, ``b_enc (k,)``,
@@ -144,7 +146,7 @@ class FitResult:
     penalty: float
     coding_gap: float
     history: list = field(repr=False)
-    n_steps: int
+    n_iter: int
     stop_reason: str
     encoder: str
     encoder_params: dict = field(repr=False)
@@ -201,7 +203,7 @@ class FitResult:
         """Summary as plain Python (JSON-serialisable); arrays are left out."""
         return {
             "value": self.value, "reconstruction": self.reconstruction, "penalty": self.penalty,
-            "coding_gap": self.coding_gap, "n_steps": self.n_steps, "stop_reason": self.stop_reason,
+            "coding_gap": self.coding_gap, "n_iter": self.n_iter, "stop_reason": self.stop_reason,
             "encoder": self.encoder, "encoder_value": self.encoder_value, "encoder_gap": self.encoder_gap,
             "lam": self.lam, "width": self.width, "live_atoms": self.live_atoms, "init": self.init,
             "seed": self.seed, "device": self.device, "time_s": self.time_s,
@@ -214,7 +216,7 @@ class FitResult:
 # --------------------------------------------------------------------------------------
 
 
-#: Share of ``max_time`` kept for the final certified re-coding after the steps.
+#: Share of ``time_limit`` kept for the final certified re-coding after the steps.
 _FINAL_SHARE = 0.15
 
 #: Measured peak memory of a full-batch free-code fit: ``base + c * N * width`` bytes (codes, scores,
@@ -245,14 +247,14 @@ class _Reporter:
     last two blocks of ``window`` steps, so batch noise does not stop or prolong the run.
     """
 
-    def __init__(self, rtol, window, max_time, progress, t0, stochastic=False, budget=0, unit=1.0):
-        self.rtol, self.window, self.max_time, self.progress, self.t0 = rtol, window, max_time, progress, t0
+    def __init__(self, rtol, window, time_limit, progress, t0, stochastic=False, budget=0, unit=1.0):
+        self.rtol, self.window, self.time_limit, self.progress, self.t0 = rtol, window, time_limit, progress, t0
         self.unit = unit  # the values of the scaled data times unit = 1 / f^2 are those of X
         self.budget = int(budget or 0)
         self.stochastic = stochastic
         self.history: list[dict] = []
         self.raw: list[float] = []
-        self.reason = "max_steps"
+        self.reason = "max_iter"
 
     def __call__(self, step, value) -> bool:
         t = time.perf_counter() - self.t0
@@ -265,8 +267,8 @@ class _Reporter:
         if self.progress is not None:
             self.progress(Progress(stage="fit", pass_index=int(step), rows_done=int(step), rows_total=self.budget,
                                    value=shown))
-        if self.max_time is not None and t >= self.max_time:
-            self.reason = "max_time"
+        if self.time_limit is not None and t >= self.time_limit:
+            self.reason = "time_limit"
             return True
         if self.rtol <= 0:
             return False
@@ -284,7 +286,6 @@ class _Reporter:
         return False
 
 
-@with_thread_limit
 def check_fit_memory(N: int, n: int, width: int, *, encoder: str = "none", batch_size=None, device="cpu") -> None:
     """Refuse (one :class:`widelimit._memory.MemoryBudgetError` line) a fit whose :func:`fit_bytes` is above
     the memory budget, before anything is allocated. On a GPU the large arrays live in its own memory: not checked."""
@@ -297,9 +298,18 @@ def check_fit_memory(N: int, n: int, width: int, *, encoder: str = "none", batch
                  hint="use a smaller width" + ("" if batch is not None else ", or minibatches (batch_size)"))
 
 
+@validate_params({
+    "X": Data(), "lam": LAM, "width": POSITIVE_INT, "encoder": StrOptions(ENCODERS),
+    "init": [StrOptions(INITS), ArrayLike()], "device": DEVICE, "seed": SEED, "max_iter": MAX_ITER, "rtol": NONNEG,
+    "window": POSITIVE_INT, "time_limit": [POSITIVE, None], "batch_size": [POSITIVE_INT, None],
+    "code_steps": [POSITIVE_INT, None], "dict_steps": POSITIVE_INT, "ws_size": POSITIVE_INT,
+    "resample_every": NONNEG_INT, "bias": [ArrayLike(), None], "learn_bias": Boolean(), "lr": POSITIVE,
+    "topk": [POSITIVE_INT, None], "bandwidth": [POSITIVE, None], "coding_tol": POSITIVE, "progress": PROGRESS,
+})
+@with_thread_limit
 def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device="auto", seed: int = 0,
-                   max_steps: int | None = None, rtol: float = 1e-8, window: int = 10,
-                   max_time: float | None = None, batch_size: int | None = None, code_steps: int | None = None,
+                   max_iter: int | None = None, rtol: float = 1e-8, window: int = 10,
+                   time_limit: float | None = None, batch_size: int | None = None, code_steps: int | None = None,
                    dict_steps: int = 2, ws_size: int = 16, resample_every: int = 25, bias=None,
                    learn_bias: bool = True, lr: float = 1e-3,
                    topk: int | None = None, bandwidth: float | None = None, coding_tol: float = 1e-7,
@@ -327,7 +337,7 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     device : {"auto", "cpu", "cuda", "cuda:N"}
     seed : int
         Seeds the initialisation and minibatch order; CPU runs are deterministic given it.
-    max_steps : int, optional
+    max_iter : int, optional
         Step budget (outer steps for free codes, Adam steps for encoders). Default
         2000 full-batch, 5000 minibatch / encoders.
     rtol : float
@@ -336,9 +346,9 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     window : int
         Steps over which the improvement is measured (at least 200 for minibatch and
         encoder training, whose recorded objective is a moving average of batch losses).
-    max_time : float, optional
+    time_limit : float, optional
         Wall-clock budget of the whole fit in seconds: the steps stop at 85% of it, leaving the rest
-        for the final certified re-coding (``stop_reason="max_time"``), which on the CPU stops when
+        for the final certified re-coding (``stop_reason="time_limit"``), which on the CPU stops when
         the budget is spent (its ``coding_gap`` is certified whether or not it reached ``coding_tol``).
     batch_size : int, optional
         Minibatch size; ``None`` = full batch (free codes) or 4096 (encoders).
@@ -378,34 +388,12 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     import torch
 
     t0 = time.perf_counter()
-    X = check_data(X)
     N, n = X.shape
-    lam = check_lam(lam)
-    width = check_int(width, "width", low=1)
     if width > N:
         raise ValueError(f"width={width} exceeds the number of points N = {N}: the wide-limit optimum needs "
                          "at most N atoms")
-    seed = check_seed(seed)
-    check_real(rtol, "rtol", low=0)
-    check_real(max_time, "max_time", low=0, strict=True, none_ok=True)
-    check_int(max_steps, "max_steps", low=0, none_ok=True)
-    for name, v in (("code_steps", code_steps), ("batch_size", batch_size), ("topk", topk)):
-        check_int(v, name, low=1, none_ok=True)
-    for name, v in (("dict_steps", dict_steps), ("ws_size", ws_size), ("window", window)):
-        check_int(v, name, low=1)
-    check_int(resample_every, "resample_every", low=0)
-    check_real(lr, "lr", low=0, strict=True)
-    check_real(bandwidth, "bandwidth", low=0, strict=True, none_ok=True)
-    check_real(coding_tol, "coding_tol", low=0, strict=True)
-    if encoder == "relu":
-        raise ValueError("encoder 'relu' is named 'standard' (SAELens' name for the ReLU SAE)")
-    if encoder not in ENCODERS:
-        raise ValueError(f"encoder must be one of {', '.join(ENCODERS)}, got {encoder!r}")
     init_arr = None
-    if isinstance(init, str):
-        if init not in INITS:
-            raise ValueError(f"init must be one of {', '.join(INITS)} or an array (width, n), got {init!r}")
-    else:
+    if not isinstance(init, str):
         init_arr = check_dictionary(init, n, "init")
         if init_arr.shape[0] != width:
             raise ValueError(f"init has {init_arr.shape[0]} atoms but width = {width}")
@@ -417,10 +405,8 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     cdt = torch.float32
     amortised = encoder != "none"
     minibatch = batch_size is not None and not amortised
-    if max_steps is None:
-        max_steps = 5000 if (amortised or minibatch) else 2000
-    if int(max_steps) < 0:
-        raise ValueError(f"max_steps must be >= 0, got {max_steps!r}")
+    if max_iter is None:
+        max_iter = 5000 if (amortised or minibatch) else 2000
     gen = torch.Generator().manual_seed(int(seed))
     check_fit_memory(N, n, width, encoder=encoder, batch_size=batch_size, device=dev)
 
@@ -440,10 +426,10 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     stochastic = amortised or minibatch
     # the budget covers the whole fit: the steps stop early enough to leave the final certified
     # re-coding (and the encoder's evaluation) _FINAL_SHARE of it
-    loop_time = None if max_time is None else (1.0 - _FINAL_SHARE) * float(max_time)
+    loop_time = None if time_limit is None else (1.0 - _FINAL_SHARE) * float(time_limit)
     report = _Reporter(float(rtol), max(int(window), 200) if stochastic else int(window), loop_time, progress, t0,
-                       stochastic=stochastic, budget=max_steps, unit=1.0 / f / f)
-    opts = {"max_steps": int(max_steps), "cd_sweeps": 30 if code_steps is None else int(code_steps),
+                       stochastic=stochastic, budget=max_iter, unit=1.0 / f / f)
+    opts = {"max_iter": int(max_iter), "cd_sweeps": 30 if code_steps is None else int(code_steps),
             "dict_steps": int(dict_steps),
             "ws_size": int(ws_size), "resample_every": int(resample_every), "batch_size": batch_size,
             "seed": int(seed), "batch_code_steps": 60 if code_steps is None else max(30, 3 * int(code_steps)),
@@ -458,11 +444,11 @@ def fit_dictionary(X, *, lam, width, encoder: str = "none", init="rays", device=
     if amortised:
         Z_warm = encoder_codes(X, encoder, enc_params, bf)
         enc_value = sae_objective(X, Wf, Z_warm, bf, lam=lam).value
-    left = None if max_time is None else max(0.0, float(max_time) - (time.perf_counter() - t0))
+    left = None if time_limit is None else max(0.0, float(time_limit) - (time.perf_counter() - t0))
     coded = _final_codes(X, Wf, bf, lam, coding_tol, Z_warm, dev, left)
     return FitResult(
         dictionary=Wf, codes=coded.codes, bias=bf, value=coded.value, reconstruction=coded.reconstruction,
-        penalty=coded.penalty, coding_gap=coded.gap, history=report.history, n_steps=int(steps),
+        penalty=coded.penalty, coding_gap=coded.gap, history=report.history, n_iter=int(steps),
         stop_reason=reason, encoder=encoder, encoder_params=enc_params, encoder_value=enc_value, lam=lam,
         width=width, init=init if isinstance(init, str) else "array", seed=int(seed), device=str(dev),
         time_s=time.perf_counter() - t0,
@@ -527,6 +513,6 @@ def _final_codes(X, Wf, bf, lam, coding_tol, Z_warm, dev, time_left):
     # near-duplicate atoms make some lassos degenerate (sublinear convergence): a generous budget,
     # spent only on the points that need it
     if dev.type == "cpu" and Wf.shape[0] <= GRAM_LIMIT:  # the fastest certified coder on the CPU
-        return _entry_codes(X, Wf, bf, lam=lam, algorithm="cd", tol=coding_tol, Z0=Z_warm, max_time=time_left)
+        return _entry_codes(X, Wf, bf, lam=lam, algorithm="cd", tol=coding_tol, Z0=Z_warm, time_limit=time_left)
     return optimal_codes(X, Wf, bf, lam=lam, tol=coding_tol, device=dev, Z0=Z_warm, max_iter=20000)
 

@@ -14,7 +14,7 @@ from .gradient import fit_dictionary
 __all__ = ["same_width_witness"]
 
 
-def same_width_witness(X, W, b, *, lam, max_steps: int = 200, device="cpu", seed: int = 0,
+def same_width_witness(X, W, b, *, lam, max_iter: int = 200, device="cpu", seed: int = 0,
                        coding_tol: float = 1e-7) -> dict:
     """A dictionary of the same width as ``W`` with a lower objective, if the gradient solver finds one.
 
@@ -36,7 +36,7 @@ def same_width_witness(X, W, b, *, lam, max_steps: int = 200, device="cpu", seed
     Wu = W / np.where(norms > 0, norms, 1.0)[:, None]
     base = optimal_codes(X, Wu, b, lam=lam, tol=coding_tol, device=device)
     fit = fit_dictionary(X, lam=lam, width=W.shape[0], init=Wu, bias=np.asarray(b, dtype=np.float64), device=device,
-                         seed=seed, max_steps=max_steps, coding_tol=coding_tol)
+                         seed=seed, max_iter=max_iter, coding_tol=coding_tol)
     # the fit's value is the float64 objective of (dictionary, certified optimal codes, bias)
     lower = bool(fit.value < base.value)
     msg = (f"a dictionary of the same width reaches {fit.value:.6g} (this one: {base.value:.6g} with optimal codes)"

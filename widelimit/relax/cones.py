@@ -59,7 +59,10 @@ import scipy.sparse as sp
 
 from .._memory import check_memory, gib
 from .._runtime import stdout_to_stderr
-from .._validation import check_data, check_lam, check_vector
+from .._params import (LAM, NONNEG_INT, POSITIVE, POSITIVE_INT, ArrayLike, Boolean, Data, InstanceOf, StrOptions,
+                       validate_params)
+from .._validation import check_vector
+from ..results import CertifiedResult, shared_dict
 
 __all__ = [
     "CONES",
@@ -243,7 +246,7 @@ def check_relax_memory(N: int, n: int, cone: str, solver: str, budget=None) -> N
 
 
 @dataclass(frozen=True)
-class RelaxationResult:
+class RelaxationResult(CertifiedResult):
     """Solution of the Q-problem over one cone.
 
     Attributes
@@ -269,10 +272,17 @@ class RelaxationResult:
         Time the solver itself reported.
     tol : float
         Tolerance passed to the solver.
-    n_cuts, n_rounds : int
+    n_points, dim : int
+        ``N`` and ``n`` of the data.
+    n_cuts, n_iter : int
         Horn cuts added and solves performed (``dnn_horn``; 0 and 1 otherwise).
     message : str
         Why the result is not a bound, when it is not.
+    lower_bound, gap, rel_gap, certified
+        A relaxation is solved to the solver's tolerance, not certified: ``lower_bound`` is ``value`` for an
+        outer cone that reached ``optimal`` (else ``nan``), ``gap`` and ``rel_gap`` are ``nan`` and
+        ``certified`` is ``False`` (:func:`widelimit.sandwich` checks the values against the closed form;
+        :func:`widelimit.solve_dnn` certifies the DNN bound).
     """
 
     cone: str
@@ -286,13 +296,20 @@ class RelaxationResult:
     time_s: float
     solve_time_s: float
     tol: float
-    N: int
-    n: int
+    n_points: int
+    dim: int
     lam: float
     n_cuts: int = 0
-    n_rounds: int = 1
+    n_iter: int = 1
     message: str = ""
     info: dict = field(default_factory=dict)
+
+    @property
+    def lower_bound(self) -> float:
+        return self.value if self.kind == "outer" and self.ok else float("nan")
+
+    gap = rel_gap = float("nan")  #: not certified (the class docstring)
+    certified = False
 
     @property
     def ok(self) -> bool:
@@ -312,21 +329,20 @@ class RelaxationResult:
     def as_dict(self) -> dict:
         """Plain-Python summary (JSON-serialisable); ``Q`` is left out."""
         return {
-            "cone": self.cone, "kind": self.kind, "solver": self.solver, "status": self.status,
-            "value": self.value, "solver_value": self.solver_value, "time_s": self.time_s,
-            "solve_time_s": self.solve_time_s, "tol": self.tol, "N": self.N, "n": self.n,
-            "lam": self.lam, "n_cuts": self.n_cuts, "n_rounds": self.n_rounds, "message": self.message,
+            **shared_dict(self), "cone": self.cone, "kind": self.kind, "solver": self.solver,
+            "solver_value": self.solver_value, "solve_time_s": self.solve_time_s, "n_points": self.n_points,
+            "dim": self.dim, "lam": self.lam, "n_cuts": self.n_cuts, "message": self.message,
             "b": None if self.b is None else [float(v) for v in self.b], **self.info,
         }
 
 
-def _solver_kwargs(solver: str, tol: float, max_iters: int | None, solver_opts: dict | None) -> dict:
+def _solver_kwargs(solver: str, tol: float, max_iter: int | None, solver_opts: dict | None) -> dict:
     if solver == "SCS":
-        kw = {"eps_abs": tol, "eps_rel": tol, "max_iters": 100_000 if max_iters is None else int(max_iters)}
+        kw = {"eps_abs": tol, "eps_rel": tol, "max_iters": 100_000 if max_iter is None else int(max_iter)}
     else:
         kw = {"tol_gap_abs": tol, "tol_gap_rel": tol, "tol_feas": tol, "tol_ktratio": min(1e-6, tol)}
-        if max_iters is not None:
-            kw["max_iter"] = int(max_iters)
+        if max_iter is not None:
+            kw["max_iter"] = int(max_iter)
     kw.update(solver_opts or {})
     return kw
 
@@ -355,8 +371,14 @@ def _cone_constraints(cone: str, Q, N: int):
     raise ValueError(f"unknown cone {cone!r}")
 
 
+@validate_params({
+    "X": Data(), "lam": LAM, "cone": StrOptions(CONES, fold="lower"), "solver": StrOptions(SOLVERS, fold="upper"),
+    "b": [ArrayLike(), None], "tol": POSITIVE, "max_iter": [POSITIVE_INT, None], "solver_opts": [InstanceOf(dict), None],
+    "max_memory": [POSITIVE, None], "horn_rounds": NONNEG_INT, "horn_cuts": POSITIVE_INT, "horn_subsets": POSITIVE_INT,
+    "verbose": Boolean(),
+})
 def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float = 1e-6,
-          max_iters: int | None = None, solver_opts: dict | None = None,
+          max_iter: int | None = None, solver_opts: dict | None = None,
           max_memory: float | None = None, horn_rounds: int = 5, horn_cuts: int = 50,
           horn_subsets: int = 300_000, verbose: bool = False) -> RelaxationResult:
     r"""Minimise the Q-form ``f(Q, b)`` over an approximation of the CP cone.
@@ -378,7 +400,7 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
         Fixed bias; by default ``b`` is a free variable.
     tol : float
         Solver tolerance (SCS ``eps_abs = eps_rel``; Clarabel gap and feasibility tolerances).
-    max_iters : int, optional
+    max_iter : int, optional
         Iteration cap passed to the solver.
     solver_opts : dict, optional
         Extra keyword arguments for the solver (override the tolerance mapping).
@@ -405,17 +427,8 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
         (:class:`widelimit._memory.MemoryBudgetError`) the solve's estimated memory is above the budget
         (Clarabel's dense PSD blocks grow like ``N^4``, SCS's work space like ``N^2``).
     """
-    X = np.asarray(check_data(X), dtype=np.float64)
-    lam = check_lam(lam)
+    X = np.asarray(X, dtype=np.float64)
     N, n = X.shape
-    cone = str(cone).lower()
-    if cone not in CONES:
-        raise ValueError(f"unknown cone {cone!r}; choose one of {', '.join(CONES)}")
-    solver = str(solver).upper()
-    if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
-    if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol > 0):
-        raise ValueError(f"tol must be a positive number, got {tol!r}")
     if cone == "dnn_horn" and N < 5:
         raise ValueError(f"cone 'dnn_horn' needs N >= 5 points (Horn cuts are 5x5), got N = {N}")
     check_relax_memory(N, n, cone, solver, max_memory)
@@ -427,7 +440,7 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
     verbose = bool(solver_opts.pop("verbose", verbose))
     if "solver" in solver_opts:
         raise ValueError("choose the solver with solver=..., not inside solver_opts")
-    kw = _solver_kwargs(solver, float(tol), max_iters, solver_opts)
+    kw = _solver_kwargs(solver, float(tol), max_iter, solver_opts)
     t0 = time.perf_counter()
     status, sval, message, solve_time, cuts, rounds = _solve_with_cuts(
         obj, cons, Q, cone, solver, verbose, kw, tol, horn_rounds, horn_cuts, horn_subsets)
@@ -446,8 +459,8 @@ def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float 
     return RelaxationResult(
         cone=cone, kind=kind, solver=solver, status=status,
         value=sval if status == _OK else float("nan"), solver_value=sval, Q=Qval, b=bval,
-        time_s=elapsed, solve_time_s=solve_time, tol=float(tol), N=N, n=n, lam=lam,
-        n_cuts=len(cuts), n_rounds=rounds, message=message, info=info,
+        time_s=elapsed, solve_time_s=solve_time, tol=float(tol), n_points=N, dim=n, lam=lam,
+        n_cuts=len(cuts), n_iter=rounds, message=message, info=info,
     )
 
 

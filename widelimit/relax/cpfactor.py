@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._params import LAM, NONNEG, POSITIVE, POSITIVE_INT, SEED, TOL, ArrayLike, Passed, validate_params
 from .._validation import check_data, check_lam, check_vector, to_numpy
 from ..exact.certificate import verify
 from ..exact.objective import balance, optimal_dictionary, q_objective, sae_objective
@@ -73,7 +74,7 @@ class CPFactorization:
         ``success`` with ``width == rank``.
     widths_tried : dict
         ``{width: best residual}`` of every width attempted.
-    iterations : int
+    n_iter : int
         Alternating-projection iterations over all widths and restarts.
     time_s : float
     message : str
@@ -86,7 +87,7 @@ class CPFactorization:
     rank: int
     provably_narrowest: bool
     widths_tried: dict
-    iterations: int
+    n_iter: int
     time_s: float
     tol: float
     message: str = ""
@@ -95,7 +96,7 @@ class CPFactorization:
         return {"success": self.success, "residual": self.residual, "width": self.width, "rank": self.rank,
                 "provably_narrowest": self.provably_narrowest,
                 "widths_tried": {int(k): float(v) for k, v in self.widths_tried.items()},
-                "iterations": self.iterations, "time_s": self.time_s, "tol": self.tol, "message": self.message}
+                "n_iter": self.n_iter, "time_s": self.time_s, "tol": self.tol, "message": self.message}
 
 
 def _check_cp_input(A, neg_tol: float) -> np.ndarray:
@@ -181,6 +182,8 @@ def _ap_width(B: np.ndarray, A: np.ndarray, normA: float, r: int, tol: float, ma
     return best_Z, best_res, iters
 
 
+@validate_params({"Q": ArrayLike(), "width": [POSITIVE_INT, None], "tol": POSITIVE, "max_iter": POSITIVE_INT,
+                  "restarts": POSITIVE_INT, "max_width": [POSITIVE_INT, None], "neg_tol": NONNEG, "rank_tol": NONNEG, "seed": SEED})
 def factorize_cp(Q, *, width: int | None = None, tol: float = 1e-8, max_iter: int = 5000, restarts: int = 5,
                  max_width: int | None = None, neg_tol: float = 1e-9, rank_tol: float = 1e-10,
                  seed: int = 0) -> CPFactorization:
@@ -227,7 +230,7 @@ def factorize_cp(Q, *, width: int | None = None, tol: float = 1e-8, max_iter: in
     if normA == 0.0:
         return CPFactorization(Z=np.zeros((N, 0 if width is None else int(width))), success=True, residual=0.0,
                                width=0 if width is None else int(width), rank=0, provably_narrowest=True,
-                               widths_tried={}, iterations=0, time_s=time.perf_counter() - t0, tol=tol,
+                               widths_tried={}, n_iter=0, time_s=time.perf_counter() - t0, tol=tol,
                                message="Q = 0")
     B, rank, wmin, wmax = _psd_root(A, rank_tol)
     rng = np.random.default_rng(seed)
@@ -239,7 +242,7 @@ def factorize_cp(Q, *, width: int | None = None, tol: float = 1e-8, max_iter: in
         Z = np.maximum(B, 0.0)
         res = float(np.linalg.norm(Z @ Z.T - A)) / normA
         return CPFactorization(Z=Z, success=False, residual=res, width=Z.shape[1], rank=rank,
-                               provably_narrowest=False, widths_tried={}, iterations=0,
+                               provably_narrowest=False, widths_tried={}, n_iter=0,
                                time_s=time.perf_counter() - t0, tol=tol,
                                message=f"Q is not positive semidefinite (smallest eigenvalue {wmin:.3g}), so not CP")
     tried: dict[int, float] = {}
@@ -288,12 +291,12 @@ def factorize_cp(Q, *, width: int | None = None, tol: float = 1e-8, max_iter: in
         res = float(np.linalg.norm(Z @ Z.T - A)) / normA
         msg = f"factor of width {w}" + (" (= rank, provably narrowest)" if w == rank else "")
         return CPFactorization(Z=Z, success=True, residual=res, width=w, rank=rank, provably_narrowest=w == rank,
-                               widths_tried=tried, iterations=total, time_s=time.perf_counter() - t0, tol=tol,
+                               widths_tried=tried, n_iter=total, time_s=time.perf_counter() - t0, tol=tol,
                                message=msg)
     Z, res = best
     return CPFactorization(
         Z=Z, success=False, residual=res, width=Z.shape[1], rank=rank, provably_narrowest=False,
-        widths_tried=tried, iterations=total, time_s=time.perf_counter() - t0, tol=tol,
+        widths_tried=tried, n_iter=total, time_s=time.perf_counter() - t0, tol=tol,
         message=(f"no nonnegative factor found (best relative residual {res:.3g} > tol {tol:g} at width "
                  f"{Z.shape[1]}); Q may not be completely positive"),
     )
@@ -392,6 +395,8 @@ def _lasso_codes(X, W, b, lam, Z0, iters: int = 500):
     return Z
 
 
+@validate_params({"X": ArrayLike(), "Q": ArrayLike(), "b": [ArrayLike(), None], "lam": LAM, "tol": TOL,
+                  "accept": [NONNEG, None], "merge_tol": NONNEG, "clean": NONNEG, "factor_kwargs": Passed("widelimit.factorize_cp")})
 def refine(X, Q, b, *, lam, tol: float = 1e-6, accept: float | None = None, merge_tol: float = 1e-6, clean: float = 0.0,
            **factor_kwargs) -> RefinedSolution:
     r"""Build ``(W, Z, b)`` from a Q-form solution and evaluate the original objective.

@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,7 +85,10 @@ import numpy as np
 from .._memory import check_memory
 from .._runtime import limit_threads, resolve_device
 from ..engine.local import Progress
-from .._validation import check_data, check_int, check_lam, check_real, check_vector, to_numpy
+from .._params import (DEVICE, LAM, POSITIVE, POSITIVE_INT, PROGRESS, THREADS, TIME_LIMIT, ArrayLike, Boolean, Data,
+                       validate_params)
+from .._validation import check_lam, check_vector, to_numpy
+from ..results import CertifiedResult, shared_dict
 
 __all__ = ["DNNResult", "solve_dnn", "dnn_dual_bound", "dnn_bytes"]
 
@@ -106,7 +108,7 @@ _PLAIN_STEPS = 10
 
 
 @dataclass(frozen=True)
-class DNNResult:
+class DNNResult(CertifiedResult):
     """Result of :func:`solve_dnn`.
 
     Attributes
@@ -121,7 +123,7 @@ class DNNResult:
         Feasible (PSD and entrywise nonnegative) matrix achieving ``value``.
     b : ndarray (n,)
         Optimal bias for ``Q`` (or the fixed bias).
-    converged : bool
+    certified : bool
         ``rel_gap <= tol``.
     n_iter : int
     time_s : float
@@ -133,6 +135,10 @@ class DNNResult:
     history : list of dict
         ``iter``, ``time_s``, ``value``, ``lower_bound``, ``rel_gap``, ``step`` and ``n_eigh``
         (eigendecompositions so far; the other PSD projections were identities) at each check.
+    tol : float
+        The relative gap asked for.
+    status : str
+        ``"optimal"`` (certified), ``"time_limit"`` or ``"iteration_limit"``.
     """
 
     value: float
@@ -141,17 +147,18 @@ class DNNResult:
     rel_gap: float
     Q: np.ndarray
     b: np.ndarray
-    converged: bool
+    certified: bool
     n_iter: int
     time_s: float
     step: float
     u: np.ndarray
     device: str
     history: list
+    tol: float = 0.0
+    status: str = "optimal"
 
     def as_dict(self) -> dict:
-        return {"value": self.value, "lower_bound": self.lower_bound, "gap": self.gap, "rel_gap": self.rel_gap,
-                "converged": self.converged, "n_iter": self.n_iter, "time_s": self.time_s, "step": self.step,
+        return {**shared_dict(self), "step": self.step,
                 "device": self.device, "b": [float(v) for v in self.b]}
 
 
@@ -265,7 +272,7 @@ def dnn_dual_bound(X, lam, Q, b=None, sweeps: int = 3) -> float:
     """
     import torch
 
-    X = np.asarray(check_data(X), dtype=np.float64)
+    X = np.asarray(X, dtype=np.float64)
     lam = check_lam(lam)
     N, n = X.shape
     bf = None if b is None else check_vector(b, n, "b")
@@ -279,10 +286,14 @@ def dnn_dual_bound(X, lam, Q, b=None, sweeps: int = 3) -> float:
     return prob.dual_bound(R, bb, sweeps)
 
 
+@validate_params({
+    "X": Data(), "lam": LAM, "b": [ArrayLike(), None], "tol": POSITIVE, "max_iter": POSITIVE_INT, "time_limit": TIME_LIMIT,
+    "Q0": [ArrayLike(), None], "u0": [ArrayLike(), None], "step0": [POSITIVE, None], "check_every": POSITIVE_INT,
+    "device": DEVICE, "threads": THREADS, "accelerate": Boolean(), "progress": PROGRESS,
+})
 def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time_limit: float | None = None,
               Q0=None, u0=None, step0: float | None = None, check_every: int = 5, device: str = "auto",
-              threads: int | None = None, accelerate: bool = True, progress=None,
-              num_threads: int | None = None) -> DNNResult:
+              threads: int | None = None, accelerate: bool = True, progress=None) -> DNNResult:
     r"""Solve the DNN relaxation of the Q-problem to a certified relative gap.
 
     Parameters
@@ -309,7 +320,6 @@ def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
         :class:`widelimit._runtime.limit_threads`; restored afterwards). Default: 1 for ``N <= 512``
         (thread start-up dominates small eigendecompositions, by an order of magnitude on a busy
         machine), else the caller's setting or :func:`widelimit._runtime.default_threads`.
-        (``num_threads``, the earlier name, is still accepted with a ``DeprecationWarning``.)
     accelerate : bool
         Nesterov momentum with adaptive restart (module docstring); ``False`` runs the plain
         splitting. Measured in ``benchmarks/dnn_accel.py``: 1.2-5x faster on the benchmark families at
@@ -323,18 +333,6 @@ def solve_dnn(X, *, lam, b=None, tol: float = 1e-6, max_iter: int = 20_000, time
     -------
     DNNResult
     """
-    X = check_data(X)
-    max_iter, check_every = check_int(max_iter, "max_iter", low=1), check_int(check_every, "check_every", low=1)
-    check_real(time_limit, "time_limit", low=0, strict=True, none_ok=True)
-    check_real(step0, "step0", low=0, strict=True, none_ok=True)
-    if num_threads is not None:
-        if threads is not None and threads != num_threads:
-            raise ValueError(f"threads={threads!r} and num_threads={num_threads!r} disagree; pass threads only")
-        warnings.warn("solve_dnn(num_threads=...) is now threads=...", DeprecationWarning, stacklevel=2)
-        threads = num_threads
-    check_int(threads, "threads", low=1, none_ok=True)
-    if not isinstance(accelerate, bool):
-        raise ValueError(f"accelerate must be True or False, got {accelerate!r}")
     dev = resolve_device(device)
     if dev.type == "cpu":  # refused before any N x N matrix exists (GPU memory is the device's own)
         check_memory(dnn_bytes(X.shape[0]), f"solve_dnn on N = {X.shape[0]} points",
@@ -353,10 +351,7 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
     import torch
 
     t0 = time.perf_counter()
-    X = np.asarray(check_data(X), dtype=np.float64)
-    lam = check_lam(lam)
-    if not (tol > 0):
-        raise ValueError(f"tol must be > 0, got {tol!r}")
+    X = np.asarray(X, dtype=np.float64)
     prob = _Problem(X, lam, None if b is None else check_vector(b, X.shape[1], "b"), dev)
     QB, u, gamma = _start(prob, Q0, u0, step0)
     fB, G, R, bcur = prob.evaluate(QB)
@@ -414,8 +409,9 @@ def _solve_dnn(X, lam, b, tol, max_iter, time_limit, Q0, u0, step0, check_every,
     gap = upper - lower
     return DNNResult(
         value=float(upper), lower_bound=float(lower), gap=float(gap), rel_gap=float(gap / max(abs(upper), 1e-300)),
-        Q=Qbest.cpu().numpy(), b=bbest.cpu().numpy().copy(), converged=converged, n_iter=it,
+        Q=Qbest.cpu().numpy(), b=bbest.cpu().numpy().copy(), certified=converged, n_iter=it,
         time_s=time.perf_counter() - t0, step=gamma, u=u.cpu().numpy(), device=str(dev), history=history,
+        tol=float(tol), status="optimal" if converged else ("iteration_limit" if it >= max_iter else "time_limit"),
     )
 
 

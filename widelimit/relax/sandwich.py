@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._validation import check_data, check_lam
+from .._params import LAM, NONNEG, POSITIVE, ArrayLike, Data, InstanceOf, Passed, StrOptions, validate_params
 from ..exact.median import huber_value
 from ..exact.solve import solve
-from .cones import CONES, RelaxationResult, relax
+from .cones import CONES, SOLVERS, RelaxationResult, relax
 
 __all__ = ["SandwichEntry", "SandwichReport", "sandwich"]
 
@@ -61,8 +61,8 @@ class SandwichReport:
 
     exact: float
     lam: float
-    N: int
-    n: int
+    n_points: int
+    dim: int
     solver: str
     tol: float
     rtol: float
@@ -96,12 +96,17 @@ class SandwichReport:
         raise KeyError(cone)
 
     def as_dict(self) -> dict:
-        return {"exact": self.exact, "lam": self.lam, "N": self.N, "n": self.n, "solver": self.solver,
+        return {"exact": self.exact, "lam": self.lam, "n_points": self.n_points, "dim": self.dim, "solver": self.solver,
                 "tol": self.tol, "rtol": self.rtol, "slack": self.slack, "ok": self.ok,
                 "all_solved": self.all_solved, "lower": self.lower, "upper": self.upper,
                 "entries": [e.as_dict() for e in self.entries]}
 
 
+@validate_params({
+    "X": Data(), "lam": LAM, "cones": [StrOptions(CONES), InstanceOf(list, tuple, allowed="a list of cone names"), None],
+    "solver": StrOptions(SOLVERS, fold="upper"), "b": [ArrayLike(), None], "tol": POSITIVE, "rtol": [NONNEG, None],
+    "relax_kwargs": Passed("widelimit.relax.cones.relax"),
+})
 def sandwich(X, *, lam, cones=None, solver: str = "SCS", b=None, tol: float = 1e-6, rtol: float | None = None,
              **relax_kwargs) -> SandwichReport:
     r"""Every requested outer and inner bound next to the closed-form optimum.
@@ -131,8 +136,6 @@ def sandwich(X, *, lam, cones=None, solver: str = "SCS", b=None, tol: float = 1e
     -------
     SandwichReport
     """
-    X = check_data(X)
-    lam = check_lam(lam)
     N, n = X.shape
     if cones is None:
         cones = [c for c in CONES if not (c == "dnn_horn" and N < 5)]
@@ -152,5 +155,5 @@ def sandwich(X, *, lam, cones=None, solver: str = "SCS", b=None, tol: float = 1e
         entries.append(SandwichEntry(cone=r.cone, kind=r.kind, status=r.status, value=r.value, error=err,
                                      rel_error=abs(err) / max(abs(exact), 1e-300), consistent=cons,
                                      time_s=r.time_s, result=r))
-    return SandwichReport(exact=exact, lam=lam, N=N, n=n, solver=str(solver).upper(), tol=float(tol),
+    return SandwichReport(exact=exact, lam=lam, n_points=N, dim=n, solver=str(solver).upper(), tol=float(tol),
                           rtol=rtol, slack=slack, entries=entries)

@@ -163,7 +163,7 @@ def assemble(cls, parts, setup, flags, coding_opts, *, choice, med, h_bias, widt
         if stability else None
     same_width = None
     if same_width_steps > 0:
-        sw = same_width_witness(np.asarray(Xb_all), setup.U, setup.b, lam=lam, max_steps=int(same_width_steps),
+        sw = same_width_witness(np.asarray(Xb_all), setup.U, setup.b, lam=lam, max_iter=int(same_width_steps),
                                 device="cpu" if str(setup.dev) == "cpu" else setup.dev,
                                 coding_tol=coding_opts.coding_tol)
         same_width = {k2: v for k2, v in sw.items() if k2 != "fit"}
@@ -173,15 +173,16 @@ def assemble(cls, parts, setup, flags, coding_opts, *, choice, med, h_bias, widt
     return cls(
         sae_objective=float(sae_obj), reconstruction=float(reconstruction), penalty=float(penalty),
         optimal_code_objective=float(opt_obj), coding_gap=float(coding_gap), coding_max_gap=float(coding["max_gap"]),
-        coding_converged=bool(coding["converged"]), lower_bound=lb, lower_bound_at_bias=h_bias,
+        coding_certified=bool(coding["converged"]), lower_bound=lb, lower_bound_at_bias=h_bias,
         huber_median_gap=float(med.gap), encoder_gap=None if encoder_gap is None else float(encoder_gap),
         decoder_gap_at_bias=float(opt_obj - h_bias), bias_gap=float(h_bias - lb), global_gap=float(global_gap),
-        certified_optimal=is_certified(global_gap, sae_obj, tol=tol), tol=float(tol), lam=lam, n_tokens=N, d_in=n,
+        certified=is_certified(global_gap, sae_obj, tol=tol), tol=float(tol), lam=lam, n_points=N, d_in=n,
         d_sae=k, bias_stationarity=float(np.linalg.norm(firing.sum_r.cpu().numpy() / N)),
         max_residual_norm=float(firing.max_rn), bias_distance=float(np.linalg.norm(setup.b - med.point)),
         metrics=_metrics(enc, firing, metrics, feats, coding, antipodal, absorbed, N, has_enc), features=feats,
         violations=violations, antipodal_pairs=antipodal, absorbed=absorbed, sae_info=sae.summary(),
-        optimal_bias=np.asarray(med.point), seconds=time.perf_counter() - t0, device=str(setup.dev), notes=notes,
+        optimal_bias=np.asarray(med.point), time_s=time.perf_counter() - t0, device=str(setup.dev), notes=notes,
         stability=stab, same_width=same_width, objective=choice.as_dict(), violation_tolerance=float(thr),
-        n_tokens_total=n_total, wide_optimum_width=width_opt,
+        n_points_total=n_total, wide_optimum_width=width_opt,
+        sparsity=parts["sparsity"].result() if "sparsity" in parts else None,
     )

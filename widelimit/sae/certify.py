@@ -25,7 +25,7 @@ Three numbers bracket it, every one certified:
     global_gap = encoder_gap + decoder_gap_at_bias + bias_gap,
     decoder_gap_at_bias = optimal_code_objective - H(b_dec),  bias_gap = H(b_dec) - lower_bound.
 
-``certified_optimal`` is :func:`widelimit.exact.certificate.is_certified`
+``certified`` is :func:`widelimit.exact.certificate.is_certified`
 (``global_gap <= tol * sae_objective``, the one definition the toolkit uses):
 then the SAE is a global minimiser of its objective over *all* widths, to that
 tolerance. Which objective (and ``lam``) is certified for each architecture is
@@ -91,7 +91,10 @@ from ._pairs import decoder_pairs
 from ._util import Rows as _Rows, check_acts as _check_acts, sample_rows, violation_tolerance
 from .objective import resolve_lam, resolve_objective
 from .options import CERTIFY_CONSTRAINTS, CodingOptions, FlagOptions, RunOptions
+from ..results import CertifiedResult, shared_dict, status_of
 from .parts import Batch, Setup, default_parts
+from .certify_l0 import certify_l0
+from .sparsity import SparsityOptions
 from .report import flat_dict, plot_sae_certificate, write_sae_certificate  # noqa: F401  (re-exported)
 
 #: Most bytes of one batch's ``batch x d_sae`` float64 correlations (the batch shrinks for wide SAEs).
@@ -102,11 +105,14 @@ __all__ = ["SAECertificate", "certify_sae", "plot_sae_certificate", "write_sae_c
 
 
 @dataclass
-class SAECertificate:
+class SAECertificate(CertifiedResult):
     """The certification report of one SAE on one set of activations.
 
     Scalars are means over tokens (float64). Per-feature arrays have length
-    ``d_sae``. See the module docstring for the definitions.
+    ``d_sae``. See the module docstring for the definitions. The shared fields of a certified result
+    (:mod:`widelimit.results`): ``value`` is ``sae_objective``, ``gap`` is ``global_gap``, ``rel_gap`` is
+    ``global_gap / sae_objective``, ``n_iter`` is ``None`` (the certification iterates only inside its parts),
+    ``time_s`` the wall-clock seconds; ``n_points`` tokens were certified (of ``n_points_total``).
     """
 
     sae_objective: float
@@ -115,7 +121,7 @@ class SAECertificate:
     optimal_code_objective: float | None
     coding_gap: float | None
     coding_max_gap: float | None
-    coding_converged: bool | None
+    coding_certified: bool | None
     lower_bound: float
     lower_bound_at_bias: float
     huber_median_gap: float
@@ -123,10 +129,10 @@ class SAECertificate:
     decoder_gap_at_bias: float | None
     bias_gap: float
     global_gap: float
-    certified_optimal: bool
+    certified: bool
     tol: float
     lam: float
-    n_tokens: int
+    n_points: int
     d_in: int
     d_sae: int
     bias_stationarity: float
@@ -139,20 +145,44 @@ class SAECertificate:
     absorbed: list = field(repr=False)
     sae_info: dict = field(repr=False)
     optimal_bias: np.ndarray = field(repr=False)
-    seconds: float = 0.0
+    time_s: float = 0.0
     device: str = "cpu"
     notes: list = field(default_factory=list)
     stability: dict | None = None  # feature_stability summary (theory.md §5.3-§5.5), when requested
     same_width: dict | None = None  # same_width_witness summary, when requested
     objective: dict = field(default_factory=dict)
     violation_tolerance: float = 0.0
-    n_tokens_total: int | None = None
+    n_points_total: int | None = None
     wide_optimum_width: int | None = None
+    sparsity: dict | None = None  # the bracket at the SAE's own L0 (widelimit.sae.sparsity, theory.md §10)
+    downstream: dict | None = None  # CE loss score and KL with the SAE spliced in (widelimit.sae.downstream)
 
     @property
-    def l1_coefficient(self) -> float:
-        """``2 lam``."""
-        return 2.0 * self.lam
+    def value(self) -> float | None:
+        return self.sae_objective
+
+    @property
+    def gap(self) -> float | None:
+        return self.global_gap
+
+    @property
+    def rel_gap(self) -> float | None:
+        if self.global_gap is None or self.sae_objective is None:
+            return None  # an L0 SAE without an L1 objective: no global gap
+        return relative_gap(self.global_gap, self.sae_objective)
+
+    @property
+    def status(self) -> str:
+        if self.certified is None:
+            return "not_applicable"  # the L0 bracket alone: nothing global is certified
+        return status_of(self.certified, self.sae_objective)
+
+    n_iter = None
+
+    @property
+    def l1_coefficient(self) -> float | None:
+        """``2 lam`` (``None`` without an L1 objective)."""
+        return None if self.lam is None else 2.0 * self.lam
 
     def violating_features(self, condition: str | None = None) -> list[int]:
         """Features listed in :attr:`violations` (optionally only those of one condition)."""
@@ -162,34 +192,39 @@ class SAECertificate:
         """JSON-serialisable summary (per-feature arrays left out; see :func:`write_sae_certificate`)."""
         enc_hi = None if self.encoder_gap is None else self.encoder_gap + (self.coding_gap or 0.0)
         return {
-            "sae_objective": self.sae_objective, "reconstruction": self.reconstruction, "penalty": self.penalty,
+            **shared_dict(self), "sae_objective": self.sae_objective, "reconstruction": self.reconstruction,
+            "penalty": self.penalty,
             "optimal_code_objective": self.optimal_code_objective, "coding_gap": self.coding_gap,
-            "coding_max_gap": self.coding_max_gap, "coding_converged": self.coding_converged,
-            "lower_bound": self.lower_bound, "lower_bound_at_bias": self.lower_bound_at_bias,
+            "coding_max_gap": self.coding_max_gap, "coding_certified": self.coding_certified,
+            "lower_bound_at_bias": self.lower_bound_at_bias,
             "huber_median_gap": self.huber_median_gap,
             "encoder_gap": self.encoder_gap, "encoder_gap_upper": enc_hi,
             "decoder_gap_at_bias": self.decoder_gap_at_bias, "bias_gap": self.bias_gap,
-            "global_gap": self.global_gap, "rel_global_gap": relative_gap(self.global_gap, self.sae_objective),
-            "certified_optimal": bool(self.certified_optimal), "tol": self.tol,
+            "global_gap": self.global_gap,
             "lam": self.lam, "l1_coefficient": self.l1_coefficient,
-            "n_tokens": self.n_tokens, "d_in": self.d_in, "d_sae": self.d_sae,
+            "n_points": self.n_points, "d_in": self.d_in, "d_sae": self.d_sae,
             "bias_stationarity": self.bias_stationarity, "max_residual_norm": self.max_residual_norm,
             "bias_distance": self.bias_distance, "metrics": dict(self.metrics),
             "n_violating_features": len(self.violating_features()),
             "violations": self.violations[:max_listed],
             "antipodal_pairs": self.antipodal_pairs[:max_listed],
             "absorbed": self.absorbed[:max_listed],
-            "sae": self.sae_info, "seconds": self.seconds,
-            "tokens_per_second": self.n_tokens / self.seconds if self.seconds > 0 else None,
+            "sae": self.sae_info,
+            "tokens_per_second": self.n_points / self.time_s if self.time_s > 0 else None,
             "device": self.device, "notes": list(self.notes), "stability": self.stability,
             "same_width": self.same_width,
             "objective": dict(self.objective), "violation_tolerance": self.violation_tolerance,
-            "n_tokens_total": self.n_tokens_total, "wide_optimum_width": self.wide_optimum_width,
+            "n_points_total": self.n_points_total, "wide_optimum_width": self.wide_optimum_width,
+            "sparsity": self.sparsity, "downstream": self.downstream,
         }
 
     def as_flat_dict(self, prefix: str = "") -> dict:
         """Scalars only, ``/``-separated keys (``gap/encoder``, ``metrics/l0``): ready for a logger (see report)."""
         return flat_dict(self, prefix=prefix)
+
+
+def _rel(gap, value):
+    return None if gap is None else relative_gap(gap, value)
 
 
 @validate_params(CERTIFY_CONSTRAINTS)
@@ -200,7 +235,8 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
                 absorb_cosine: float = 0.5, containment: float = 0.9, kkt_tol: float = 1e-6,
                 max_pairs: int = 200_000, coding_algorithm: str = "auto", threads: int | None = None, backend="auto",
                 progress: Callable[[Progress], None] | None = None, stability: bool = False,
-                stability_witnesses: int = 8, same_width_steps: int = 0) -> SAECertificate:
+                stability_witnesses: int = 8, same_width_steps: int = 0, objective: str = "auto",
+                sparsity=None, calibration_time: float | None = 60.0) -> SAECertificate:
     r"""Certify a trained SAE against the global optimum of its own objective.
 
     Parameters
@@ -222,7 +258,7 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
     max_tokens : int, optional
         Certify a random sample of this many tokens (``seed``).
     tol : float
-        ``certified_optimal`` iff ``global_gap <= tol * sae_objective``
+        ``certified`` iff ``global_gap <= tol * sae_objective``
         (:func:`widelimit.exact.certificate.is_certified`).
     coding_tol : float
         Relative per-token duality gap of the optimal coding: ``gap_i <= coding_tol * scale_i`` with
@@ -271,7 +307,17 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
         When ``> 0``, run :func:`widelimit.learn.same_width.same_width_witness` (the gradient solver started at the
         decoder, this many steps, certified optimal codes): :attr:`SAECertificate.same_width` says
         whether a dictionary of the same width reaches a lower objective than the decoder's optimal codes.
-
+    objective : {"auto", "l1", "l0"}
+        ``"auto"``: the SAE's own objective -- the L1 objective for L1-trained SAEs; for L0-trained ones
+        (TopK, BatchTopK, JumpReLU, Matryoshka) the bracket at their own sparsity alone, with no ``lam``
+        (the L1 fields ``None``: :func:`widelimit.sae.certify_l0.certify_l0`); ``"l1"``: the L1 objective
+        for any SAE (``lam`` calibrated at equal L0 when not given); ``"l0"``: the bracket alone.
+    sparsity : SparsityOptions, optional
+        The bracket at the SAE's own L0, run for every SAE with an encoder
+        (:class:`widelimit.sae.sparsity.SparsityOptions`: rounds, time limit -- default at most what the
+        rest of the pass takes; theory.md §10).
+    calibration_time : float, optional
+        Seconds for calibrating ``lam`` at equal L0 (``objective="l1"`` without ``lam``).
 
     Returns
     -------
@@ -284,22 +330,29 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
     with limit_threads(threads, blas_threads=1):  # products in torch; numpy's BLAS idle (limit_threads)
         return _certify(acts, sae, lam, l1_coefficient, architecture=architecture, max_tokens=max_tokens, seed=seed,
                         tol=tol, coding=coding, flags=flags, run=run, progress=progress, stability=stability,
-                        stability_witnesses=stability_witnesses, same_width_steps=same_width_steps)
+                        stability_witnesses=stability_witnesses, same_width_steps=same_width_steps,
+                        objective=(objective, calibration_time),
+                        sparsity=SparsityOptions() if sparsity is None else sparsity)
 
 
-def _setup(sae, acts, lam, l1_coefficient, seed, coding: CodingOptions, run: RunOptions):
-    """The SAE on the device, the certified objective's ``lam`` (:class:`ObjectiveChoice`) and a calibration sample."""
+def _setup(sae, acts, lam, l1_coefficient, seed, coding: CodingOptions, run: RunOptions, objective=("auto", None),
+           progress=None):
+    """The SAE on the device, the certified objective's ``lam`` (:class:`ObjectiveChoice`) and a calibration sample.
+
+    ``objective``: ``(name, calibration_time)``. For the L0 objective alone (``choice.lam is None``) the setup's
+    ``lam`` is 0 (no part reads it then but the first-order statistics, which are not reported)."""
     dev = resolve_device(run.device)
     if run.backend == "numba" and dev.type != "cpu":
         raise ValueError(f"backend='numba' runs on the CPU only, got device {run.device!r}")
     sample = sae.preprocess(np.asarray(sample_rows(acts, 2048, seed), dtype=np.float64))  # calibration, scale
-    choice = resolve_objective(sae, sample, lam, l1_coefficient, coding_tol=coding.coding_tol, device=dev)
+    choice = resolve_objective(sae, sample, lam, l1_coefficient, objective=objective[0], coding_tol=coding.coding_tol,
+                               device=dev, time_limit=objective[1], progress=progress)
     algorithm = coding.coding_algorithm
     if algorithm == "auto":  # the Gram coder where its k x k Gram fits on the CPU, else the screened coder
         algorithm = "screened" if choose_algorithm(sae.d_sae, dev) == "fista" else choose_algorithm(sae.d_sae, dev)
     if algorithm == "cd" and dev.type != "cpu":
         raise ValueError(f"coding_algorithm='cd' runs on the CPU only, got device {run.device!r}")
-    setup = Setup(sae=sae, lam=choice.lam, dev=dev, numba=dev.type == "cpu" and run.backend != "torch",
+    setup = Setup(sae=sae, lam=0.0 if choice.lam is None else choice.lam, dev=dev, numba=dev.type == "cpu" and run.backend != "torch",
                   coding_algorithm=algorithm, coding_tol=coding.coding_tol, U=sae.unit_dictionary(),
                   norms=sae.decoder_norms(), b=np.asarray(sae.b_dec, dtype=np.float64))
     return setup, choice, sample
@@ -387,7 +440,7 @@ def _wide_bound(acts, sae, b, lam, tol, batch_size, progress):
 
 
 def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, tol, coding, flags, run, progress,
-             stability, stability_witnesses, same_width_steps):
+             stability, stability_witnesses, same_width_steps, objective, sparsity):
     """The driver of :func:`certify_sae` (inside its thread limits): set up, one pass of the parts, the bound."""
     if lam is not None or l1_coefficient is not None:
         resolve_lam(lam, l1_coefficient)  # bad input fails before any work
@@ -396,9 +449,12 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     acts = _check_acts(acts, sae)
     n_total = int(acts.shape[0])
     acts = sample_rows(acts, max_tokens, seed) if max_tokens is not None else acts
-    setup, choice, sample = _setup(sae, acts, lam, l1_coefficient, seed, coding, run)
+    setup, choice, sample = _setup(sae, acts, lam, l1_coefficient, seed, coding, run, objective, progress)
     t0 = time.perf_counter()
     notes: list[str] = [str(w) for w in sae.warnings]  # what loading or exporting the SAE changed or substituted
+    if choice.calibration.get("stopped"):
+        notes.append(f"lam calibration stopped at its time limit: the optimal codes' L0 is "
+                     f"{choice.calibration['optimal_l0']:.4g}, the SAE's {choice.calibration['target_l0']:.4g}")
     if sae.normalize_activations != "none":
         notes.append(f"activations normalised per token ({sae.normalize_activations}) as the SAE does; "
                      "all numbers are in that normalised space")
@@ -406,10 +462,14 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     pa, pb, pc = decoder_pairs(setup.U, flags.antipodal_cosine, flags.absorb_cosine, flags.max_pairs, setup.dev,
                                block_rows=None)
     absorb = pc >= flags.absorb_cosine
-    make = partial(default_parts, coding=coding, pairs=(pa[absorb], pb[absorb]))
+    l1 = choice.lam is not None  # else the SAE's own sparsity alone: no optimal L1 coding, no wide limit
+    make = partial(default_parts, coding=coding if l1 else None, pairs=(pa[absorb], pb[absorb]), sparsity=sparsity)
     # a batch's (batch x d_sae) float64 correlations within BATCH_BYTES: memory bounded by the batch at any width
     rows = min(run.batch_size, max(64, BATCH_BYTES // (8 * setup.k)))
     parts = run_parts(acts, make, setup, rows, progress)
+    if not l1:
+        return certify_l0(SAECertificate, parts, setup, flags, choice=choice, pairs=(pa, pb, pc), N=int(acts.shape[0]),
+                          notes=notes, t0=t0, n_total=n_total)
     Xb_all, med, h_bias, width_opt = _wide_bound(acts, sae, setup.b, setup.lam, tol, run.batch_size, progress)
     return assemble(SAECertificate, parts, setup, flags, coding, choice=choice, med=med, h_bias=h_bias,
                     width_opt=width_opt, pairs=(pa, pb, pc), acts=acts, Xb_all=Xb_all, sample=sample, notes=notes,

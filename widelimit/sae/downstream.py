@@ -117,7 +117,7 @@ def _scores(tot):
     return {"ce_loss_without_sae": ce0, "ce_loss_with_sae": ces, "ce_loss_with_ablation": cea,
             "ce_loss_score": (cea - ces) / (cea - ce0) if cea != ce0 else None,
             "kl_div_with_sae": kls, "kl_div_with_ablation": kla,
-            "kl_div_score": (kla - kls) / kla if kla > 0 else None, "n_tokens": n}
+            "kl_div_score": (kla - kls) / kla if kla > 0 else None, "n_points": n}
 
 
 def downstream_loss(model, sae, input_ids, *, module, attention_mask=None, batch_size: int = 8) -> dict:

@@ -6,6 +6,9 @@ and ``f`` the codes (definitions as in ``sae_lens.evals``; means over tokens):
 =============================  =============================================================
 ``mse``                        ``mean ||x - x_hat||^2`` (summed over dimensions)
 ``explained_variance``         ``1 - mean ||x - x_hat||^2 / (mean ||x||^2 - ||mean x||^2)``
+``explained_variance_legacy``  SAELens's former formula: mean over tokens of ``1 - ||x - x_hat||^2 / ||x - mean x||^2``
+                               with ``mean x`` over the batch (SAELens: its eval batch; here the certification
+                               batch), tokens at the batch mean left out
 ``cossim``                     ``mean cos(x, x_hat)`` (0 for a zero vector)
 ``l2_ratio``                   ``mean ||x_hat|| / ||x||`` (``||x|| < 1e-4`` divides by 1)
 ``relative_reconstruction_bias`` ``mean ||x_hat||^2 / mean <x, x_hat>`` (Gao et al. 2024, eq. 10)
@@ -32,6 +35,7 @@ __all__ = ["ReconstructionStats", "DEFINITIONS"]
 DEFINITIONS = {
     "mse": "mean over tokens of sum over dims of (x - x_hat)^2",
     "explained_variance": "1 - E||x - x_hat||^2 / (E||x||^2 - ||E x||^2)",
+    "explained_variance_legacy": "mean over tokens of 1 - ||x - x_hat||^2 / ||x - mean_batch x||^2 (SAELens, old)",
     "cossim": "mean over tokens of cos(x, x_hat)",
     "l2_ratio": "mean over tokens of ||x_hat|| / ||x||",
     "relative_reconstruction_bias": "E||x_hat||^2 / E<x, x_hat> (1 = unbiased scale)",
@@ -56,12 +60,21 @@ class ReconstructionStats:
         self.opt_rss = 0.0
         self.opt_l0 = 0.0
         self.opt_l0_known = True
+        self.ev_legacy = 0.0
+        self.ev_legacy_n = 0
 
-    def update(self, sum_x, tok, cols, fv) -> None:
+    def update(self, sum_x, tok, cols, fv, x=None) -> None:
         """Add a batch from its sums: ``sum_x`` (sum of the tokens), ``tok`` (m, 5) per token
         ``||x||^2, ||x_hat||^2, <x, x_hat>, ||x - x_hat||^2, .`` and the codes' nonzeros
-        (feature ids ``cols``, values ``fv``); torch tensors on one device."""
+        (feature ids ``cols``, values ``fv``); torch tensors on one device. With the tokens ``x``
+        themselves also ``explained_variance_legacy``'s per-token terms."""
         import torch
+
+        if x is not None:
+            dev = ((x - x.mean(0)) ** 2).sum(1)
+            ok = dev > 0
+            self.ev_legacy += float((1.0 - tok[:, 3][ok] / dev[ok]).sum())
+            self.ev_legacy_n += int(ok.sum())
 
         self.n += int(tok.shape[0])
         s = sum_x.double().cpu().numpy()
@@ -93,7 +106,8 @@ class ReconstructionStats:
         self.n += other.n
         if other.sum_x is not None:
             self.sum_x = other.sum_x.copy() if self.sum_x is None else self.sum_x + other.sum_x
-        for a in ("sum_x2", "rss", "cos", "ratio", "xhat2", "dot", "l0", "l1", "opt_n", "opt_rss", "opt_l0"):
+        for a in ("sum_x2", "rss", "cos", "ratio", "xhat2", "dot", "l0", "l1", "opt_n", "opt_rss", "opt_l0", "ev_legacy",
+                  "ev_legacy_n"):
             setattr(self, a, getattr(self, a) + getattr(other, a))
         self.fired |= other.fired
         self.opt_l0_known = self.opt_l0_known and other.opt_l0_known
@@ -109,7 +123,8 @@ class ReconstructionStats:
             out.update(mse=self.rss / N, explained_variance=(1.0 - self.rss / N / var) if var > 0 else None,
                        cossim=self.cos / N, l2_ratio=self.ratio / N,
                        relative_reconstruction_bias=self.xhat2 / self.dot if self.dot != 0 else None,
-                       l0=self.l0 / N, l1=self.l1 / N, frac_alive=float(self.fired.mean()))
+                       l0=self.l0 / N, l1=self.l1 / N, frac_alive=float(self.fired.mean()),
+                       explained_variance_legacy=self.ev_legacy / self.ev_legacy_n if self.ev_legacy_n else None)
         if self.opt_n:
             out["optimal_mse"] = self.opt_rss / self.opt_n
             out["optimal_l0"] = self.opt_l0 / self.opt_n if self.opt_l0_known else None

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._params import (DEVICE, LAM, NONNEG_INT, POSITIVE_INT, PROGRESS, SEED, THREADS, TOL, ArrayLike, Boolean,
-                       Interval, Lam, Passed, StrOptions, check_fields)
+from .._params import (DEVICE, LAM, NONNEG_INT, POSITIVE_INT, PROGRESS, SEED, THREADS, TIME_LIMIT, TOL, ArrayLike,
+                       Boolean, InstanceOf, Interval, Lam, Passed, StrOptions, check_fields)
 from .model import ARCHITECTURES
 
 __all__ = ["CodingOptions", "FlagOptions", "RunOptions", "BACKENDS", "CODING_ALGORITHMS", "CERTIFY_CONSTRAINTS"]
@@ -35,6 +35,9 @@ CERTIFY_CONSTRAINTS = {
     "coding_algorithm": StrOptions(CODING_ALGORITHMS), "threads": THREADS, "backend": StrOptions(BACKENDS),
     "progress": PROGRESS, "stability": Boolean(), "stability_witnesses": NONNEG_INT,
     "same_width_steps": NONNEG_INT,
+    "objective": StrOptions(("auto", "l1", "l0")),
+    "sparsity": [InstanceOf("widelimit.sae.sparsity:SparsityOptions"), None],
+    "calibration_time": TIME_LIMIT,
 }
 
 

@@ -42,6 +42,7 @@ from ..exact.stationarity import code_conditions
 from . import _kernels
 from ._util import _DENSE_K, csr_pair, diag, finish_codes
 from .metrics import ReconstructionStats
+from .sparsity import SparsityPart
 
 __all__ = ["Batch", "Setup", "EncoderPart", "KKTPart", "PairPart", "CodingPart", "MetricsPart", "default_parts",
            "coding_scale"]
@@ -391,7 +392,7 @@ class MetricsPart:
     def update(self, bt: Batch) -> None:
         self.sum_x += bt.sx
         if bt.tok is not None:
-            self.stats.update(bt.sx, bt.tok, bt.cols, bt.fv)
+            self.stats.update(bt.sx, bt.tok, bt.cols, bt.fv, x=bt.x)
         if bt.Ro is not None:
             self.stats.update_optimal(bt.m, float((bt.Ro * bt.Ro).sum()) / bt.m, bt.Yo.nnz)
 
@@ -404,11 +405,18 @@ class MetricsPart:
         return {"stats": self.stats.result(), "sum_x": _t(self.sum_x)}
 
 
-def default_parts(setup: Setup, coding, pairs) -> dict:
+def default_parts(setup: Setup, coding, pairs, sparsity=None) -> dict:
     """The parts of a certification, in the order they run on a batch (a dict: name -> part).
 
-    ``coding``: :class:`widelimit.sae.options.CodingOptions`; ``pairs``: the absorption candidates ``(qa, qb)``.
+    ``coding``: :class:`widelimit.sae.options.CodingOptions` (``None``: no L1 objective, no optimal coding);
+    ``pairs``: the absorption candidates ``(qa, qb)``; ``sparsity``:
+    :class:`widelimit.sae.sparsity.SparsityOptions` of the bracket at the SAE's own L0 (last: it measures
+    the time the others take between its updates, its default time budget).
     """
-    return {"encoder": EncoderPart(setup), "kkt": KKTPart(setup), "pairs": PairPart(setup, *pairs),
-            "coding": CodingPart(setup, coding.optimal_codes_diagnostics, coding.keep_codes),
-            "metrics": MetricsPart(setup)}
+    parts = {"encoder": EncoderPart(setup), "kkt": KKTPart(setup), "pairs": PairPart(setup, *pairs)}
+    if coding is not None:
+        parts["coding"] = CodingPart(setup, coding.optimal_codes_diagnostics, coding.keep_codes)
+    parts["metrics"] = MetricsPart(setup)
+    if sparsity is not None and sparsity.enabled and setup.sae.has_encoder:
+        parts["sparsity"] = SparsityPart(setup, sparsity)
+    return parts

@@ -28,16 +28,16 @@ from ...sae.certify import certify_sae, write_sae_certificate
 NAME = "minilm-sae"
 
 
-def train_sae(X, lam, width, *, seed=0, device="cpu", max_time=None, max_steps=None):
+def train_sae(X, lam, width, *, seed=0, device="cpu", time_limit=None, max_iter=None):
     """Train a ReLU SAE with the toolkit's solver :func:`widelimit.fit_dictionary` (``encoder="standard"``).
 
     Returns ``(SAE, info)``: the SAE in SAELens layout (unit decoder rows, the
     learned bias ``b_dec`` and encoder ``W_enc``, ``b_enc``) and a summary of the fit.
     """
-    fit = fit_dictionary(X, lam=lam, width=width, encoder="standard", seed=seed, device=device, max_time=max_time,
-                         max_steps=max_steps)
+    fit = fit_dictionary(X, lam=lam, width=width, encoder="standard", seed=seed, device=device, time_limit=time_limit,
+                         max_iter=max_iter)
     sae = fit.to_sae()
-    info = {"method": "widelimit.fit_dictionary(encoder='standard')", "steps": fit.n_steps,
+    info = {"method": "widelimit.fit_dictionary(encoder='standard')", "steps": fit.n_iter,
             "stop_reason": fit.stop_reason, "fit_seconds": fit.time_s, "encoder_value": fit.encoder_value,
             "optimal_code_value": fit.value}
     return sae, info
@@ -45,7 +45,7 @@ def train_sae(X, lam, width, *, seed=0, device="cpu", max_time=None, max_steps=N
 
 @register(NAME, "MiniLM activations -> train SAE -> save (SAELens) -> certify against the global optimum")
 def run(out_dir=None, quick: bool = False, *, layer: int = 3, lam: float = 2.0, width: int | None = None,
-        seed: int = 0, device: str = "cpu", max_time: float | None = None) -> dict:
+        seed: int = 0, device: str = "cpu", time_limit: float | None = None) -> dict:
     """Run the pipeline; writes ``sae/`` (SAELens), ``certificate.json``, ``features.csv`` and PNGs to ``out_dir``."""
 
     t0 = time.perf_counter()
@@ -61,8 +61,8 @@ def run(out_dir=None, quick: bool = False, *, layer: int = 3, lam: float = 2.0, 
     t_acts = time.perf_counter() - t0
     width = width or (32 if quick else 512)
     sae, info = train_sae(np.array(acts, dtype=np.float32), lam, width, seed=seed, device=device,
-                          max_time=max_time if max_time is not None else (20.0 if quick else 600.0),
-                          max_steps=200 if quick else None)
+                          time_limit=time_limit if time_limit is not None else (20.0 if quick else 600.0),
+                          max_iter=200 if quick else None)
     sae_dir = (out / "sae") if out is not None else None
     if sae_dir is not None:
         save_saelens(sae, sae_dir)

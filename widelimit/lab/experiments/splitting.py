@@ -75,7 +75,7 @@ def _digits_part(quick):
     ex = solve(X, lam=lam)
     widths = [1, 3] if quick else [1, 2, 4, 8, 16, 32]
     inits = ("data",) if quick else ("rays", "data")
-    fit_kw = {"max_steps": 100 if quick else 400}
+    fit_kw = {"max_iter": 100 if quick else 400}
     fr = frontier(X, lam=lam, widths=widths, n_restarts=1, seed=0, exact=ex, inits=inits, **fit_kw)
     shown = [3] if quick else [1, 4, 16]
     atoms = {}

@@ -298,7 +298,7 @@ def run_frames(out_dir=None, quick: bool = False) -> dict:
     ax.axhline(1, color="k", lw=0.8)
     ax.set_xticks(x, lab, fontsize=6)
     ax.set_xlabel("(q, r): d = q^2, n = q^(r+1)")
-    ax.set_ylabel("sum_ij G_ij^(2m) / max(n, n^2/C(d+m-1,m))")
+    ax.set_ylabel("sum_ij G_ij^(2m) / max(n, n^2 (2m-1)!!/(d(d+2)..(d+2m-2)))")
     ax.set_title("order-m Welch sums (1 = bound met; p->0 Ltilde loses this factor)", fontsize=9)
     ax.legend(fontsize=6)
     fig.tight_layout()

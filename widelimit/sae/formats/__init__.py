@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..._params import POSITIVE, PathLike, StrOptions, validate_params
+from ..model import ARCHITECTURES
 from ..model import SAE, SAEFormatError
 from .dictionary_learning import load_dictionary_learning
 from .objects import from_object
@@ -28,6 +30,7 @@ from .sparsify import load_sparsify
 __all__ = ["load_sae", "from_object", "as_sae", "save_saelens"]
 
 
+@validate_params({"path": PathLike(), "architecture": [StrOptions(ARCHITECTURES), None], "norm_scaling_factor": [POSITIVE, None]})
 def load_sae(path, *, architecture: str | None = None, norm_scaling_factor: float | None = None) -> SAE:
     """Load a trained SAE from any supported layout (detected from the files present).
 
@@ -98,6 +101,36 @@ def load_sae(path, *, architecture: str | None = None, norm_scaling_factor: floa
     if ext in (".npz", ".safetensors", ".pt", ".pth"):
         return load_plain(p, architecture=architecture)
     raise SAEFormatError(f"{p}: unsupported SAE file type {ext!r} (give a folder, ae.pt, .npz, .safetensors or .pt)")
+
+
+_SAE_FILES = ("sae_weights.safetensors", "sae.safetensors", "ae.pt")
+
+
+def looks_like_sae(path) -> bool:
+    """Whether ``path`` holds an SAE rather than activations (reads only names: no array is loaded).
+
+    A folder with ``sae_weights.safetensors``, ``sae.safetensors`` or ``ae.pt``; one of those files, or the
+    ``cfg.json`` beside them; an ``.npz`` / ``.safetensors`` file with a ``W_dec`` array. The command line
+    uses it to name the order of its arguments when an SAE is given where the activations go."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            return any((p / f).exists() for f in _SAE_FILES)
+        if p.name in _SAE_FILES or (p.name == "cfg.json" and any((p.parent / f).exists() for f in _SAE_FILES)):
+            return True
+        if p.suffix == ".npz":
+            import numpy as np
+
+            with np.load(p, allow_pickle=False) as z:
+                return "W_dec" in z.files
+        if p.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(p), framework="numpy") as f:
+                return "W_dec" in f.keys()
+    except (OSError, ValueError, RuntimeError):
+        return False
+    return False
 
 
 def as_sae(sae, *, architecture: str | None = None, norm_scaling_factor: float | None = None) -> SAE:

@@ -1,0 +1,157 @@
+"""Codes at a sparsity budget (widelimit.coding.pursuit, widelimit.coding.sparse_bound; theory.md §10): the witness
+against brute-force enumeration with scipy's NNLS, the lower bounds against the exact optimum, and the pursuit
+against dictionary_learning's grad_pursuit on the decoders of the real libraries' SAEs."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from scipy.optimize import nnls
+
+from fixtures import libraries
+from widelimit.coding._nnls import gram_batch, nnls_batch
+from widelimit.coding.pursuit import PursuitOptions, sparse_codes
+from widelimit.coding.sparse_bound import babel
+
+
+def _unit(rng, k, n):
+    U = rng.standard_normal((k, n))
+    return U / np.linalg.norm(U, axis=1, keepdims=True)
+
+
+def _exact(U, X, s):
+    """min over supports of size s of scipy's NNLS residual (the definition of m_s, by enumeration)."""
+    return np.array([min(nnls(U[list(S)].T, x)[1] ** 2 for S in itertools.combinations(range(len(U)), s)) for x in X])
+
+
+def test_nnls_batch_matches_scipy_on_random_supports():
+    rng = np.random.default_rng(0)
+    U, X = _unit(rng, 7, 5), rng.standard_normal((30, 5))
+    S = torch.as_tensor(np.stack([rng.choice(7, 5, replace=False) for _ in range(30)]))
+    valid = torch.as_tensor(rng.random((30, 5)) < 0.8)
+    G, q = gram_batch(torch.as_tensor(U)[S], torch.as_tensor(X), valid)
+    y = nnls_batch(G, q, valid).numpy()
+    for i in range(30):
+        cols = S[i][valid[i]].numpy()
+        want = nnls(U[cols].T, X[i])[0] if cols.size else np.zeros(0)
+        np.testing.assert_allclose(y[i][valid[i].numpy()], want, atol=1e-10)
+        assert np.all(y[i][~valid[i].numpy()] == 0)
+
+
+@pytest.mark.parametrize("s", [1, 2, 3])
+def test_bracket_contains_the_enumerated_optimum(s):
+    rng = np.random.default_rng(s)
+    U, X = _unit(rng, 9, 5), rng.standard_normal((25, 5)) + 0.5
+    b = rng.standard_normal(5) * 0.1
+    res = sparse_codes(X, 2.0 * U, b, budget=s, device="cpu")  # decoder rows of norm 2: codes in its units
+    exact = _exact(U, X - b, s)
+    assert np.all(res.point_values >= exact - 1e-9)  # a witness is never below the optimum
+    assert np.all(res.point_bounds <= exact + 1e-12)
+    np.testing.assert_allclose(res.point_bounds, exact, rtol=1e-9, atol=1e-12)  # s <= 1 exact, else enumeration
+    # the codes are the witness: their MSE recomputed from scratch, and they respect the budget
+    R = X - b - res.codes @ (2.0 * U)
+    np.testing.assert_allclose((R * R).sum(1), res.point_values, rtol=1e-12)
+    assert np.diff(res.codes.indptr).max() <= s and res.codes.data.min() > 0
+    assert np.mean(res.point_values <= exact + 1e-9) >= 0.9  # the pursuit finds the optimum on most tokens
+
+
+def test_warm_start_is_never_worse_than_its_start():
+    rng = np.random.default_rng(3)
+    k, n, s = 40, 12, 4
+    U, X = _unit(rng, k, n), rng.standard_normal((60, n))
+    Z0 = np.zeros((60, k))
+    for i in range(60):
+        Z0[i, rng.choice(k, s, replace=False)] = rng.exponential(size=s)
+    res = sparse_codes(X, U, np.zeros(n), budget=s, Z0=Z0, opts=PursuitOptions(max_iter=0, cold_start=False),
+                       device="cpu")
+    R0 = X - Z0 @ U
+    own = (R0 * R0).sum(1)
+    assert res.start_value == pytest.approx(own.mean(), rel=1e-12)
+    assert np.all(res.point_values <= own * (1 + 1e-12))
+    assert np.mean(res.point_values < own * (1 - 1e-6)) > 0.9  # the NNLS refit improves random codes
+
+
+def test_restricted_eigenvalue_bound_below_the_optimum_and_nontrivial():
+    rng = np.random.default_rng(4)
+    k, n, s = 24, 400, 2  # nearly orthogonal atoms: mu_1(1) << 1
+    U = _unit(rng, k, n)
+    Z = np.zeros((4, k))
+    for i in range(4):
+        Z[i, rng.choice(k, s, replace=False)] = 1.0 + rng.random(s)
+    X = Z @ U + 0.1 * rng.standard_normal((4, n))  # s-sparse tokens plus noise spread over 400 dimensions
+    mu = babel(torch.as_tensor(U), s)
+    G = np.abs(U @ U.T) - np.eye(k)
+    assert mu[2] == pytest.approx(G.max(), abs=1e-12)
+    res = sparse_codes(X, U, np.zeros(n), budget=s, max_subsets=10, device="cpu")
+    assert "restricted eigenvalue" in res.status
+    exact = _exact(U, X, s)
+    assert np.all(res.point_bounds <= exact)
+    assert np.all(res.point_bounds >= 0.3 * exact)  # and not far below it on this near-orthogonal dictionary
+
+
+def test_no_bound_is_claimed_for_a_coherent_dictionary():
+    rng = np.random.default_rng(5)
+    U = _unit(rng, 200, 8)  # 200 atoms in 8 dimensions: mu_1(s-1) > 1, C(200, 6) supports
+    res = sparse_codes(rng.standard_normal((10, 8)), U, np.zeros(8), budget=6, device="cpu")
+    assert res.lower_bound == 0.0 and res.status.startswith("none") and not res.certified
+    assert res.value > 0
+
+
+def _sparse_data(W, b, k, N, seed):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.randperm(W.shape[0], generator=g)[:k] for _ in range(N)])
+    Z = torch.zeros(N, W.shape[0], dtype=torch.float64).scatter(1, idx, torch.rand(N, k, generator=g, dtype=torch.float64) + 0.5)
+    return (Z @ W + b + 0.05 * torch.randn(N, W.shape[1], generator=g, dtype=torch.float64)).numpy()
+
+
+def _library_saes():
+    """Decoders of TopK SAEs built by the libraries themselves (SAELens, sparsify, dictionary_learning)."""
+    out = []
+    torch.manual_seed(0)
+    try:
+        sl = libraries.sae_lens()
+        m = sl.TopKSAE(sl.TopKSAEConfig(d_in=16, d_sae=48, k=4, dtype="float64"))
+        out.append(("sae_lens", m, 4))
+    except pytest.skip.Exception:
+        pass
+    try:
+        spz = libraries.sparsify()
+        out.append(("sparsify", spz.SparseCoder(16, spz.SparseCoderConfig(num_latents=48, k=4), dtype=torch.float64), 4))
+    except pytest.skip.Exception:
+        pass
+    try:
+        _, topk, _, _ = libraries.dictionary_learning()
+        out.append(("dictionary_learning", topk.AutoEncoderTopK(16, 48, 4).double(), 4))
+    except pytest.skip.Exception:
+        pass
+    return out
+
+
+def test_grad_pursuit_never_finds_better_codes_on_library_saes():
+    gp = libraries.grad_pursuit()
+    from widelimit.sae.formats import as_sae
+
+    saes = _library_saes()
+    if not saes:
+        pytest.skip("no SAE library installed")
+    for name, m, k in saes:
+        sae = as_sae(m)
+        W, b = torch.as_tensor(sae.W_dec, dtype=torch.float64), torch.as_tensor(sae.b_dec, dtype=torch.float64)
+        X = _sparse_data(W, b, k, 150, seed=1)
+        Z0 = sp.csr_array(sae.encode(X))
+        res = sparse_codes(X, sae.W_dec, sae.b_dec, budget=k, Z0=Z0, device="cpu")
+        # the library's own call (float32, as it allocates its codes): signal b x d, dictionary d x n
+        w = gp.grad_pursuit((torch.as_tensor(X) - b).float(), W.T.float(), target_l0=k).double()
+        assert int((w > 0).sum(1).max()) <= k
+        r = torch.as_tensor(X) - b - w @ W
+        theirs = (r * r).sum(1).numpy()
+        own = ((X - sae.decode(Z0.toarray())) ** 2).sum(1)
+        assert res.value <= theirs.mean(), name
+        assert res.value <= own.mean(), name
+        assert np.mean(res.point_values <= theirs + 1e-9) >= 0.95, name
+        assert math.isfinite(res.lower_bound)

@@ -1,0 +1,56 @@
+"""The bracket at an SAE's own L0 (widelimit.sae.sparsity, theory.md §10) inside certify_sae: budgets per
+architecture, JumpReLU's own L0-penalised objective from its SAELens config, and the time budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import widelimit as wl
+from fixtures import libraries
+from widelimit.sae.formats import load_sae
+from widelimit.sae.sparsity import SparsityOptions, budget_rule, l0_penalty
+
+
+def _jumprelu(tmp_path, c=0.05, mode="step"):
+    sl = libraries.sae_lens()
+    torch.manual_seed(0)
+    m = sl.JumpReLUTrainingSAE(sl.JumpReLUTrainingSAEConfig(d_in=12, d_sae=30, l0_coefficient=c,
+                                                            jumprelu_sparsity_loss_mode=mode, dtype="float64"))
+    with torch.no_grad():
+        m.W_enc.normal_(0, 0.5)
+        m.threshold.fill_(0.3)
+    m.save_inference_model(tmp_path / "jr")
+    return load_sae(tmp_path / "jr")
+
+
+def test_jumprelu_is_bracketed_on_its_recorded_l0_objective(tmp_path):
+    sae = _jumprelu(tmp_path)
+    assert l0_penalty(sae) == 0.05 and budget_rule(sae)[0] is None
+    X = np.random.default_rng(2).standard_normal((150, 12))
+    cert = wl.certify_sae(X, sae, device="cpu", sparsity=SparsityOptions(time_limit=600.0))
+    s, pen = cert.sparsity, cert.sparsity["penalised"]
+    f = sae.encode(X)
+    own = (f != 0).sum(1)
+    mse = ((X - sae.decode(f)) ** 2).sum(1)
+    assert pen["sae_value"] == pytest.approx(np.mean(mse + 0.05 * own), rel=1e-12)
+    xx = ((X - sae.b_dec) ** 2).sum(1)
+    assert pen["lower_bound"] == pytest.approx(np.mean(np.minimum(xx, 0.05)), rel=1e-12)
+    assert pen["lower_bound"] <= pen["value"] <= pen["sae_value"]
+    assert pen["value"] <= s["value"] + 0.05 * s["l0"] + 1e-12  # never worse than the budgeted witness
+    assert s["l0"] <= own.mean() and s["sae_l0"] == pytest.approx(own.mean())
+    # a tanh-mode JumpReLU does not minimise an L0 penalty: no penalised row
+    assert l0_penalty(_jumprelu(tmp_path, mode="tanh")) is None
+
+
+def test_zero_time_budget_still_refits_the_sae_codes(tmp_path):
+    sae = _jumprelu(tmp_path)
+    X = np.random.default_rng(3).standard_normal((100, 12))
+    cert = wl.certify_sae(X, sae, device="cpu", sparsity=SparsityOptions(time_limit=0.0))
+    s = cert.sparsity
+    assert s["n_iter"] == 0 and s["batches_stopped_by_time"] == 1
+    assert s["value"] <= s["sae_value"] and s["gain"] >= 0
+    assert any("time budget" in n for n in cert.notes)
+    with pytest.raises(ValueError, match="time_limit"):
+        SparsityOptions(time_limit=-1.0)

@@ -1,0 +1,113 @@
+r"""Batched nonnegative least squares on small supports (torch, float64): the refit of :mod:`.pursuit`.
+
+For a batch of tokens, each with its own support of at most ``s`` unit atoms (gathered as
+``Us`` ``(B, s, n)``, slots beyond a token's support masked out by ``valid``), solve
+
+.. math:: \min_{y \ge 0} \|x_t - y\,U_S\|^2 \quad (\text{per token})
+
+by the Lawson--Hanson active-set method run on every token of the batch at once
+(theory.md §10.2): a batched Cholesky solve on the passive set per step, the passive set of a
+token whose unconstrained step leaves the orthant shrunk by the interpolation step.
+The start is the least-squares fit on the whole support with the negative entries dropped
+until none is left (a point of the Lawson--Hanson invariant: least squares on its passive set,
+positive there), so a support whose least-squares fit is already nonnegative (the usual case
+for an SAE's own support) costs one solve.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["nnls_batch", "gram_batch"]
+
+#: Ridge added to the diagonal of a Gram block before its Cholesky factorisation (unit atoms: diagonal 1).
+RIDGE = 1e-12
+
+
+def gram_batch(Us: torch.Tensor, xt: torch.Tensor, valid: torch.Tensor):
+    """``(G, q)`` with ``G = Us Us^T`` ``(B, s, s)`` and ``q = Us x_t`` ``(B, s)``, zero outside ``valid``."""
+    Us = Us * valid[..., None]
+    return Us @ Us.transpose(1, 2), (Us @ xt[..., None])[..., 0]
+
+
+def _solve(G, q, P):
+    """Least squares on the passive sets ``P`` (B, s): ``G_PP z_P = q_P``, ``z = 0`` off ``P``."""
+    m = P.to(G.dtype)
+    A = G * (m[:, :, None] * m[:, None, :])
+    eye = torch.eye(G.shape[1], dtype=G.dtype, device=G.device)
+    A = A + eye * (1.0 - m)[:, :, None] + eye * RIDGE
+    L, info = torch.linalg.cholesky_ex(A)
+    bad = info != 0
+    if bool(bad.any()):  # (near-)duplicate atoms on a support: a larger ridge for those tokens
+        L2, _ = torch.linalg.cholesky_ex(A[bad] + eye * 1e-8)
+        L = L.clone()
+        L[bad] = L2
+    z = torch.cholesky_solve((q * m)[..., None], L)[..., 0]
+    return z * m
+
+
+def nnls_batch(G: torch.Tensor, q: torch.Tensor, valid: torch.Tensor, max_iter: int | None = None) -> torch.Tensor:
+    r"""Nonnegative least squares ``min_{y >= 0} y^T G y - 2 q^T y`` per token on the ``valid`` slots.
+
+    Parameters
+    ----------
+    G : tensor (B, s, s)
+        Gram blocks of each token's support (:func:`gram_batch`).
+    q : tensor (B, s)
+        Correlations ``U_S x_t``.
+    valid : bool tensor (B, s)
+        Slots that hold an atom.
+    max_iter : int, optional
+        Outer (add-a-variable) steps; default ``2 s + 2``. The result is nonnegative and zero off
+        ``valid`` however early it stops (the witness is evaluated from it, never trusted).
+
+    Returns
+    -------
+    tensor (B, s)
+        The codes ``y`` (0 off ``valid``).
+    """
+    B, s = q.shape
+    if s == 0 or B == 0:
+        return torch.zeros_like(q)
+    P = valid.clone()
+    y = torch.zeros_like(q)
+    for _ in range(s + 1):  # start: least squares on the support, negatives dropped
+        z = _solve(G, q, P)
+        neg = P & (z <= 0)
+        if not bool(neg.any()):
+            y = z
+            break
+        P &= ~neg
+    else:
+        y = _solve(G, q, P).clamp_min(0) * P
+    scale = torch.linalg.norm(q, dim=1, keepdim=True) * 1e-13 + 1e-300
+    for _ in range(max_iter if max_iter is not None else 2 * s + 2):
+        w = q - (G @ y[..., None])[..., 0]  # half the negative gradient
+        cand = valid & ~P & (w > scale)
+        act = cand.any(1)
+        if not bool(act.any()):
+            break
+        j = torch.where(cand, w, torch.full_like(w, -torch.inf)).argmax(1)
+        P[act, j[act]] = True
+        _inner(G, q, P, y, act)
+    return y.clamp_min(0) * valid
+
+
+def _inner(G, q, P, y, act) -> None:
+    """Lawson--Hanson's inner loop, in place on ``y`` and ``P`` for the tokens ``act``."""
+    s = q.shape[1]
+    todo = act.clone()
+    for _ in range(s + 1):
+        z = _solve(G, q, P)
+        bad = P & (z <= 0) & todo[:, None]
+        ok = todo & ~bad.any(1)
+        y[ok] = z[ok]
+        todo &= ~ok
+        if not bool(todo.any()):
+            return
+        ratio = torch.where(bad, y / (y - z).clamp_min(1e-300), torch.full_like(y, torch.inf))
+        alpha = ratio.min(1).values.clamp(0.0, 1.0)
+        t = todo[:, None]
+        y.copy_(torch.where(t, y + alpha[:, None] * (z - y), y))
+        P &= ~(t & (y <= 0))
+        y.mul_(P)

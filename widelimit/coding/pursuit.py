@@ -1,0 +1,530 @@
+r"""Codes at a given sparsity for a fixed decoder and bias: a strong pursuit and its verified witness.
+
+For unit atoms ``U`` (rows, ``k x n``), a bias ``b`` and a per-token budget ``s_i``, the best MSE of
+nonnegative codes that fire at most ``s_i`` atoms is (theory.md §10)
+
+.. math:: m_{s}(x_i) = \min_{y \ge 0,\ \|y\|_0 \le s_i} \|x_i - b - y\,U\|^2 .
+
+It is NP-hard in general; :func:`sparse_codes` finds codes that are as good as it can within a
+budget of rounds and seconds, and returns them with their MSE **evaluated in float64 from the
+codes** (a verified witness: "codes at this L0 exist with this MSE"), and a proven lower bound from
+:mod:`widelimit.coding.sparse_bound`. The search, per batch of tokens, all in torch float64:
+
+1. **warm start** from given codes (an SAE's own): their support, refit by nonnegative least squares
+   (:func:`widelimit.coding._nnls.nnls_batch`) -- never worse than the codes themselves;
+2. **cold start**: nonnegative orthogonal matching pursuit from the empty support (one product
+   ``R U^T`` per added atom, refit on the support each time); the better start per token is kept;
+3. **rounds**, each with one product ``C = R U^T`` for the residual correlations: tokens below their
+   budget add the most correlated atom; tokens at their budget try swaps (the ``n_add`` most
+   correlated atoms outside the support against the ``n_drop`` support atoms whose removal costs
+   least, ``y_j^2 / (G_S^{-1})_{jj}``) and a ``s``-sparse projected gradient step (keep the ``s``
+   largest entries of ``y + C / ||U||_2^2``), each trial refit by NNLS; a token keeps a trial only if
+   its MSE drops, and stops when none does.
+
+With ``penalty = c`` (JumpReLU's recorded L0 coefficient) the objective is ``||r||^2 + c ||y||_0`` and the
+budget only bounds the start: each round swaps atoms at each token's current count, then drops an atom
+whose removal raises the MSE by less than ``c`` or adds one whose addition lowers it by more than ``c``
+(start from the codes of a budgeted search, ``cold_start=False``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from .._runtime import resolve_device
+from .._validation import check_int, check_real
+from ..engine.local import Progress
+from ._nnls import gram_batch, nnls_batch
+from .sparse_bound import METHODS, babel, sparse_lower_bound
+
+__all__ = ["PursuitOptions", "pursue_batch", "spectral_norm_sq", "residuals", "Atoms"]
+
+
+@dataclass(frozen=True)
+class PursuitOptions:
+    """Options of the pursuit (checked).
+
+    Attributes
+    ----------
+    max_iter : int
+        Rounds after the starts (each: one correlation product, one batch of NNLS refits).
+    n_add, n_drop : int
+        Swap trials per token and round: the ``n_add`` best atoms outside the support against the
+        ``n_drop`` cheapest support atoms to remove.
+    cold_start : bool
+        Also run nonnegative OMP from the empty support (step 2 of the module docstring).
+    penalty : float or None
+        L0 penalty ``c`` of an L0-penalised objective (JumpReLU), or ``None`` for the budget only.
+    """
+
+    max_iter: int = 8
+    n_add: int = 3
+    n_drop: int = 3
+    cold_start: bool = True
+    penalty: float | None = None
+
+    def __post_init__(self):
+        check_int(self.max_iter, "max_iter", low=0)
+        check_int(self.n_add, "n_add", low=1)
+        check_int(self.n_drop, "n_drop", low=1)
+        if self.penalty is not None:
+            check_real(self.penalty, "penalty", low=0.0)
+
+
+def spectral_norm_sq(U: torch.Tensor, iters: int = 50) -> float:
+    """An upper estimate of ``||U||_2^2`` (power iteration on ``U U^T``, padded by 1 % for safety of the step)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    v = torch.randn(U.shape[1], dtype=U.dtype, generator=g).to(U.device)
+    for _ in range(iters):
+        v = U.T @ (U @ v)
+        nv = torch.linalg.norm(v)
+        if float(nv) == 0.0:
+            return 1.0
+        v = v / nv
+    return 1.01 * float(torch.linalg.norm(U @ v)) ** 2
+
+
+#: Widest dictionary whose Gram matrix ``U U^T`` the pursuit forms (128 MiB in float64); wider ones gather atoms.
+GRAM_ATOMS = 4096
+
+
+class Atoms:
+    """Unit atoms ``U`` (k, n) with the products the pursuit needs: Gram blocks of supports (from the full Gram
+    ``U U^T`` when ``k <= GRAM_ATOMS``, else gathered per support) and residuals from codes."""
+
+    def __init__(self, U: torch.Tensor):
+        self.U = U
+        self.k = U.shape[0]
+        self.G = U @ U.T if self.k <= GRAM_ATOMS else None
+        self.U32 = U.to(torch.float32)
+
+    def corr(self, R):
+        """``R U^T`` in float32: the correlations that only choose atoms (every value is then refit and
+        evaluated in float64)."""
+        return (R.to(torch.float32) @ self.U32.T).to(R.dtype)
+
+    def gram(self, S, valid):
+        """``G_SS`` per token (B, s, s), zero outside ``valid``."""
+        if self.G is None:
+            return gram_batch(self.U[S], torch.zeros(S.shape[0], self.U.shape[1], dtype=self.U.dtype,
+                                                     device=self.U.device), valid)[0]
+        m = valid.to(self.G.dtype)
+        return self.G[S[:, :, None], S[:, None, :]] * (m[:, :, None] * m[:, None, :])
+
+    def rows(self, j):
+        """``<u_j, u_d>`` for every atom ``d`` (B, k), one row per entry of ``j``."""
+        return self.G[j] if self.G is not None else self.U[j] @ self.U.T
+
+    def dense(self, S, valid, y):
+        """The codes as a dense (B, k) tensor."""
+        Y = torch.zeros(S.shape[0], self.k, dtype=self.U.dtype, device=self.U.device)
+        return Y.scatter_add_(1, S, y * valid)
+
+
+def residuals(A: Atoms, xt: torch.Tensor, S: torch.Tensor, y: torch.Tensor, valid=None) -> torch.Tensor:
+    """``R = x_t - sum_j y_j U[S_j]`` per token (float64, from the codes: the witness's own residual), in
+    ``O(s n)`` per token (the atoms gathered in chunks of tokens)."""
+    R = xt.clone()
+    if S.shape[1] == 0:
+        return R
+    yv = y if valid is None else y * valid
+    step = max(1, (1 << 22) // max(1, S.shape[1] * A.U.shape[1]))
+    for b0 in range(0, S.shape[0], step):
+        R[b0 : b0 + step] -= torch.einsum("bs,bsn->bn", yv[b0 : b0 + step], A.U[S[b0 : b0 + step]])
+    return R
+
+
+#: Most entries of the Gram blocks one NNLS refit holds at once (``rows * s * s``; 32 Mi float64 = 256 MiB).
+REFIT_ENTRIES = 1 << 25
+
+
+def _refit(A, xt, S, valid, Cx, q=None):
+    """NNLS codes on the supports ``S`` (masked by ``valid``), their residuals and per-token squared norms
+    (``Cx = x_t U^T``: the correlations the refit's right-hand side gathers), in chunks of rows whose Gram
+    blocks hold at most :data:`REFIT_ENTRIES` entries."""
+    step = max(1, REFIT_ENTRIES // max(1, S.shape[1] ** 2))
+    y = torch.zeros(S.shape, dtype=xt.dtype, device=xt.device)
+    for r0 in range(0, S.shape[0], step):
+        Sc, vc = S[r0 : r0 + step], valid[r0 : r0 + step]
+        qc = Cx[r0 : r0 + step].gather(1, Sc) if q is None else q[r0 : r0 + step]
+        y[r0 : r0 + step] = nnls_batch(A.gram(Sc, vc), qc * vc, vc)
+    R = residuals(A, xt, S, y, valid)
+    return y, R, (R * R).sum(1)
+
+
+def _compact(S, valid, y):
+    """Drop zero codes from the supports and move the atoms to the first slots."""
+    keep = valid & (y > 0)
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+    S, keep, y = S.gather(1, order), keep.gather(1, order), y.gather(1, order)
+    return S * keep, keep, y * keep
+
+
+def _masked_corr(C, S, valid):
+    """``C`` with the support atoms set to ``-inf`` (they cannot be added again)."""
+    C = C.clone()
+    rows = torch.arange(C.shape[0], device=C.device)[:, None].expand_as(S)
+    C[rows[valid], S[valid]] = -math.inf
+    return C
+
+
+def _add(A, xt, Cx, S, valid, y, mse, budget, C):
+    """One greedy step: tokens below budget add the atom most correlated with the residual (if > 0)."""
+    cnt = valid.sum(1)
+    best, j = _masked_corr(C, S, valid).max(1)
+    go = (cnt < budget) & (best > 0)
+    moved = torch.zeros_like(go)
+    if not bool(go.any()):
+        return S, valid, y, mse, moved
+    if bool((cnt[go] >= S.shape[1]).any()):  # widen the slots by one
+        S, valid, y = (torch.cat([a, a.new_zeros((a.shape[0], 1))], 1) for a in (S, valid, y))
+    idx = torch.nonzero(go)[:, 0]
+    S2, v2 = S[idx].clone(), valid[idx].clone()
+    ar = torch.arange(idx.numel(), device=S.device)
+    S2[ar, cnt[idx]] = j[idx]
+    v2[ar, cnt[idx]] = True
+    y2, _, m2 = _refit(A, xt[idx], S2, v2, Cx[idx])
+    better = m2 < mse[idx]
+    sel = idx[better]
+    S, valid, y, mse = S.clone(), valid.clone(), y.clone(), mse.clone()
+    S[sel], valid[sel], y[sel], mse[sel] = S2[better], v2[better], y2[better], m2[better]
+    moved[sel] = True
+    return S, valid, y, mse, moved
+
+
+def _removal_cost(A, S, valid, y):
+    """``y_j^2 / (G_S^{-1})_jj`` per support slot (the least-squares cost of removing atom ``j``); inf off ``valid``."""
+    step = max(1, REFIT_ENTRIES // max(1, S.shape[1] ** 2))
+    dinv = torch.empty(S.shape, dtype=y.dtype, device=y.device)
+    eye = torch.eye(S.shape[1], dtype=y.dtype, device=y.device)
+    for r0 in range(0, S.shape[0], step):
+        vc = valid[r0 : r0 + step]
+        m = vc.to(y.dtype)
+        L, _ = torch.linalg.cholesky_ex(A.gram(S[r0 : r0 + step], vc) + eye * (1.0 - m)[:, :, None] + eye * 1e-10)
+        dinv[r0 : r0 + step] = torch.cholesky_inverse(L).diagonal(dim1=1, dim2=2).clamp_min(1e-300)
+    return torch.where(valid, y * y / dinv, torch.full_like(y, math.inf))
+
+
+def _trials(A, S, valid, y, C, budget, opts, Lsq):
+    """Candidate supports ``(B, T, s)`` for the tokens at their budget: swaps and one projected-gradient step."""
+    s = S.shape[1]
+    nd = min(opts.n_drop, s)
+    drop_slot = (-_removal_cost(A, S, valid, y)).topk(nd, dim=1).indices
+    trials, tvalid = [], []
+    for d in range(nd):
+        # the correlations with the residual once the dropped atom's contribution is put back
+        j = S.gather(1, drop_slot[:, d : d + 1])[:, 0]
+        Cd = C + y.gather(1, drop_slot[:, d : d + 1]) * A.rows(j)
+        add_v, add_j = _masked_corr(Cd, S, valid).topk(min(opts.n_add, C.shape[1]), dim=1)
+        for a in range(add_j.shape[1]):
+            trials.append(S.clone().scatter_(1, drop_slot[:, d : d + 1], add_j[:, a : a + 1]))
+            tvalid.append(valid & (add_v[:, a : a + 1] > 0))
+    # s-sparse projected gradient: the `budget` largest entries of y + C / L (dense over the atoms)
+    Y = (A.dense(S, valid, y) + C / Lsq).clamp_min(0)
+    top_v, top_j = Y.topk(s, dim=1)
+    ok = (top_v > 0) & (torch.arange(s, device=S.device)[None, :] < budget[:, None])
+    trials.append(top_j * ok)
+    tvalid.append(ok)
+    return torch.stack(trials, 1), torch.stack(tvalid, 1)
+
+
+def _swap(A, xt, Cx, S, valid, y, mse, budget, C, opts, Lsq):
+    """One round of swap / projected-gradient trials; keeps each token's best trial if it lowers the MSE."""
+    full = valid.sum(1) >= budget
+    idx = torch.nonzero(full & (budget > 0))[:, 0]
+    moved = torch.zeros_like(full)
+    if idx.numel() == 0:
+        return S, valid, y, mse, moved
+    T, Tv = _trials(A, S[idx], valid[idx], y[idx], C[idx], budget[idx], opts, Lsq)
+    nb, nt, s = T.shape
+    q = Cx[idx].gather(1, T.reshape(nb, nt * s)).reshape(nb * nt, s)  # (not Cx repeated: k columns per trial)
+    yT, _, mT = _refit(A, xt[idx].repeat_interleave(nt, 0), T.reshape(nb * nt, s), Tv.reshape(nb * nt, s), None, q)
+    best, t = mT.reshape(nb, nt).min(1)
+    better = best < mse[idx] * (1.0 - 1e-12)
+    sel = idx[better]
+    pick = torch.arange(nb, device=S.device)[better] * nt + t[better]
+    S, valid, y, mse = S.clone(), valid.clone(), y.clone(), mse.clone()
+    S[sel], valid[sel] = T.reshape(nb * nt, s)[pick], Tv.reshape(nb * nt, s)[pick]
+    y[sel], mse[sel] = yT[pick], best[better]
+    moved[sel] = True
+    return S, valid, y, mse, moved
+
+
+def _penalised(A, xt, Cx, S, valid, y, mse, C, c):
+    """L0-penalised moves: drop the cheapest atom where its removal costs less than ``c``, else add the best
+    atom where it gains more than ``c`` (one NNLS refit each; kept only if ``mse + c L0`` drops)."""
+    cnt = valid.sum(1)
+    slot = _removal_cost(A, S, valid, y).argmin(1)
+    Tv = valid.clone()
+    Tv[torch.arange(S.shape[0], device=S.device), slot] = False
+    yd, _, md = _refit(A, xt, S * Tv, Tv, Cx)
+    drop = (cnt > 0) & (md + c * (cnt - 1) < (mse + c * cnt) * (1.0 - 1e-12))
+    S, valid, y, mse = _pick(drop, (S * Tv, Tv, yd, md), (S, valid, y, mse))
+    big = torch.full_like(cnt, A.k)
+    S2, v2, y2, m2, added = _add(A, xt, Cx, S, valid, y, mse, torch.where(drop, cnt - 1, big), C)
+    keep = added & (m2 + c * v2.sum(1) < mse + c * valid.sum(1))
+    if S2.shape[1] > S.shape[1]:
+        pad = S2.shape[1] - S.shape[1]
+        S, valid, y = (torch.cat([a, a.new_zeros((a.shape[0], pad))], 1) for a in (S, valid, y))
+    S, valid, y, mse = _pick(keep, (S2, v2, y2, m2), (S, valid, y, mse))
+    return S, valid, y, mse, drop | keep
+
+
+def _round(A, xt, Cx, S, valid, y, mse, budget, opts, Lsq):
+    """One round on a subset of tokens: ``(S, valid, y, mse, moved)``."""
+    C = A.corr(residuals(A, xt, S, y, valid))  # the round's one product with the dictionary
+    if opts.penalty is None:
+        S, valid, y, mse, m1 = _add(A, xt, Cx, S, valid, y, mse, budget, C)
+        S, valid, y, mse, m2 = _swap(A, xt, Cx, S, valid, y, mse, budget, C, opts, Lsq)
+    else:  # swaps at each token's current count, then the penalised drops and adds
+        S, valid, y, mse, m1 = _swap(A, xt, Cx, S, valid, y, mse, valid.sum(1), C, opts, Lsq)
+        C = A.corr(residuals(A, xt, S, y, valid))
+        S, valid, y, mse, m2 = _penalised(A, xt, Cx, S, valid, y, mse, C, float(opts.penalty))
+    return S, valid, y, mse, m1 | m2
+
+
+def _pick(mask, a, b):
+    """Per token, the tuple ``a`` where ``mask`` else ``b`` (tensors with the batch first)."""
+    return tuple(torch.where(mask.view(-1, *([1] * (x.dim() - 1))), x, z) for x, z in zip(a, b))
+
+
+def _omp(A, xt, Cx, budget, deadline):
+    """Nonnegative OMP from the empty support up to each token's budget."""
+    B = xt.shape[0]
+    S = torch.zeros(B, 0, dtype=torch.long, device=xt.device)
+    valid = torch.zeros(B, 0, dtype=torch.bool, device=xt.device)
+    y = torch.zeros(B, 0, dtype=xt.dtype, device=xt.device)
+    R, mse = xt, (xt * xt).sum(1)
+    for _ in range(int(budget.max()) if B else 0):
+        S, valid, y, mse, moved = _add(A, xt, Cx, S, valid, y, mse, budget, A.corr(R))
+        if not bool(moved.any()) or time.perf_counter() > deadline:
+            break
+        R = residuals(A, xt, S, y, valid)
+    return S, valid, y, mse
+
+
+def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=None, *,
+                 opts: PursuitOptions = PursuitOptions(), deadline: float = math.inf, Lsq: float | None = None,
+                 atoms: Atoms | None = None) -> dict:
+    r"""The pursuit of the module docstring on one batch.
+
+    Parameters
+    ----------
+    U : tensor (k, n) float64
+        Unit atoms.
+    xt : tensor (B, n) float64
+        Centred tokens ``x_i - b``.
+    budget : long tensor (B,)
+        Most atoms per token ``s_i``.
+    start : CSR array (B, k), optional
+        Codes on the unit atoms to start from (an SAE's own); each token must fire at most ``s_i``.
+    opts : PursuitOptions
+    deadline : float
+        ``time.perf_counter()`` after which no further round starts (the warm start always runs).
+    Lsq : float, optional
+        ``||U||_2^2`` (:func:`spectral_norm_sq`), computed when not given.
+    atoms : Atoms, optional
+        ``Atoms(U)``, to share its Gram matrix between batches.
+
+    Returns
+    -------
+    dict
+        ``codes`` (CSR (B, k), unit-atom codes), ``mse`` (per token, float64 numpy, evaluated from the
+        codes), ``l0`` (per token), ``start_mse`` (per token, the start's own MSE, or its refit where
+        lower; ``None`` without a start), ``residuals`` (B, n), ``rounds``, ``correlations`` (``x_t U^T``) and
+        ``stopped`` (``"converged"``: no token improved in the last round, ``"max_iter"`` or ``"time_limit"``).
+    """
+    A = Atoms(U) if atoms is None else atoms
+    Lsq = spectral_norm_sq(U) if Lsq is None else Lsq
+    Cx = xt @ U.T
+    best, start_mse = None, None
+    if start is not None:
+        S, valid, y0 = _support_of(start, xt.device, xt.dtype)
+        if bool((valid.sum(1) > budget).any()):
+            raise ValueError("pursue_batch: the start codes fire more atoms than the budget on some token")
+        y, _, m = _refit(A, xt, S, valid, Cx)
+        R0 = residuals(A, xt, S, y0, valid)
+        m0 = (R0 * R0).sum(1)
+        keep0 = m0 <= m  # the refit is a least-squares optimum on the support: worse only by rounding
+        best, start_mse = (S, valid, torch.where(keep0[:, None], y0, y), torch.minimum(m, m0)), m0
+    if (opts.cold_start or best is None) and time.perf_counter() <= deadline:
+        cold = _omp(A, xt, Cx, budget, deadline)
+        if best is None:
+            best = cold
+        else:
+            w = best[0].shape[1] - cold[0].shape[1]
+            cold = tuple(torch.cat([a, a.new_zeros((a.shape[0], max(0, w)))], 1) for a in cold[:3]) + (cold[3],)
+            best = tuple(torch.cat([a, a.new_zeros((a.shape[0], max(0, -w)))], 1) for a in best[:3]) + (best[3],)
+            best = _pick(cold[3] < best[3], cold, best)
+    S, valid, y = _compact(*best[:3])
+    mse = best[3]
+    rounds, stopped = 0, "converged"
+    active = torch.ones(xt.shape[0], dtype=torch.bool, device=xt.device)
+    while bool(active.any()):
+        if rounds >= opts.max_iter or time.perf_counter() > deadline:
+            stopped = "max_iter" if rounds >= opts.max_iter else "time_limit"
+            break
+        rounds += 1
+        # only the tokens that moved in the last round: the others' trials are the same and fail again
+        idx = torch.nonzero(active)[:, 0]
+        sub = _round(A, xt[idx], Cx[idx], S[idx], valid[idx], y[idx], mse[idx], budget[idx], opts, Lsq)
+        w = sub[0].shape[1] - S.shape[1]
+        if w > 0:
+            S, valid, y = (torch.cat([a, a.new_zeros((a.shape[0], w))], 1) for a in (S, valid, y))
+        S, valid, y, mse = S.clone(), valid.clone(), y.clone(), mse.clone()
+        for full, part in zip((S, valid, y), sub[:3]):
+            full[idx] = torch.cat([part, part.new_zeros((part.shape[0], full.shape[1] - part.shape[1]))], 1)
+        mse[idx] = sub[3]
+        active = torch.zeros_like(active)
+        active[idx] = sub[4]
+        S, valid, y = _compact(S, valid, y)
+    R = residuals(A, xt, S, y, valid)
+    codes = _to_csr(S, valid, y, A.k)
+    return {"codes": codes, "mse": (R * R).sum(1).cpu().numpy(), "l0": np.diff(codes.indptr),  # the witness
+            "start_mse": None if start_mse is None else start_mse.cpu().numpy(), "residuals": R, "rounds": rounds,
+            "correlations": Cx, "stopped": stopped}
+
+
+def _support_of(Z, device, dtype):
+    """``(S, valid, y)`` slot tensors of CSR codes ``Z`` (B, k), zeros dropped."""
+    Z = sp.csr_array(Z)
+    Z.eliminate_zeros()
+    cnt = np.diff(Z.indptr)
+    s = int(cnt.max()) if cnt.size else 0
+    B = Z.shape[0]
+    S = np.zeros((B, s), dtype=np.int64)
+    y = np.zeros((B, s))
+    pos = np.arange(Z.nnz) - np.repeat(Z.indptr[:-1], cnt)
+    rows = np.repeat(np.arange(B), cnt)
+    S[rows, pos] = Z.indices
+    y[rows, pos] = Z.data
+    valid = np.arange(s)[None, :] < cnt[:, None]
+    return (torch.as_tensor(S, device=device), torch.as_tensor(valid, device=device),
+            torch.as_tensor(y, dtype=dtype, device=device))
+
+
+def _to_csr(S, valid, y, k: int) -> sp.csr_array:
+    v = (valid & (y > 0)).cpu().numpy()
+    rows, slots = np.nonzero(v)
+    Sn, yn = S.cpu().numpy(), y.cpu().numpy()
+    return sp.csr_array((yn[rows, slots], (rows, Sn[rows, slots])), shape=(S.shape[0], k))
+
+
+__all__ += ["PursuitResult"]
+
+
+@dataclass(frozen=True)
+class PursuitResult:
+    """Codes at a sparsity budget, as a bracket on the best MSE at that budget (theory.md §10).
+
+    ``value``: mean MSE of ``codes`` (the verified witness); ``lower_bound``: a proven lower bound on the
+    mean of the per-token optima ``m_s(x_i)`` (:mod:`widelimit.coding.sparse_bound`); ``gap = value -
+    lower_bound``; ``status`` names the bound's method or why none is better than the trivial one.
+    """
+
+    value: float
+    lower_bound: float
+    gap: float
+    rel_gap: float
+    certified: bool
+    tol: float
+    status: str
+    n_iter: int
+    time_s: float
+    n_points: int
+    start_value: float | None = None
+    l0: float = 0.0
+    codes: sp.csr_array | None = field(default=None, repr=False)
+    point_values: np.ndarray | None = field(default=None, repr=False)
+    point_bounds: np.ndarray | None = field(default=None, repr=False)
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("value", "lower_bound", "gap", "rel_gap", "certified", "tol",
+                                              "status", "n_iter", "time_s", "n_points", "start_value", "l0")}
+
+
+def sparse_codes(X, W, b, *, budget, Z0=None, opts: PursuitOptions = PursuitOptions(), tol: float = 1e-6,
+                 time_limit: float | None = None, batch_size: int = 2048, device="auto", max_subsets: int = 2000,
+                 progress=None) -> PursuitResult:
+    r"""Codes at a sparsity budget for a fixed decoder and bias, bracketed (theory.md §10).
+
+    Parameters
+    ----------
+    X : array (N, n)
+        Tokens.
+    W : array (k, n)
+        Decoder (rows = atoms, any norms; codes are returned in its units: ``x ~ b + z W``).
+    b : array (n,)
+        Bias.
+    budget : int or int array (N,)
+        Most atoms per token.
+    Z0 : array or sparse (N, k), optional
+        Codes to start from (in ``W``'s units), firing at most ``budget`` atoms per token.
+    opts : PursuitOptions
+    tol : float
+        ``certified`` iff ``gap <= tol * value``.
+    time_limit : float, optional
+        Seconds; the warm start's refit always runs, later rounds only within the limit.
+    batch_size : int
+        Tokens per batch.
+    device : {"auto", "cpu", "cuda"}
+    max_subsets : int
+        Enumeration limit of :func:`widelimit.coding.sparse_bound.sparse_lower_bound`.
+    progress : callable(Progress), optional
+        ``stage="pursuit"`` events per batch.
+
+    Returns
+    -------
+    PursuitResult
+    """
+    t0 = time.perf_counter()
+    dev = resolve_device(device)
+    X = np.asarray(X, dtype=np.float64)
+    W = np.asarray(W, dtype=np.float64)
+    N, k = X.shape[0], W.shape[0]
+    norms = np.linalg.norm(W, axis=1)
+    norms_safe = np.where(norms > 0, norms, 1.0)
+    U = torch.as_tensor(W / norms_safe[:, None], device=dev)
+    bud = np.broadcast_to(np.asarray(budget, dtype=np.int64), (N,))
+    if (bud < 0).any():
+        raise ValueError("budget must be >= 0 on every token")
+    Zs = None if Z0 is None else sp.csr_array(Z0) @ sp.diags_array(norms)
+    A, Lsq = Atoms(U), spectral_norm_sq(U)
+    mu = babel(U, int(bud.max()) if N else 0)
+    deadline = math.inf if time_limit is None else t0 + float(time_limit)
+    vals, lbs, meth, starts, codes, rounds = [], [], [], [], [], 0
+    for s0 in range(0, N, batch_size):
+        xt = torch.as_tensor(X[s0 : s0 + batch_size] - np.asarray(b, dtype=np.float64), device=dev)
+        bt = torch.as_tensor(bud[s0 : s0 + batch_size].copy(), device=dev)
+        out = pursue_batch(U, xt, bt, None if Zs is None else Zs[s0 : s0 + batch_size], opts=opts,
+                           deadline=deadline, Lsq=Lsq, atoms=A)
+        lb, m = sparse_lower_bound(U, xt, bt, out["residuals"], mu=mu, max_subsets=max_subsets)
+        vals.append(out["mse"]), lbs.append(np.minimum(lb, out["mse"])), meth.append(m), codes.append(out["codes"])
+        if out["start_mse"] is not None:
+            starts.append(out["start_mse"])
+        rounds = max(rounds, out["rounds"])
+        if progress is not None:
+            progress(Progress(stage="pursuit", pass_index=1, rows_done=min(N, s0 + batch_size), rows_total=N))
+    v, lb = np.concatenate(vals), np.concatenate(lbs)
+    value, lower = float(v.mean()), float(lb.mean())
+
+    m = np.concatenate(meth)
+    status = "; ".join(f"{METHODS[j]}: {int((m == j).sum())} tokens" for j in sorted(set(m.tolist())))
+    Y = sp.vstack(codes).tocsr() if codes else sp.csr_array((0, k))
+    gap = value - lower  # certified / rel_gap: the rule of exact/gap.py (coding imports nothing of exact)
+    rel = 0.0 if gap == 0.0 else (gap / abs(value) if value != 0.0 else math.inf)
+    return PursuitResult(value=value, lower_bound=lower, gap=gap, rel_gap=rel,
+                         certified=gap <= tol * max(abs(value), 2.0 ** -1022), tol=tol, status=status,
+                         n_iter=rounds, time_s=time.perf_counter() - t0, n_points=N,
+                         start_value=float(np.concatenate(starts).mean()) if starts else None,
+                         l0=float(Y.nnz) / max(1, N), codes=sp.csr_array(Y @ sp.diags_array(1.0 / norms_safe)),
+                         point_values=v, point_bounds=lb)
+
+
+__all__ += ["sparse_codes"]
