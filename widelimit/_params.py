@@ -131,9 +131,14 @@ class StrOptions(Constraint):
 
 
 class String(Constraint):
-    """Any string (a name the function looks up itself: an array's key in a file, a column)."""
+    """Any string (a name the function looks up itself: an array's key in a file, a column; a size the
+    function parses)."""
 
     allowed = "a string"
+
+    def __init__(self, *, allowed: str | None = None):
+        if allowed:
+            self.allowed = allowed
 
     def convert(self, value, name):
         if isinstance(value, str):
@@ -254,7 +259,7 @@ class Device(Constraint):
 class PathLike(Constraint):
     """A file or folder path (``str`` or ``os.PathLike``)."""
 
-    allowed = "a path (str or os.PathLike)"
+    allowed = "a file or folder path (str or os.PathLike)"
 
     def convert(self, value, name):
         if isinstance(value, (str, os.PathLike)) and str(value):
@@ -324,14 +329,15 @@ def check_value(value, constraint, name: str):
     raise ValueError(f"{name} must be {_allowed(constraint)}, got {shown(value)}")
 
 
-def validate_params(constraints: dict[str, Any]):
+def validate_params(constraints: dict[str, Any], *, error: type = ValueError):
     """Decorator: check every argument of a call against its constraint, once, before the body runs.
 
     ``constraints`` maps each parameter name (``**options`` included, by its name, to one constraint for
     every option or to a dict ``{option: constraint}``, other options refused) to a constraint; a
     parameter without one is a ``TypeError`` when the function is defined (``self`` / ``cls`` excepted),
     and so is a constraint for a parameter the function does not have. The wrapper keeps the signature
-    and docstring (``functools.wraps``); the constraints are at ``wrapper.__wl_constraints__``.
+    and docstring (``functools.wraps``); the constraints are at ``wrapper.__wl_constraints__``. ``error``: the
+    ``ValueError`` subclass a refusal raises (``widelimit.DataError`` for the data readers).
     """
     def deco(fn):
         sig = inspect.signature(fn)
@@ -345,7 +351,15 @@ def validate_params(constraints: dict[str, Any]):
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            bound = sig.bind(*args, **kwargs)
+            try:
+                bound = _checked(sig.bind(*args, **kwargs))
+            except ValueError as e:
+                if error is ValueError or isinstance(e, error):
+                    raise
+                raise error(str(e)) from None
+            return fn(*bound.args, **bound.kwargs)
+
+        def _checked(bound):
             for name, value in bound.arguments.items():
                 if name in ("self", "cls"):
                     continue
@@ -361,7 +375,7 @@ def validate_params(constraints: dict[str, Any]):
                         bound.arguments[name] = {k: check_value(v, c, k) for k, v in value.items()}
                 elif not isinstance(c, Passed):
                     bound.arguments[name] = check_value(value, c, name)
-            return fn(*bound.args, **bound.kwargs)
+            return bound
 
         wrapper.__wl_constraints__ = dict(constraints)
         return wrapper

@@ -149,7 +149,7 @@ def _dnn_value(X, lam, solver, fixed_b=None):
     Xt = X - np.ones((N, 1)) @ cp.reshape(b, (1, n), order="C") if fixed_b is None else X - fixed_b
     obj = lam / N * (cp.matrix_frac(Xt, Q + lam * np.eye(N)) + cp.sum(Q))
     prob = cp.Problem(cp.Minimize(obj), [Q >= 0])
-    kw = dict(eps=1e-9, max_iter=200_000) if solver == cp.SCS else {}
+    kw = dict(eps=1e-9, max_iters=200_000) if solver == cp.SCS else {}
     prob.solve(solver=solver, **kw)
     return prob.value, prob.status
 

@@ -115,7 +115,7 @@ def test_threads_option():
     assert seen and set(seen) == {1} and torch.get_num_threads() == before
     with pytest.raises(TypeError, match="num_threads"):  # the deprecated name is gone
         solve_dnn(X, lam=0.5, device="cpu", num_threads=1)
-    with pytest.raises(ValueError, match=r"^threads must be an integer >= 1 or None, got 0$"):
+    with pytest.raises(ValueError, match=r"^threads must be an integer >= 1 and at most 4 per usable core or None, got 0$"):
         solve_dnn(X, lam=0.5, threads=0)
 
 

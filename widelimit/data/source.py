@@ -307,7 +307,8 @@ def same_tensor(p: Path, shards: list[Shard]) -> None:
                         "with key=... (every shard must hold it)")
 
 
-@validate_params({"path": PathLike(), "key": [String(), None], "column": [String(), None], "header": [Boolean(), None]})
+@validate_params({"path": PathLike(), "key": [String(), None], "column": [String(), None], "header": [Boolean(), None]},
+                 error=DataError)
 def open_activations(path, *, key: str | None = None, column: str | None = None,
                      header: bool | None = None) -> ActivationSource:
     """Open activations ``X`` (N, n) at ``path`` as an :class:`ActivationSource` (nothing read up front

@@ -60,7 +60,7 @@ import scipy.sparse as sp
 from .._memory import check_memory, gib
 from .._runtime import stdout_to_stderr
 from .._params import (LAM, NONNEG_INT, POSITIVE, POSITIVE_INT, ArrayLike, Boolean, Data, InstanceOf, StrOptions,
-                       validate_params)
+                       String, validate_params)
 from .._validation import check_vector
 from ..results import CertifiedResult, shared_dict
 
@@ -374,7 +374,8 @@ def _cone_constraints(cone: str, Q, N: int):
 @validate_params({
     "X": Data(), "lam": LAM, "cone": StrOptions(CONES, fold="lower"), "solver": StrOptions(SOLVERS, fold="upper"),
     "b": [ArrayLike(), None], "tol": POSITIVE, "max_iter": [POSITIVE_INT, None], "solver_opts": [InstanceOf(dict), None],
-    "max_memory": [POSITIVE, None], "horn_rounds": NONNEG_INT, "horn_cuts": POSITIVE_INT, "horn_subsets": POSITIVE_INT,
+    "max_memory": [POSITIVE, String(allowed="a size such as '512M'"), None], "horn_rounds": NONNEG_INT,
+    "horn_cuts": POSITIVE_INT, "horn_subsets": POSITIVE_INT,
     "verbose": Boolean(),
 })
 def relax(X, *, lam, cone: str = "dnn", solver: str = "SCS", b=None, tol: float = 1e-6,
