@@ -113,7 +113,7 @@ def cell(n, k, L, N, device, with_peers):
            "optimal_l0": cert.metrics["optimal_l0"], "forward_metrics_s": t_fwd, "certify_s": t_cert,
            "ratio": t_cert / t_fwd, "pair_search_s": pair_s[0] if pair_s else None,
            "ratio_without_pair_search": (t_cert - (pair_s[0] if pair_s else 0.0)) / t_fwd,
-           "tokens_per_s": N / t_cert, "coding_gap": cert.coding_gap, "coding_converged": cert.coding_converged,
+           "tokens_per_s": N / t_cert, "coding_gap": cert.coding_gap, "coding_certified": cert.coding_certified,
            "coding_iterations": cert.metrics["coding_iterations"], "peak_rss_growth_mb": _rss_mb() - rss0}
     if with_peers:
         U = sae.unit_dictionary()

@@ -80,23 +80,24 @@ def _requirements(path: Path) -> list[str]:
 
 
 def test_ci_runs_exactly_the_readme_set_up_and_test_command():
+    """Two commands; each makes and activates the virtual environment first; CI runs the second as written."""
     lines = _bash_lines((ROOT / "README.md").read_text())
-    venv = next(ln for ln in lines if "venv" in ln)
-    test = next(ln for ln in lines if ln.endswith("pytest -q"))
-    assert venv == "python3 -m venv .venv && . .venv/bin/activate"
-    assert lines.index(venv) < lines.index(test)  # the environment first
+    commands = [ln for ln in lines if "pip install" in ln]
+    assert len(commands) == 2 and commands[1].endswith("pytest -q")
+    for ln in commands:
+        assert ln.startswith("python3 -m venv .venv && . .venv/bin/activate && "), ln
     ci = [ln for ln in _requirements(ROOT / ".ci" / "run") if not ln.startswith(("set ", "cd "))]
-    assert ci == [venv, test]
+    assert ci == [commands[1]]
 
 
 def test_both_commands_install_torch_cpu_build_first_from_the_cpu_index():
     """Step one asks the PyTorch CPU index about torch alone (--no-deps: an unreachable index costs one
     look-up, not one per package), at the pinned version; every later install keeps the pin."""
     lines = _bash_lines((ROOT / "README.md").read_text())
-    installs = [ln for ln in lines if "pip install" in ln and "venv" not in ln]
+    installs = [ln for ln in lines if "pip install" in ln]
     assert len(installs) == 2
     for ln in installs:
-        steps = [s.strip() for s in ln.split("&&")]
+        steps = [s.strip() for s in ln.split("&&")][2:]  # after making and activating the environment
         assert steps[0] == "python3 -m pip install --no-deps -r torch-cpu.txt", steps
         assert steps[1].startswith("python3 -m pip install -c constraints-cpu.txt -e "), steps
     assert _requirements(ROOT / "torch-cpu.txt") == [f"--extra-index-url {CPU_INDEX}", "-c constraints-cpu.txt", "torch"]

@@ -9,6 +9,7 @@ Every failure is a :class:`~widelimit.data.shards.DataError` naming the file.
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import re
@@ -89,9 +90,6 @@ def npy_header(f) -> tuple[tuple, bool, np.dtype]:
     other characters (names of a structured dtype) is refused. Any other version -- ``(1, 5)`` included, which
     only the major number used to be checked for -- is refused as ``np.load`` refuses it.
     """
-    import io
-    import struct as _struct
-
     fmt = np.lib.format
     version = fmt.read_magic(f)
     if version not in NPY_VERSIONS:
@@ -104,7 +102,7 @@ def npy_header(f) -> tuple[tuple, bool, np.dtype]:
     raw = f.read(4)
     if len(raw) < 4:
         raise ValueError("EOF reading the array header length")
-    (hlen,) = _struct.unpack("<I", raw)
+    (hlen,) = struct.unpack("<I", raw)
     if hlen > 1 << 20:
         raise ValueError(f"array header length {hlen} is far above any numpy writes")
     header = f.read(hlen)

@@ -465,7 +465,7 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
     l1 = choice.lam is not None  # else the SAE's own sparsity alone: no optimal L1 coding, no wide limit
     make = partial(default_parts, coding=coding if l1 else None, pairs=(pa[absorb], pb[absorb]), sparsity=sparsity)
     # a batch's (batch x d_sae) float64 correlations within BATCH_BYTES: memory bounded by the batch at any width
-    rows = max(64, min(run.batch_size, BATCH_BYTES // (8 * setup.k)))
+    rows = min(run.batch_size, max(64, BATCH_BYTES // (8 * setup.k)))
     parts = run_parts(acts, make, setup, rows, progress)
     if not l1:
         return certify_l0(SAECertificate, parts, setup, flags, choice=choice, pairs=(pa, pb, pc), N=int(acts.shape[0]),

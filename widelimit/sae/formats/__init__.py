@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
+
 from ..._params import POSITIVE, PathLike, StrOptions, validate_params
 from ..model import ARCHITECTURES
 from ..model import SAE, SAEFormatError
@@ -119,8 +121,6 @@ def looks_like_sae(path) -> bool:
         if p.name in _SAE_FILES or (p.name == "cfg.json" and any((p.parent / f).exists() for f in _SAE_FILES)):
             return True
         if p.suffix == ".npz":
-            import numpy as np
-
             with np.load(p, allow_pickle=False) as z:
                 return "W_dec" in z.files
         if p.suffix == ".safetensors":
