@@ -55,7 +55,7 @@ def check_minilm_sae(res, out):
     value = np.mean(np.sum(R * R, axis=1)) + 2 * lam * np.mean(Z @ np.linalg.norm(w["W_dec"], axis=1))
     cert = res["certificate"]
     assert cert["sae_objective"] == pytest.approx(value, rel=1e-5)
-    assert cert["n_tokens"] == X.shape[0] and cert["d_sae"] == res["width"]
+    assert cert["n_points"] == X.shape[0] and cert["d_sae"] == res["width"]
     # the lower bound is min_b H(b) <= H(mean), and the optimal codes can only help
     assert cert["lower_bound"] <= _huber_value(X, X.mean(axis=0), lam) * (1 + 1e-9)
     assert cert["lower_bound"] <= cert["optimal_code_objective"] <= cert["sae_objective"] * (1 + 1e-9)

@@ -335,13 +335,13 @@ def test_frontier_time_limit_and_progress_lines(tmp_path, capsys, one_torch_thre
     assert (fr.widths, fr.skipped_widths, fr.status) == ([1], [2, 3], "time_limit")  # the first width always runs
     assert fr.as_dict()["skipped_widths"] == [2, 3] and len(fr.values) == 1
     np.save(tmp_path / "x.npy", X)
-    rc, out, err = cli(capsys, "frontier", tmp_path / "x.npy", "--lam", "0.5", "--widths", "1,2", "--max-steps", "10",
+    rc, out, err = cli(capsys, "frontier", tmp_path / "x.npy", "--lam", "0.5", "--widths", "1,2", "--max-iter", "10",
                        "--init", "data", "--json", "--out", tmp_path / "fr")
     d = json.loads(out)
     assert rc == 0 and (d["status"], d["widths"], d["skipped_widths"]) == ("done", [1, 2], [])
     lines = err.splitlines()  # a line per width on stderr although stdout is JSON and stderr no terminal
     assert [ln.split(" done")[0] for ln in lines] == ["widelimit frontier: width 1", "widelimit frontier: width 2"], err
-    rc, out, err = cli(capsys, "frontier", tmp_path / "x.npy", "--lam", "0.5", "--widths", "1,2", "--max-steps",
+    rc, out, err = cli(capsys, "frontier", tmp_path / "x.npy", "--lam", "0.5", "--widths", "1,2", "--max-iter",
                        "10", "--init", "data", "--json", "--out", tmp_path / "fr2", "--time-limit", "1e-9")
     d = json.loads(out)
     assert rc == 0 and d["skipped_widths"] == [2] and d["widths"] == [1] and d["status"] == "time_limit"
