@@ -245,7 +245,10 @@ def test_one_pass_solution_matches_the_generic_pieces(dtype, layout, rng):
         W2, z2, cert2 = _build_and_certify(LocalEngine(X, threads=2), groups, lam, sol.median, 1e-9, dtype)
     finally:
         wl_local.CHUNK_BYTES = old
-    np.testing.assert_array_equal(W2, sol.dictionary)
+    # each atom is its leader row's direction, computed row by row in both runs; the kernels sum with
+    # fastmath reassociation, so the compiled variant (which the chunk's layout picks) may round the
+    # norm differently in the last bit: unit atoms agree to a few ulps, never more
+    np.testing.assert_allclose(W2, sol.dictionary, rtol=0, atol=4 * np.finfo(dtype).eps)
     np.testing.assert_allclose(z2, sol.code_values, rtol=1e-13, atol=1e-13)
     assert cert2.value == pytest.approx(generic.value, rel=1e-11)
     assert cert2.complementarity == pytest.approx(generic.complementarity, rel=1e-8, abs=1e-12)
