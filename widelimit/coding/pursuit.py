@@ -12,8 +12,11 @@ codes** (a verified witness: "codes at this L0 exist with this MSE"), and a prov
 
 1. **warm start** from given codes (an SAE's own): their support, refit by nonnegative least squares
    (:func:`widelimit.coding._nnls.nnls_batch`) -- never worse than the codes themselves;
-2. **cold start**: nonnegative orthogonal matching pursuit from the empty support (one product
-   ``R U^T`` per added atom, refit on the support each time); the better start per token is kept;
+2. **cold starts**: nonnegative orthogonal matching pursuit from the empty support (one product
+   ``R U^T`` per added atom, refit on the support each time), and nonnegative gradient pursuit on the
+   decoder's own rows (:mod:`._grad_pursuit`, dictionary_learning's ``grad_pursuit``) with its support
+   refit by NNLS; the best start per token is kept, so the witness is never worse on any token than the
+   SAE's own codes or gradient pursuit's;
 3. **rounds**, each with one product ``C = R U^T`` for the residual correlations: tokens below their
    budget add the most correlated atom; tokens at their budget try swaps (the ``n_add`` most
    correlated atoms outside the support against the ``n_drop`` support atoms whose removal costs
@@ -40,6 +43,7 @@ import torch
 from .._runtime import resolve_device
 from .._validation import check_int, check_real
 from ..engine.local import Progress
+from ._grad_pursuit import grad_pursuit_supports
 from ._nnls import gram_batch, nnls_batch
 from .sparse_bound import METHODS, babel, sparse_lower_bound
 
@@ -59,6 +63,9 @@ class PursuitOptions:
         ``n_drop`` cheapest support atoms to remove.
     cold_start : bool
         Also run nonnegative OMP from the empty support (step 2 of the module docstring).
+    grad_start : bool
+        Also run nonnegative gradient pursuit on the decoder's rows from the empty support, its support
+        refit by NNLS (step 2 of the module docstring; :mod:`._grad_pursuit`).
     penalty : float or None
         L0 penalty ``c`` of an L0-penalised objective (JumpReLU), or ``None`` for the budget only.
     """
@@ -67,6 +74,7 @@ class PursuitOptions:
     n_add: int = 3
     n_drop: int = 3
     cold_start: bool = True
+    grad_start: bool = True
     penalty: float | None = None
 
     def __post_init__(self):
@@ -309,9 +317,19 @@ def _omp(A, xt, Cx, budget, deadline):
     return S, valid, y, mse
 
 
+def _better(best, cand):
+    """Per token, the one of two ``(S, valid, y, mse)`` starts with the lower MSE (``best`` may be ``None``)."""
+    if best is None:
+        return cand
+    w = best[0].shape[1] - cand[0].shape[1]
+    cand = tuple(torch.cat([a, a.new_zeros((a.shape[0], max(0, w)))], 1) for a in cand[:3]) + (cand[3],)
+    best = tuple(torch.cat([a, a.new_zeros((a.shape[0], max(0, -w)))], 1) for a in best[:3]) + (best[3],)
+    return _pick(cand[3] < best[3], cand, best)
+
+
 def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=None, *,
                  opts: PursuitOptions = PursuitOptions(), deadline: float = math.inf, Lsq: float | None = None,
-                 atoms: Atoms | None = None) -> dict:
+                 atoms: Atoms | None = None, scale: torch.Tensor | None = None) -> dict:
     r"""The pursuit of the module docstring on one batch.
 
     Parameters
@@ -331,6 +349,9 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
         ``||U||_2^2`` (:func:`spectral_norm_sq`), computed when not given.
     atoms : Atoms, optional
         ``Atoms(U)``, to share its Gram matrix between batches.
+    scale : tensor (k,), optional
+        The decoder's row norms (``W = diag(scale) U``), which the gradient-pursuit start uses as the
+        decoder's own rows weigh its choices; default ones.
 
     Returns
     -------
@@ -354,14 +375,11 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
         keep0 = m0 <= m  # the refit is a least-squares optimum on the support: worse only by rounding
         best, start_mse = (S, valid, torch.where(keep0[:, None], y0, y), torch.minimum(m, m0)), m0
     if (opts.cold_start or best is None) and time.perf_counter() <= deadline:
-        cold = _omp(A, xt, Cx, budget, deadline)
-        if best is None:
-            best = cold
-        else:
-            w = best[0].shape[1] - cold[0].shape[1]
-            cold = tuple(torch.cat([a, a.new_zeros((a.shape[0], max(0, w)))], 1) for a in cold[:3]) + (cold[3],)
-            best = tuple(torch.cat([a, a.new_zeros((a.shape[0], max(0, -w)))], 1) for a in best[:3]) + (best[3],)
-            best = _pick(cold[3] < best[3], cold, best)
+        best = _better(best, _omp(A, xt, Cx, budget, deadline))
+    if opts.grad_start and time.perf_counter() <= deadline:
+        w = torch.ones(A.k, dtype=xt.dtype, device=xt.device) if scale is None else scale
+        S, valid = grad_pursuit_supports(A.U, w, xt, budget, lambda: time.perf_counter() <= deadline)
+        best = _better(best, (S, valid) + _refit(A, xt, S, valid, Cx)[::2])
     S, valid, y = _compact(*best[:3])
     mse = best[3]
     rounds, stopped = 0, "converged"
@@ -496,6 +514,7 @@ def sparse_codes(X, W, b, *, budget, Z0=None, opts: PursuitOptions = PursuitOpti
         raise ValueError("budget must be >= 0 on every token")
     Zs = None if Z0 is None else sp.csr_array(Z0) @ sp.diags_array(norms)
     A, Lsq = Atoms(U), spectral_norm_sq(U)
+    scale = torch.as_tensor(norms_safe, device=dev)
     mu = babel(U, int(bud.max()) if N else 0)
     deadline = math.inf if time_limit is None else t0 + float(time_limit)
     vals, lbs, meth, starts, codes, rounds = [], [], [], [], [], 0
@@ -503,7 +522,7 @@ def sparse_codes(X, W, b, *, budget, Z0=None, opts: PursuitOptions = PursuitOpti
         xt = torch.as_tensor(X[s0 : s0 + batch_size] - np.asarray(b, dtype=np.float64), device=dev)
         bt = torch.as_tensor(bud[s0 : s0 + batch_size].copy(), device=dev)
         out = pursue_batch(U, xt, bt, None if Zs is None else Zs[s0 : s0 + batch_size], opts=opts,
-                           deadline=deadline, Lsq=Lsq, atoms=A)
+                           deadline=deadline, Lsq=Lsq, atoms=A, scale=scale)
         lb, m = sparse_lower_bound(U, xt, bt, out["residuals"], mu=mu, max_subsets=max_subsets)
         vals.append(out["mse"]), lbs.append(np.minimum(lb, out["mse"])), meth.append(m), codes.append(out["codes"])
         if out["start_mse"] is not None:

@@ -6,7 +6,7 @@ and Matryoshka) have a mean MSE ``m* = mean_i m_{s_i}(x_i)`` that no encoder of 
 at this sparsity. :class:`SparsityPart` brackets it, batch by batch:
 
 * upper end ``value``: the MSE of codes found by :func:`widelimit.coding.pursuit.pursue_batch`
-  warm-started from the SAE's own codes, evaluated in float64 from those codes (a witness: codes at
+  warm-started from the SAE's own codes (and from nonnegative OMP and gradient pursuit on its decoder), evaluated in float64 from those codes (a witness: codes at
   the SAE's L0 with this MSE exist); never above the SAE's own MSE, since the search starts from its
   codes and keeps a token's codes only when they are better;
 * lower end ``lower_bound``: :func:`widelimit.coding.sparse_bound.sparse_lower_bound`, proven per token,
@@ -110,9 +110,10 @@ class SparsityPart:
         self.penalty = l0_penalty(setup.sae)
         self.popts = PursuitOptions(max_iter=options.max_iter)
         self.pen_opts = None if self.penalty is None else PursuitOptions(max_iter=options.max_iter, penalty=self.penalty,
-                                                                         cold_start=False)
+                                                                         cold_start=False, grad_start=False)
         U = torch.as_tensor(setup.U, device=setup.dev)
         self._atoms, self._Lsq, self._mu = Atoms(U), spectral_norm_sq(U), None
+        self._scale = torch.as_tensor(np.asarray(setup.norms, dtype=np.float64), device=setup.dev)
         self.sums = dict(n=0, value=0.0, lower=0.0, sae=0.0, start=0.0, l0=0.0, sae_l0=0.0, pen_value=0.0,
                          pen_lower=0.0, pen_sae=0.0, rounds=0, own_s=0.0, rest_s=0.0, timed_out=0)
         self.methods = np.zeros(len(METHODS), dtype=np.int64)
@@ -140,7 +141,7 @@ class SparsityPart:
         bud = torch.as_tensor(np.maximum(budget, own), device=s.dev)
         xt = bt.xt.to(torch.float64)
         out = pursue_batch(self._atoms.U, xt, bud, Y0, opts=self.popts, deadline=self._deadline(now),
-                           Lsq=self._Lsq, atoms=self._atoms)
+                           Lsq=self._Lsq, atoms=self._atoms, scale=self._scale)
         if self._mu is None or len(self._mu) <= (int(bud.max()) if bud.numel() else 0):
             self._mu = babel(self._atoms.U, max((int(bud.max()) if bud.numel() else 0), 2 * int(own.mean() + 1)))
         lb, meth = sparse_lower_bound(self._atoms.U, xt, bud, out["residuals"], mu=self._mu,
