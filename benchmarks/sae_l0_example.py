@@ -2,7 +2,7 @@
 SAELens's own training classes on MiniLM activations (offline), saved as SAELens folders and certified by
 ``widelimit certify`` against their own sparsity.
 
-    python3 benchmarks/sae_l0_example.py [--steps 600] [--width 512] [--k 16] [--l0-coefficient 0.5]
+    python3 benchmarks/sae_l0_example.py [--steps 600] [--width 512] [--k 16] [--l0-coefficient 5]
 
 Writes benchmarks/results/sae_l0_example.json (the certificates' JSON) and .md (the tables as printed).
 """
@@ -29,7 +29,7 @@ def main():
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--l0-coefficient", type=float, default=0.5)
+    ap.add_argument("--l0-coefficient", type=float, default=5.0)
     ap.add_argument("--pursuit-rounds", type=int, default=4)
     ap.add_argument("--cache", type=Path, default=None, help="cache the activations here (.npy)")
     ap.add_argument("--out", type=Path, default=HERE / "results")

@@ -53,6 +53,8 @@ def test_json_stdout_is_the_json_alone_on_a_dead_jumprelu(tmp_path, capfd):
     assert main(["certify", str(tmp_path / "acts.npy"), str(tmp_path / "dead"), "--json", "--device", "cpu"]) == 0
     out, err = capfd.readouterr()
     d = json.loads(out)  # the whole of stdout is one JSON object
+    assert "DLASWP" not in out and "MKL" not in out  # (once written to stdout by oneMKL on this SAE)
+    assert any(n.startswith("the SAE is dead: no feature fires on any of the 200 tokens") for n in d["notes"])
     s = d["sparsity"]
     X = X.astype(np.float64)
     xx = ((X - m.b_dec.detach().double().numpy()) ** 2).sum(1).mean()

@@ -40,6 +40,10 @@ def certify_l0(cls, parts, setup, flags, *, choice, pairs, N: int, notes: list, 
     m = {k: v for k, v in m.items() if k not in _L1_METRICS}
     for key in ("max_violation_firing", "max_violation_silent"):  # the L1 code conditions: not this objective's
         feats[key] = np.full(setup.k, np.nan)
+    if m.get("l0") == 0.0 and N:
+        notes.append(f"the SAE is dead: no feature fires on any of the {N} tokens (L0 = 0); at its L0 the only codes "
+                     "are empty, so the bracket is exact (MSE = mean ||x - b_dec||^2) and there is nothing to gain "
+                     "at this sparsity")
     spx = parts["sparsity"].result() if "sparsity" in parts else None
     if spx is not None and spx["batches_stopped_by_time"]:
         notes.append(f"the pursuit stopped at its time budget on {spx['batches_stopped_by_time']} batches "
