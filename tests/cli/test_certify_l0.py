@@ -104,7 +104,7 @@ def test_model_adds_ce_loss_score_and_kl(tmp_path, capsys):
     from widelimit.sae.downstream import downstream_loss
     from widelimit.sae.formats import load_sae
 
-    cfg = transformers.GPT2Config(n_embd=16, n_layer=2, n_head=2, vocab_size=50, n_positions=32)
+    cfg = transformers.GPT2Config(n_embd=16, n_layer=2, n_head=2, vocab_size=50, n_positions=32, n_ctx=32)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg).eval()
     model.save_pretrained(tmp_path / "gpt2")
@@ -126,3 +126,14 @@ def test_model_adds_ce_loss_score_and_kl(tmp_path, capsys):
     assert main(bad) == 2
     err = capsys.readouterr().err
     assert "--hook 'transformer.h.9'" in err and err.count("\n") == 1
+    # a hub name is refused before anything is downloaded: one line, status 2
+    assert main(argv[:3] + ["--model", "gpt2"] + argv[5:]) == 2
+    err = capsys.readouterr().err
+    assert "--model gpt2: not a local folder" in err and err.count("\n") == 1
+    # a TransformerLens hook name: the same model as a HookedTransformer, SAELens's hook at block 0's output
+    pytest.importorskip("transformer_lens")
+    assert main(argv[:6] + ["blocks.0.hook_resid_post"] + argv[7:]) == 0
+    tl = json.loads(capsys.readouterr().out)["downstream"]
+    for key in ("ce_loss_score", "ce_loss_without_sae", "ce_loss_with_sae", "ce_loss_with_ablation",
+                "kl_div_with_sae", "kl_div_with_ablation"):
+        assert tl[key] == pytest.approx(d[key], rel=1e-4, abs=1e-6), key  # HF hooks vs TransformerLens, float32

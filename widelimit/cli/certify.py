@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import json
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from ._common import (_console, atomic_outputs, certificate_table, check_out_dir
                       nonneg_int, only_with, positive_float, positive_int, print_json, progress_display,
                       threads_int)
 from ..sae._util import sample_rows
-from ..sae.downstream import downstream_loss
+from ..sae.downstream import downstream_loss, downstream_loss_transformer_lens, hooked_transformer_from_folder
 from ..sae.report import certificate_rows, sig
 from ..sae.sweep import SWEEP_COLUMNS, decoder_frontier, plot_sweep, sweep_row
 from ..sae.certify import certify_sae, write_sae_certificate
@@ -57,7 +58,8 @@ def _add_certify(sub):
                    help="a local Hugging Face causal LM folder: add SAELens's CE loss score and the KL with the SAE "
                         "spliced in at --hook, on the token ids of --tokens")
     p.add_argument("--hook", default=None, help="with --model: the submodule whose output the SAE reads "
-                                                "(e.g. transformer.h.1)")
+                                                "(e.g. transformer.h.1), or a TransformerLens hook name "
+                                                "(e.g. blocks.1.hook_resid_post; with transformer_lens installed)")
     p.add_argument("--tokens", type=Path, default=None, help="with --model: token ids (n_seq, seq_len), .npy")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--lam", type=lam_float, help="sparsity lam > 0 of the objective")
@@ -139,12 +141,17 @@ def _certify_one(args, path, acts, cb, model=None):
         sparsity=SparsityOptions(max_iter=args.pursuit_rounds, time_limit=args.pursuit_time),
         calibration_time=args.calibration_time)
     if model is not None:
-        cert.downstream = call_interruptibly(downstream_loss, model[0], sae, model[2], module=model[1])
+        cert.downstream = call_interruptibly(model[0], sae, model[1])
     return sae, cert
 
 
 def _model(args):
-    """``(model, module, token ids)`` of --model, --hook and --tokens, each checked (one line naming the flag)."""
+    """``(run, token ids)`` of --model, --hook and --tokens, each checked (one line naming the flag): ``run(sae, ids)``
+    is :func:`downstream_loss` at a submodule of the Hugging Face model, or
+    :func:`downstream_loss_transformer_lens` at a TransformerLens hook name of the same model."""
+    if not Path(args.model).is_dir():
+        raise ValueError(f"--model {args.model}: not a local folder (a hub name would need the network; save the "
+                         "model with save_pretrained and pass its folder)")
     try:
         import transformers
     except ImportError:
@@ -154,11 +161,31 @@ def _model(args):
         model = transformers.AutoModelForCausalLM.from_pretrained(str(args.model), local_files_only=True)
     except (OSError, ValueError) as e:
         raise ValueError(f"--model {args.model}: not a Hugging Face causal LM folder ({str(e).splitlines()[0]})") from None
+    ids = _token_ids(args, model.config.vocab_size)
     try:
-        module = model.get_submodule(args.hook)
+        return functools.partial(downstream_loss, model, module=model.get_submodule(args.hook)), ids
     except AttributeError:
-        raise ValueError(f"--hook {args.hook!r}: no such submodule of the model at {args.model} "
-                         "(e.g. transformer.h.0 for a GPT-2)") from None
+        pass
+    tl_model, why = _transformer_lens(args, model)
+    if tl_model is not None and args.hook in tl_model.hook_dict:
+        return functools.partial(downstream_loss_transformer_lens, tl_model, hook_name=args.hook), ids
+    raise ValueError(f"--hook {args.hook!r}: neither a submodule of the model at {args.model} (e.g. transformer.h.0 "
+                     f"for a GPT-2) nor a TransformerLens hook name of it (e.g. blocks.0.hook_resid_post{why})")
+
+
+def _transformer_lens(args, model):
+    """``(HookedTransformer or None, why not)`` of the model at --model."""
+    try:
+        import transformer_lens  # noqa: F401
+    except ImportError:
+        return None, "; transformer_lens is not installed"
+    try:
+        return hooked_transformer_from_folder(args.model, model), ""
+    except (ValueError, KeyError, AttributeError, NotImplementedError, TypeError) as e:
+        return None, f"; TransformerLens cannot build it: {str(e).splitlines()[0][:120]}"
+
+
+def _token_ids(args, vocab_size: int) -> np.ndarray:
     try:
         ids = np.load(args.tokens, allow_pickle=False)
     except (OSError, ValueError) as e:
@@ -166,9 +193,9 @@ def _model(args):
     if ids.ndim != 2 or ids.dtype.kind not in "iu":
         raise ValueError(f"--tokens {args.tokens}: need integer token ids of shape (n_seq, seq_len), "
                          f"got {ids.dtype} {ids.shape}")
-    if ids.size and (ids.min() < 0 or ids.max() >= model.config.vocab_size):
-        raise ValueError(f"--tokens {args.tokens}: token ids must lie in [0, {model.config.vocab_size})")
-    return model, module, ids.astype(np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"--tokens {args.tokens}: token ids must lie in [0, {vocab_size})")
+    return ids.astype(np.int64)
 
 
 def _run_certify(args) -> int:

@@ -26,12 +26,14 @@ with SAELens' convention: normalise, reconstruct, undo the normalisation.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
 from .formats import as_sae
 
-__all__ = ["splice", "downstream_loss", "downstream_loss_transformer_lens", "embedding_distortion"]
+__all__ = ["splice", "downstream_loss", "downstream_loss_transformer_lens", "embedding_distortion",
+           "hooked_transformer_from_folder"]
 
 
 def _reconstruct(sae, x):
@@ -177,6 +179,31 @@ def downstream_loss_transformer_lens(model, sae, tokens, *, hook_name: str, batc
                 tot[mode]["ce"] += r["ce"]
                 tot[mode]["kl"] += r["kl"]
     return _scores(tot)
+
+
+def hooked_transformer_from_folder(folder, hf_model=None):
+    """A TransformerLens ``HookedTransformer`` (CPU, float32) of the Hugging Face causal LM saved in ``folder``, offline.
+
+    TransformerLens's ``from_pretrained`` accepts only its list of hub names; its own config conversion and
+    weight conversion also read a local folder (``config.json`` of an architecture TransformerLens supports,
+    e.g. GPT-2 with ``n_ctx`` recorded), and the weights are loaded unprocessed (no layer-norm folding or
+    centring): the same function as the Hugging Face model, so SAELens's hook names
+    (``blocks.0.hook_resid_post``) address its activations.
+    """
+    import transformer_lens as tl
+    import transformers
+    from transformer_lens import loading_from_pretrained as loading
+
+    if hf_model is None:
+        hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True)
+    cfg = loading.get_pretrained_model_config(str(folder), device="cpu")
+    state = loading.get_pretrained_state_dict(str(folder), cfg, hf_model=hf_model.float())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (TransformerLens 3: "use TransformerBridge")
+        model = tl.HookedTransformer(cfg, move_to_device=False)
+    model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
+                                      fold_value_biases=False, refactor_factored_attn_matrices=False)
+    return model.eval()
 
 
 def embedding_distortion(model, tokenizer, texts, sae, *, layer: int, max_length: int = 128, batch_size: int = 16,
