@@ -39,6 +39,11 @@ def activations(layer: int, cache: Path | None):
     return X
 
 
+#: JumpReLU's initial threshold: with l0_coefficient 5, Adam at 1e-3 and 300 steps on these tokens, 0.05 leaves
+#: L0 near 300 (the threshold moves at most ~lr per step), 0.3 kills every feature; 0.23 gives L0 near 50.
+JUMPRELU_INIT_THRESHOLD = 0.23
+
+
 def train(arch: str, X, *, width: int, k: int, steps: int, l0_coefficient: float, seed: int = 0):
     """An SAE trained by SAELens's own training classes (its ``training_forward_pass`` loss, Adam)."""
     import sae_lens as sl
@@ -51,7 +56,7 @@ def train(arch: str, X, *, width: int, k: int, steps: int, l0_coefficient: float
         "topk": lambda: sl.TopKTrainingSAE(sl.TopKTrainingSAEConfig(d_in=d, d_sae=width, k=k)),
         "batchtopk": lambda: sl.BatchTopKTrainingSAE(sl.BatchTopKTrainingSAEConfig(d_in=d, d_sae=width, k=k)),
         "jumprelu": lambda: sl.JumpReLUTrainingSAE(sl.JumpReLUTrainingSAEConfig(
-            d_in=d, d_sae=width, l0_coefficient=l0_coefficient, jumprelu_init_threshold=0.05)),
+            d_in=d, d_sae=width, l0_coefficient=l0_coefficient, jumprelu_init_threshold=JUMPRELU_INIT_THRESHOLD)),
         "matryoshka": lambda: sl.MatryoshkaBatchTopKTrainingSAE(sl.MatryoshkaBatchTopKTrainingSAEConfig(
             d_in=d, d_sae=width, k=k, matryoshka_widths=[width // 4, width // 2, width])),
     }
@@ -59,7 +64,7 @@ def train(arch: str, X, *, width: int, k: int, steps: int, l0_coefficient: float
     Xt = torch.as_tensor(X)
     with torch.no_grad():
         sae.b_dec.copy_(Xt.mean(0))
-    opt = torch.optim.Adam(sae.parameters(), lr=3e-4 if arch == "jumprelu" else 1e-3)
+    opt = torch.optim.Adam(sae.parameters(), lr=1e-3)
     coeffs = {name: c.value if hasattr(c, "value") else c for name, c in sae.get_coefficients().items()}
     g = torch.Generator().manual_seed(seed)
     for step in range(steps):
