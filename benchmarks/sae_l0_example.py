@@ -23,6 +23,25 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 
+def why_no_bound(sae, X) -> dict:
+    """The two tests of theory.md §10.3 at the SAE's largest per-token budget ``s``: Babel ``mu_1(s - 1)`` (the
+    restricted-eigenvalue bound needs it below 1) and the number of supports ``C(d_sae, s)`` (enumerated only up
+    to ``SparsityOptions().max_subsets``)."""
+    import math
+
+    import torch
+
+    from widelimit.coding.sparse_bound import babel
+    from widelimit.sae.sparsity import SparsityOptions, budget_rule
+
+    k, _ = budget_rule(sae)
+    s = int(k) if k is not None else int((sae.encode(sae.preprocess(np.asarray(X, dtype=np.float64))) != 0)
+                                         .sum(1).max())
+    mu = babel(torch.as_tensor(sae.unit_dictionary()), s)
+    return {"budget": s, "babel_mu1_s_minus_1": float(mu[s]), "subsets": float(math.comb(int(sae.d_sae), s)),
+            "max_subsets": SparsityOptions().max_subsets}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layer", type=int, default=3)
@@ -68,7 +87,8 @@ def main():
         for note in cert.notes:
             con.print(f"note: {note}")
         out[arch] = {"train_seconds": t_train, "certify_seconds": t_cert, "certificate": cert.as_dict(),
-                     "flat": cert.as_flat_dict()}
+                     "flat": cert.as_flat_dict(), "why_no_bound": why_no_bound(sae, X)}
+        con.print(f"why no lower bound: {out[arch]['why_no_bound']}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sae_l0_example.json").write_text(json.dumps(to_jsonable(out), indent=2))
     (args.out / "sae_l0_example.md").write_text("```\n" + buf.getvalue() + "```\n")
