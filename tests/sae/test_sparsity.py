@@ -54,3 +54,26 @@ def test_zero_time_budget_still_refits_the_sae_codes(tmp_path):
     assert any("time budget" in n for n in cert.notes)
     with pytest.raises(ValueError, match="time_limit"):
         SparsityOptions(time_limit=-1.0)
+
+
+def test_dead_jumprelu_with_a_recorded_l0_coefficient(tmp_path):
+    """A JumpReLU that fires nothing and records its l0_coefficient (the penalised search starts from empty
+    codes: it once failed on an argmin over zero slots). At L0 = 0 both brackets are exact: the empty code."""
+    sl = libraries.sae_lens()
+    torch.manual_seed(0)
+    m = sl.JumpReLUTrainingSAE(sl.JumpReLUTrainingSAEConfig(d_in=12, d_sae=30, l0_coefficient=0.05, dtype="float64"))
+    with torch.no_grad():
+        m.threshold.fill_(1e6)
+    m.save_inference_model(tmp_path / "dead")
+    sae = load_sae(tmp_path / "dead")
+    assert l0_penalty(sae) == 0.05
+    X = np.random.default_rng(4).standard_normal((80, 12))
+    cert = wl.certify_sae(X, sae, device="cpu", sparsity=SparsityOptions(time_limit=600.0))
+    xx = ((X - sae.b_dec) ** 2).sum(1)
+    s, pen = cert.sparsity, cert.sparsity["penalised"]
+    assert s["value"] == pytest.approx(xx.mean(), rel=1e-12) and s["lower_bound"] == pytest.approx(xx.mean(), rel=1e-12)
+    # the empty code pays no penalty; a nonempty one pays at least c, so min(||x - b||^2, c) per token is the bound
+    assert pen["sae_value"] == pytest.approx(xx.mean(), rel=1e-12)
+    assert pen["lower_bound"] == pytest.approx(np.minimum(xx, 0.05).mean(), rel=1e-12)
+    assert pen["lower_bound"] <= pen["value"] <= pen["sae_value"] * (1 + 1e-12)
+    assert any(n.startswith("the SAE is dead") for n in cert.notes)

@@ -267,6 +267,8 @@ def _swap(A, xt, Cx, S, valid, y, mse, budget, C, opts, Lsq):
 def _penalised(A, xt, Cx, S, valid, y, mse, C, c):
     """L0-penalised moves: drop the cheapest atom where its removal costs less than ``c``, else add the best
     atom where it gains more than ``c`` (one NNLS refit each; kept only if ``mse + c L0`` drops)."""
+    if S.shape[1] == 0:  # no token fires an atom (a dead SAE): one empty slot, so that there is nothing to drop
+        S, valid, y = (a.new_zeros((a.shape[0], 1)) for a in (S, valid, y))
     cnt = valid.sum(1)
     slot = _removal_cost(A, S, valid, y).argmin(1)
     Tv = valid.clone()
