@@ -27,6 +27,17 @@ import numpy as np
 HERE = Path(__file__).parent
 
 
+def command(name: str) -> str:
+    """The command line that reproduces a run (``--cache``, which only saves the MiniLM pass, left out)."""
+    argv, out, skip = sys.argv[1:], [], False
+    for a in argv:
+        if skip or a == "--cache" or a.startswith("--cache="):
+            skip = a == "--cache" and not skip
+            continue
+        out.append(a)
+    return " ".join(["python3", f"benchmarks/{name}.py"] + out)
+
+
 def activations(layer: int, cache: Path | None):
     """MiniLM token activations (float32), cached in ``cache`` when given."""
     if cache is not None and cache.exists():
@@ -142,7 +153,7 @@ def main():
     X = activations(args.layer, args.cache)
     res = {"n_tokens": int(X.shape[0]), "d_in": int(X.shape[1]), "width": args.width, "k": args.k,
            "steps": args.steps, "max_iter": args.max_iter, "l0_coefficient": args.l0_coefficient,
-           "command": " ".join(["python3", "benchmarks/l0_pursuit.py"] + sys.argv[1:]),
+           "command": command("l0_pursuit"),
            "note": "seconds on a shared 2-core CPU machine with other jobs running: ratios only roughly"}
     head = (f"Codes at the SAE's own L0 on the same decoder and per-token budgets (MiniLM layer {args.layer}, "
             f"{X.shape[0]:,} tokens, d_in {X.shape[1]}; SAELens SAEs of width {args.width}, k {args.k}, JumpReLU "

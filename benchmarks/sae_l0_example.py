@@ -57,7 +57,7 @@ def main():
     from rich.console import Console
 
     import widelimit as wl
-    from l0_pursuit import activations, train
+    from l0_pursuit import activations, command, train
     from widelimit._json import to_jsonable
     from widelimit.cli._common import certificate_table
     from widelimit.sae.formats import load_sae
@@ -69,7 +69,7 @@ def main():
     con = Console(file=buf, width=160, force_terminal=False)
     out = {"layer": args.layer, "n_tokens": int(X.shape[0]), "d_in": int(X.shape[1]), "width": args.width,
            "k": args.k, "steps": args.steps, "l0_coefficient": args.l0_coefficient,
-           "command": " ".join(["python3", "benchmarks/sae_l0_example.py"] + sys.argv[1:])}
+           "command": command("sae_l0_example")}
     root = Path(tempfile.mkdtemp())
     for arch in ("topk", "jumprelu"):
         t = time.perf_counter()
