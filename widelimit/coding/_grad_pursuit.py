@@ -66,5 +66,5 @@ def grad_pursuit_supports(U: torch.Tensor, w: torch.Tensor, xt: torch.Tensor, bu
             break
     keep = Y > 0
     s = int(keep.sum(1).max()) if B else 0
-    v, S = keep.to(torch.int8).topk(s, dim=1) if s else (keep[:, :0].to(torch.int8), keep[:, :0].long())
-    return S * v.bool(), v.bool()
+    v, S = keep.to(xt.dtype).topk(s, dim=1) if s else (keep[:, :0].to(xt.dtype), keep[:, :0].long())
+    return S * (v > 0), v > 0
