@@ -181,10 +181,10 @@ def planted_control(p: float, *, lam: float = CONTROL_LAM, n_points: int = 400, 
             "optimum_width": opt.width, "n_points": n_points, "seed": seed}
 
 
-def _train_all(X, widths, steps, seed):
+def _train_all(X, widths, steps, seed, quick):
     for arch, label, sparsities, cfg in ARCHS:
         for width in widths:
-            for sp in sparsities:
+            for sp in sparsities[:1] if quick else sparsities:
                 t = time.perf_counter()
                 sae = from_object(train_saelens(X, arch, width=width, sparsity=sp, steps=steps, seed=seed, config=cfg))
                 yield {"arch": arch, "label": label, "width": width, "sparsity": sp, "train_s": time.perf_counter() - t}, sae
@@ -286,9 +286,7 @@ def run(out_dir=None, quick: bool = False, *, layer: int = 3, steps: int | None 
     widths = (32,) if quick else (256, 512)
     steps = steps or (30 if quick else 200)
     rows, tabs, rows_cases = [], [], []
-    for info, sae in _train_all(X, widths, steps, seed):
-        if quick and info["sparsity"] != dict((a, s) for a, _, s, _ in ARCHS)[info["arch"]][0]:
-            continue
+    for info, sae in _train_all(X, widths, steps, seed, quick):
         row, tab, cases = _one_sae(X, info, sae)
         rows.append(row)
         tabs.append(tab)
