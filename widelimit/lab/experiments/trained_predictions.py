@@ -29,6 +29,8 @@ are the experiment; docs/experiments/trained_predictions.md states them with the
 - **planted control**: 1-D data ``x = s u`` (``s`` uniform on ``[1, 3]`` with probability ``p``, else 0)
   through the same training code (ReLU, lam = 0.3, ``p* = 1/2``): it shows that the pair appears when
   ``p > p*`` and that the detector finds it.
+- **planted in real activations**: the MiniLM tokens plus ``s u`` (``s`` uniform on ``[2, 6]`` with
+  probability ``p``, ``u`` random), a ReLU SAE at lam = 0.5 (``p* = 1/2``): is there an atom ``-u``?
 """
 
 from __future__ import annotations
@@ -181,6 +183,34 @@ def planted_control(p: float, *, lam: float = CONTROL_LAM, n_points: int = 400, 
             "optimum_width": opt.width, "n_points": n_points, "seed": seed}
 
 
+def planted_in_real(X, p: float, *, lam: float = 0.5, width: int = 256, steps: int = 200, low: float = 2.0,
+                    high: float = 6.0, seed: int = 0) -> dict:
+    """The same question on real activations with a planted dense variable: ``x_i + s_i u`` (``u`` random unit,
+    ``s_i`` uniform on ``[low, high]`` with probability ``p``, else 0), a ReLU SAE (SAELens) at ``lam``.
+
+    §6.1 predicts the atom ``-u`` (for the tokens where ``s = 0``) iff ``p > p*`` of the planted values.
+    Returns ``p``, ``pstar``, ``predicted``, ``found`` (some live atom has ``<w, u> <= -0.9``), ``min_cos_u``,
+    ``max_cos_u`` and, for the most negative atom, its activity and the fraction of the ``s = 0`` tokens it fires on.
+    """
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal(X.shape[1])
+    u /= np.linalg.norm(u)
+    on = rng.random(X.shape[0]) < p
+    s = np.where(on, rng.uniform(low, high, X.shape[0]), 0.0)
+    Xp = np.asarray(X, dtype=np.float64) + s[:, None] * u
+    sae = from_object(train_saelens(Xp, "standard", width=width, sparsity=lam, steps=steps, seed=seed))
+    F = sae.encode(sae.preprocess(Xp))
+    live = np.flatnonzero((F > 0).any(axis=0))
+    cu = sae.unit_dictionary()[live] @ u
+    neg = live[int(np.argmin(cu))] if live.size else None
+    pstar = antipodal_threshold(s[on], lam)
+    return {"p": float(on.mean()), "p_target": p, "lam": lam, "pstar": pstar, "predicted": bool(on.mean() > pstar),
+            "found": bool(live.size and cu.min() <= ANTI_COS), "min_cos_u": float(cu.min()) if live.size else None,
+            "max_cos_u": float(cu.max()) if live.size else None,
+            "minus_u_activity": float((F[:, neg] > 0).mean()) if neg is not None else None,
+            "minus_u_fires_on_zeros": float((F[~on, neg] > 0).mean()) if neg is not None and (~on).any() else None}
+
+
 def _train_all(X, widths, steps, seed, quick):
     for arch, label, sparsities, cfg in ARCHS:
         for width in widths:
@@ -265,10 +295,14 @@ def _plot(res, tabs, out_dir):
               title="§6.2: absorption vs predicted gain (all SAEs)")
     ax[1].legend(fontsize=7)
     ctl = res["control"]
-    ax[2].plot([c["p"] for c in ctl], [c["min_cos"] if c["min_cos"] is not None else 1.0 for c in ctl], "o-")
+    ax[2].plot([c["p"] for c in ctl], [c["min_cos"] if c["min_cos"] is not None else 1.0 for c in ctl], "o-",
+               label="1-D data: min cosine of live atoms")
+    pir = res["planted_in_real"]
+    ax[2].plot([c["p"] for c in pir], [c["min_cos_u"] for c in pir], "s-", label="MiniLM + planted s u: min <w, u>")
     ax[2].axvline(ctl[0]["pstar"], color="k", ls="--", lw=0.8, label=f"p* = {ctl[0]['pstar']:.3f}")
     ax[2].axhline(ANTI_COS, color="r", lw=0.6, label=f"detector: cos <= {ANTI_COS}")
-    ax[2].set(xlabel="activity p", ylabel="min cosine of live atoms", title=f"planted 1-D control (lam {CONTROL_LAM})")
+    ax[2].set(xlabel="activity p of the planted variable", ylabel="cosine",
+              title=f"planted controls (lam {CONTROL_LAM}; in MiniLM: lam {pir[0]['lam']})")
     ax[2].legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, out_dir, NAME)
@@ -293,6 +327,8 @@ def run(out_dir=None, quick: bool = False, *, layer: int = 3, steps: int | None 
         rows_cases.append((row, cases))
     ps = (0.3, 0.8) if quick else (0.2, 0.3, 0.4, 0.45, 0.55, 0.6, 0.7, 0.8, 0.9)
     control = [planted_control(p, steps=150 if quick else 300, seed=seed) for p in ps]
+    in_real = [planted_in_real(X, p, width=32 if quick else 256, steps=steps, seed=seed)
+               for p in ((0.8,) if quick else (0.2, 0.4, 0.6, 0.8))]
     all_cases = {k: np.concatenate([c[k] for _, c in rows_cases])
                  for k in ("gain", "absorbed", "baseline", "baseline_present", "a")}
     all_cases["n_pairs"] = sum(c["n_pairs"] for _, c in rows_cases)
@@ -301,6 +337,7 @@ def run(out_dir=None, quick: bool = False, *, layer: int = 3, steps: int | None 
            "quick": quick, "anti_cos": ANTI_COS, "parent_cos": PARENT_COS, "saes": rows,
            "confusion": _confusion(tabs), "absorption": _absorption_summary(all_cases),
            "absorption_by_gain": _gain_bins(rows_cases), "control": control,
+           "planted_in_real": in_real,
            "gain_examples": {"lam": lam0, "a": ex["a"][:20].tolist(), "c": ex["c"][:20].tolist(),
                              "gain": ex["gain"][:20].tolist()},
            "seconds": 0.0}
