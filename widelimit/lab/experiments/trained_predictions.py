@@ -57,7 +57,7 @@ PARENT_COS = 0.3      # a pair of atoms at least this cosine stands in for paren
 LAM_FLOOR = 1e-9
 CONTROL_LAM = 0.3
 #: (architecture, label, sparsities, SAELens config): lam for ReLU, k for TopK, l0_coefficient for JumpReLU
-ARCHS = [("standard", "ReLU", (0.5, 1.0), {}),
+ARCHS = [("standard", "ReLU", (0.05, 0.5, 1.0), {}),
          ("topk", "TopK", (32, 8), {}),
          ("jumprelu", "JumpReLU", (0.5, 1.0), {"jumprelu_sparsity_loss_mode": "tanh"})]
 
