@@ -112,3 +112,26 @@ def test_direction_table_on_a_known_antipodal_pair():
     assert tab["pstar"][0] == pytest.approx(1 / (1 + g), rel=1e-12)
     assert tab["found"].tolist() == [True, True] and tab["min_cos"][0] == pytest.approx(-1.0)
     assert tab["predicted"][0] == (0.7 > 1 / (1 + g))
+
+
+def test_absorption_cases_on_a_known_parent_and_child():
+    # parent atom e1 (fires when x1 > 1), child atom 0.6 e1 + 0.8 e2 (fires when x2 > 0.5); b_dec = 0, so the
+    # child's atom made orthogonal to the parent's is e2 and a, c are the coordinates x1, x2
+    rng = np.random.default_rng(2)
+    X = np.column_stack([rng.uniform(-1, 3, 400), rng.uniform(-1, 3, 400), np.zeros(400)])
+    X[:300, 0] = rng.uniform(1.5, 3, 300)                 # the parent is the more frequent latent
+    W = np.array([[1.0, 0.0, 0.0], [0.6, 0.8, 0.0]])
+    W_enc = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    sae = SAE(W_dec=W, b_dec=np.zeros(3), W_enc=W_enc, b_enc=np.array([-1.0, -0.5]), architecture="standard")
+    F = sae.encode(X)
+    lam = 0.4
+    cases = tp.absorption_cases(X, sae, F, lam)
+    child = X[:, 1] > 0.5
+    assert cases["n_pairs"] == 1 and cases["gain"].size == child.sum()
+    np.testing.assert_allclose(cases["a"], X[child, 0], atol=1e-12)
+    np.testing.assert_allclose(cases["c"], X[child, 1], atol=1e-12)
+    assert cases["absorbed"].tolist() == (X[child, 0] <= 1.0).tolist()
+    assert cases["baseline"][0] == pytest.approx(np.mean(X[:, 0] <= 1.0))
+    a, c = np.maximum(X[child, 0], 0), X[child, 1]
+    brute = [_min_code_cost(s, lam) + _min_code_cost(t, lam) - _min_code_cost(np.hypot(s, t), lam) for s, t in zip(a, c)]
+    np.testing.assert_allclose(cases["gain"], brute, atol=1e-8)
