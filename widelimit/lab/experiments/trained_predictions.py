@@ -308,19 +308,18 @@ def _plot(res, tabs, out_dir):
     save_figure(fig, out_dir, NAME)
 
 
-@register(NAME, "SAELens SAEs on MiniLM activations vs theory.md §6.1 (antipodal p*) and §6.2 (absorption gain)")
-def run(out_dir=None, quick: bool = False, *, layer: int = 3, steps: int | None = None, seed: int = 0) -> dict:
-    """Train the SAEs, test both predictions on every live latent, run the planted control; JSON + PNG."""
-    import torch
+def _gain_examples(rows_cases, n=20):
+    """The first ``n`` cases (``a``, ``c``, gain) of the first SAE that has any, with its lam (checked by the tests)."""
+    for row, cases in rows_cases:
+        if cases["gain"].size:
+            return {"sae": f"{row['label']} {row['width']} {row['sparsity']}", "lam": row["lam"],
+                    "a": cases["a"][:n].tolist(), "c": cases["c"][:n].tolist(), "gain": cases["gain"][:n].tolist()}
+    return {"sae": None, "lam": None, "a": [], "c": [], "gain": []}
 
-    torch.set_num_threads(1)      # one thread: the same SAEs on every machine load
-    t0 = time.perf_counter()
-    texts = shipped_text(max_sentences=12 if quick else None)
-    X = np.asarray(token_activations(texts, layer=layer)[0], dtype=np.float64)
-    widths = (32,) if quick else (256, 512)
-    steps = steps or (30 if quick else 200)
+
+def _measure(X, quick, steps, seed):
     rows, tabs, rows_cases = [], [], []
-    for info, sae in _train_all(X, widths, steps, seed, quick):
+    for info, sae in _train_all(X, (32,) if quick else (256, 512), steps, seed, quick):
         row, tab, cases = _one_sae(X, info, sae)
         rows.append(row)
         tabs.append(tab)
@@ -332,16 +331,30 @@ def run(out_dir=None, quick: bool = False, *, layer: int = 3, steps: int | None 
     all_cases = {k: np.concatenate([c[k] for _, c in rows_cases])
                  for k in ("gain", "absorbed", "baseline", "baseline_present", "a")}
     all_cases["n_pairs"] = sum(c["n_pairs"] for _, c in rows_cases)
-    lam0, ex = rows_cases[0][0]["lam"], rows_cases[0][1]
-    res = {"layer": layer, "n_tokens": int(X.shape[0]), "d_in": int(X.shape[1]), "steps": steps, "widths": list(widths),
-           "quick": quick, "anti_cos": ANTI_COS, "parent_cos": PARENT_COS, "saes": rows,
-           "confusion": _confusion(tabs), "absorption": _absorption_summary(all_cases),
-           "absorption_by_gain": _gain_bins(rows_cases), "control": control,
-           "planted_in_real": in_real,
-           "gain_examples": {"lam": lam0, "a": ex["a"][:20].tolist(), "c": ex["c"][:20].tolist(),
-                             "gain": ex["gain"][:20].tolist()},
-           "seconds": 0.0}
-    res["seconds"] = time.perf_counter() - t0
+    res = {"saes": rows, "confusion": _confusion(tabs), "absorption": _absorption_summary(all_cases),
+           "absorption_by_gain": _gain_bins(rows_cases), "control": control, "planted_in_real": in_real,
+           "gain_examples": _gain_examples(rows_cases)}
+    return res, tabs
+
+
+@register(NAME, "SAELens SAEs on MiniLM activations vs theory.md §6.1 (antipodal p*) and §6.2 (absorption gain)")
+def run(out_dir=None, quick: bool = False, *, layer: int = 3, steps: int | None = None, seed: int = 0) -> dict:
+    """Train the SAEs, test both predictions on every live latent, run the planted controls; JSON + PNG."""
+    import torch
+
+    t0 = time.perf_counter()
+    texts = shipped_text(max_sentences=12 if quick else None)
+    X = np.asarray(token_activations(texts, layer=layer)[0], dtype=np.float64)
+    steps = steps or (30 if quick else 200)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)      # one thread: the same SAEs whatever the machine's load
+    try:
+        measured, tabs = _measure(X, quick, steps, seed)
+    finally:
+        torch.set_num_threads(threads)
+    res = {"layer": layer, "n_tokens": int(X.shape[0]), "d_in": int(X.shape[1]), "steps": steps,
+           "widths": [32] if quick else [256, 512], "quick": quick, "anti_cos": ANTI_COS, "parent_cos": PARENT_COS,
+           **measured, "seconds": time.perf_counter() - t0}
     write_json(out_dir, NAME, res)
     _plot(res, tabs, out_dir)
     return res
