@@ -34,6 +34,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 __all__ = ["CertifiedResult", "SHARED_FIELDS", "shared_dict", "status_of", "InconsistentBound", "ordered_bound",
            "check_order", "ORDER_RTOL"]
 
@@ -46,24 +48,29 @@ class InconsistentBound(ValueError):
     """An objective below a certified lower bound by more than its rounding error: the bound is not of these data."""
 
 
-def ordered_bound(value: float, lower_bound: float, *, rounding: float = 0.0, what: str = "value",
-                  bound: str = "lower bound") -> float:
+def ordered_bound(value, lower_bound, *, rounding=0.0, what: str = "value", bound: str = "lower bound"):
     """``lower_bound``, checked to be at most ``value``; lowered to ``value`` where it is above by rounding only.
 
-    With ``slack = ORDER_RTOL * max(|value|, |lower_bound|) + rounding`` (``rounding``: a rigorous bound on
-    the error of the two numbers, where the caller has one): ``lower_bound <= value`` returns it as it is,
+    With ``slack = ORDER_RTOL * max(|value|, |lower_bound|) + rounding`` (``rounding``: a bound on the error
+    of the two numbers, where the caller has one): ``lower_bound <= value`` returns it as it is,
     ``value < lower_bound <= value + slack`` returns ``value`` (so ``value - result`` is an exact 0), and
-    beyond that :class:`InconsistentBound` is raised, naming ``what`` and ``bound``. A non-finite number is
-    returned as it is (nothing to order). docs/theory.md §8.5.
+    beyond that :class:`InconsistentBound` is raised, naming ``what`` and ``bound`` (and the first entry
+    beyond, for arrays). Elementwise on arrays (a float for scalars); a non-finite number is returned as it
+    is (nothing to order). docs/theory.md §8.5.
     """
-    v, lb = float(value), float(lower_bound)
-    if not (math.isfinite(v) and math.isfinite(lb)) or lb <= v:
-        return lb
-    slack = ORDER_RTOL * max(abs(v), abs(lb)) + max(float(rounding), 0.0)
-    if lb - v <= slack:
-        return v
-    raise InconsistentBound(f"inconsistent result: the {bound} {lb:.17g} is above the {what} {v:.17g} by "
-                            f"{lb - v:.3g}, more than rounding ({slack:.3g}); the two are not of the same problem")
+    v, lb = np.asarray(value, dtype=np.float64), np.asarray(lower_bound, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        slack = ORDER_RTOL * np.maximum(np.abs(v), np.abs(lb)) + np.maximum(np.asarray(rounding, np.float64), 0.0)
+        above = np.isfinite(v) & np.isfinite(lb) & (lb > v)
+        beyond = above & (lb - v > slack)
+    if beyond.any():
+        at = int(np.flatnonzero(np.broadcast_to(beyond, np.broadcast_shapes(v.shape, lb.shape)).ravel())[0])
+        b1, v1, s1 = (float(np.broadcast_to(a, beyond.shape).ravel()[at]) for a in (lb, v, slack))
+        where = f" at entry {at}" if beyond.ndim else ""
+        raise InconsistentBound(f"inconsistent result{where}: the {bound} {b1:.17g} is above the {what} {v1:.17g} "
+                                f"by {b1 - v1:.3g}, more than rounding ({s1:.3g}); the two are not of the same problem")
+    out = np.where(above, v, lb)
+    return float(out) if out.ndim == 0 else out
 
 
 def _fields(result) -> set:
