@@ -85,3 +85,18 @@ def test_an_exactly_optimal_sae_reports_zero_not_negative_gaps():
     d = np.linalg.norm(X - sae.b_dec, axis=1)
     h = np.where(d <= 0.5, d * d, 2 * 0.5 * d - 0.25).mean()
     assert c.sae_objective == pytest.approx(h, rel=1e-12) and c.lower_bound == pytest.approx(h, rel=1e-10)
+
+
+def test_every_certified_result_is_checked_when_made():
+    """No result class skips the check by a ``__post_init__`` of its own (dataclasses call the base's)."""
+    import importlib
+
+    from widelimit.results import CertifiedResult
+
+    for mod in ("exact.certificate", "exact.median_result", "exact.solve", "finite.bnb", "coding.result",
+                "relax.cones", "relax.dnn", "sae.certify"):
+        importlib.import_module(f"widelimit.{mod}")
+    subs = CertifiedResult.__subclasses__()
+    assert len(subs) >= 8
+    for cls in subs:
+        assert cls.__post_init__ is CertifiedResult.__post_init__, cls
