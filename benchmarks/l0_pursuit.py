@@ -57,35 +57,11 @@ JUMPRELU_INIT_THRESHOLD = 0.23
 
 def train(arch: str, X, *, width: int, k: int, steps: int, l0_coefficient: float, seed: int = 0):
     """An SAE trained by SAELens's own training classes (its ``training_forward_pass`` loss, Adam)."""
-    import sae_lens as sl
-    import torch
-    from sae_lens.saes.sae import TrainStepInput
+    from widelimit.lab.saelens_train import train_saelens
 
-    torch.manual_seed(seed)
-    d = X.shape[1]
-    cfgs = {
-        "topk": lambda: sl.TopKTrainingSAE(sl.TopKTrainingSAEConfig(d_in=d, d_sae=width, k=k)),
-        "batchtopk": lambda: sl.BatchTopKTrainingSAE(sl.BatchTopKTrainingSAEConfig(d_in=d, d_sae=width, k=k)),
-        "jumprelu": lambda: sl.JumpReLUTrainingSAE(sl.JumpReLUTrainingSAEConfig(
-            d_in=d, d_sae=width, l0_coefficient=l0_coefficient, jumprelu_init_threshold=JUMPRELU_INIT_THRESHOLD)),
-        "matryoshka": lambda: sl.MatryoshkaBatchTopKTrainingSAE(sl.MatryoshkaBatchTopKTrainingSAEConfig(
-            d_in=d, d_sae=width, k=k, matryoshka_widths=[width // 4, width // 2, width])),
-    }
-    sae = cfgs[arch]()
-    Xt = torch.as_tensor(X)
-    with torch.no_grad():
-        sae.b_dec.copy_(Xt.mean(0))
-    opt = torch.optim.Adam(sae.parameters(), lr=1e-3)
-    coeffs = {name: c.value if hasattr(c, "value") else c for name, c in sae.get_coefficients().items()}
-    g = torch.Generator().manual_seed(seed)
-    for step in range(steps):
-        idx = torch.randint(0, Xt.shape[0], (512,), generator=g)
-        out = sae.training_forward_pass(TrainStepInput(sae_in=Xt[idx], coefficients=coeffs, dead_neuron_mask=None,
-                                                       n_training_steps=step, is_logging_step=False))
-        opt.zero_grad()
-        out.loss.backward()
-        opt.step()
-    return sae
+    jr = arch == "jumprelu"
+    return train_saelens(X, arch, width=width, sparsity=l0_coefficient if jr else k, steps=steps, seed=seed, lr=1e-3,
+                         config={"jumprelu_init_threshold": JUMPRELU_INIT_THRESHOLD} if jr else None)
 
 
 def grad_pursuit_module():

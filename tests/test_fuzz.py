@@ -940,3 +940,272 @@ def test_saelens_files_refused_when_two_forms_disagree_or_tensors_are_extra(tmp_
     save_file(sd, str(f))
     with pytest.raises(SAEFormatError, match=rf"tensor '{name}' not used by a jumprelu SAE"):
         load_sae(folder)
+
+
+# ======================================================================================
+# issue 29: the classes the cases above did not generate (coding scale, storage rounding, C stdout, the order of
+# bound and value, relax's advice, Ctrl-C after the answer)
+# ======================================================================================
+
+
+def _nonneg_lasso_min(xt, U, lam):
+    """``min_{y >= 0} ||xt - y U||^2 + 2 lam sum y`` (unit rows ``U``) by trying every support: on the optimum's
+    support the stationary point is the optimum itself, and every other support's nonnegative stationary point
+    is a feasible value, so the least of them is the minimum (exact up to float64 rounding)."""
+    import itertools
+
+    k = U.shape[0]
+    best = float(xt @ xt)  # the empty support
+    for m in range(1, k + 1):
+        for S in itertools.combinations(range(k), m):
+            US = U[list(S)]
+            G = US @ US.T
+            if np.linalg.cond(G) > 1e8:
+                continue
+            y = np.linalg.solve(G, US @ xt - lam)
+            if np.all(y >= 0):
+                r = xt - y @ US
+                best = min(best, float(r @ r + 2 * lam * y.sum()))
+    return best
+
+
+@settings(max_examples=int(20 * SCALE), deadline=None)
+@given(k=st.integers(1, 4), n=st.integers(1, 4), N=st.integers(1, 4), log_lam=st.floats(-2, 9), log_z=st.floats(-9, 0.5),
+       alg=st.sampled_from(["cd", "working_set", "fista"]), seed=st.integers(0, 2**16))
+def test_coding_gaps_are_judged_at_each_tokens_own_scale(k, n, N, log_lam, log_z, alg, seed):
+    """Class 8 (per-token coding test): whatever ``lam`` is against the data's scale (10^-2 .. 10^9 here) and
+    whatever the warm start (an encoder's constant codes ``z``, 10^-9 .. 3), each token's code is within ``tol`` of its own
+    exact minimum (support enumeration), relative to its own objective (the floor ``lam^2 2^-52`` only), and
+    ``P - gap`` never exceeds it. Was: ``gap <= tol max(P, lam^2)`` passed the warm start for a large ``lam``."""
+    from widelimit.coding import optimal_codes
+
+    rng = np.random.default_rng(seed)
+    U = rng.standard_normal((k, n))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    X = rng.standard_normal((N, n))
+    lam, tol = 10.0**log_lam, 1e-6
+    r = optimal_codes(X, U, np.zeros(n), lam=lam, tol=tol, Z0=np.full((N, k), 10.0**log_z), device="cpu",
+                      algorithm=alg)
+    truth = np.array([_nonneg_lasso_min(x, U, lam) for x in X])
+    P, gap = r.point_values, r.point_gaps
+    slack = 1e-12 * (P + truth + 1.0)  # float64 rounding of both sides
+    assert np.all(P - gap <= truth + slack), (P, gap, truth)
+    floor = lam * lam * 2.0**-52  # the spec's floor, written out (not the coders' gap_floor)
+    assert r.certified and np.all(P - truth <= tol * np.maximum(P, floor) + slack), (P, truth, lam)
+
+
+@settings(max_examples=int(15 * SCALE), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(dtype=st.sampled_from(["<f2", ">f2", "bfloat16", "<f4", ">f4", "<f8"]),
+       how=st.sampled_from(["array", "npy", "folder", "torch"]), seed=st.integers(0, 99))
+def test_violation_rounding_is_the_storage_dtypes(tmp_path_factory, dtype, how, seed):
+    """Class 9 (violation flags' rounding): an exactly optimal SAE on its data rounded to the storage dtype, however
+    the data arrive (an array, a ``.npy`` of either byte order, a folder of shards, a torch tensor), lists no
+    violation, and its threshold is ``kkt_tol lam + 8 eps scale`` with the *storage* dtype's ``eps`` (bfloat16:
+    ``2^-7``). Was: float16 / bfloat16 judged at the widened float32's eps (8 violations), big-endian float16
+    as float64."""
+    import torch
+
+    from fixtures.saes import orthogonal_rays_sae
+
+    X, sae = orthogonal_rays_sae(0.5, seed=seed, n_pairs=2, dim=4, points_per_ray=4)
+    if dtype == "bfloat16":
+        t = torch.tensor(X).to(torch.bfloat16)
+        stored, eps = t.to(torch.float64).numpy(), 2.0**-7
+        acts = t if how == "torch" else stored.astype(np.float32) if how == "array" else None
+        if acts is None:  # numpy has no bfloat16 file: a safetensors shard holds it
+            from safetensors.torch import save_file
+
+            d = tmp_path_factory.mktemp("bf")
+            save_file({"acts": t}, str(d / "a.safetensors"))
+            acts = wl.open_activations(d / "a.safetensors")
+        if how == "array":
+            eps = float(np.finfo(np.float32).eps)  # a float32 array is float32 storage
+    else:
+        A = X.astype(dtype)
+        stored, eps = A.astype(np.float64), float(np.finfo(np.dtype(dtype)).eps)
+        d = tmp_path_factory.mktemp("st")
+        if how == "npy":
+            np.save(d / "x.npy", A)
+            acts = wl.open_activations(d / "x.npy")
+        elif how == "folder":
+            np.save(d / "a.npy", A[:8])
+            np.save(d / "b.npy", A[8:])
+            acts = wl.open_activations(d)
+        elif how == "torch":
+            acts = torch.from_numpy(A.astype(A.dtype.newbyteorder("=")))
+        else:
+            acts = A
+    cert = wl.certify_sae(acts, sae, lam=0.5, device="cpu")
+    scale = float(np.linalg.norm(stored, axis=1).max() + np.linalg.norm(sae.b_dec))
+    assert cert.violations == [], (dtype, how)
+    assert cert.violation_tolerance == pytest.approx(1e-6 * 0.5 + 8.0 * eps * scale, rel=1e-9), (dtype, how)
+
+
+@SOME
+@given(text=st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=80),
+       pieces=st.integers(1, 4), fail=st.booleans())
+def test_c_level_stdout_of_a_solver_goes_to_stderr(capfd, text, pieces, fail):
+    """Class 12 (SCS's ``ERROR: work memory allocation failure`` on stdout broke ``--json``): whatever a C library
+    writes to file descriptor 1 while a solver runs lands on stderr, in order; stdout is restored afterwards,
+    also when the solver fails."""
+    from widelimit._runtime import stdout_to_stderr
+
+    capfd.readouterr()
+    try:
+        with stdout_to_stderr():
+            for i in range(pieces):
+                os.write(1, f"{text}{i}\n".encode())
+            if fail:
+                raise RuntimeError("solver failed")
+    except RuntimeError:
+        assert fail
+    os.write(1, b"{}\n")
+    out, err = capfd.readouterr()
+    assert out == "{}\n" and err == "".join(f"{text}{i}\n" for i in range(pieces)), (out, err)
+
+
+@SOME
+@given(value=st.floats(-1e300, 1e300), e=st.integers(-60, 2), frac=st.floats(-1, 1),
+       rounding=st.sampled_from([0.0, 1e-300, 1e-9, 1.0]))
+def test_no_result_reports_a_bound_above_its_value(value, e, frac, rounding):
+    """Class 7 (a checkpoint's ``lb`` edited above its value gave ``gap -0.5``, ``converged: true``): for any pair, a
+    result either has ``lower_bound <= value`` and ``gap >= 0`` -- the bound unchanged when ordered, the value
+    when above it by rounding (``ORDER_RTOL`` of the larger magnitude plus the result's own rounding bound),
+    so an exact optimum's gap is 0 -- or is refused with :class:`InconsistentBound` beyond rounding."""
+    from widelimit.exact.median_result import MedianResult
+    from widelimit.results import ORDER_RTOL, InconsistentBound
+
+    lb = value + frac * 2.0**e * max(abs(value), 1e-300)
+    slack = ORDER_RTOL * max(abs(value), abs(lb)) + rounding
+    try:
+        r = MedianResult(point=np.zeros(1), value=value, lower_bound=lb, gap=value - lb, segment=np.zeros((2, 1)),
+                         n_passes=1, n_iter=1, certified=False, method="newton", kind="huber", lam=1.0,
+                         rounding=rounding)
+    except InconsistentBound as e_:
+        assert lb - value > slack and "\n" not in str(e_), (value, lb)
+        return
+    assert lb - value <= slack
+    assert r.lower_bound <= r.value and r.gap >= 0 and r.as_dict()["gap"] >= 0
+    assert (r.lower_bound, r.gap) == ((lb, value - lb) if lb <= value else (value, 0.0))
+
+
+@settings(max_examples=int(40 * SCALE), deadline=None)
+@given(N=st.integers(2, 4000), n=st.integers(1, 64), cone=st.sampled_from(["nonneg", "dnn", "dnn_horn", "sdd", "nndd",
+                                                                         "diagonal"]),
+       solver=st.sampled_from(["SCS", "CLARABEL", "TORCH"]), budget=st.integers(2**20, 2**36))
+def test_relax_refusal_advises_exactly_the_solvers_that_fit(N, n, cone, solver, budget):
+    """Class 16 (``relax`` refusing SCS advised ``--solver 'SCS'``, whatever SCS's own need): a refusal names every
+    other solver whose estimate fits the budget, with that estimate, unquoted, and no other; none fitting, it says
+    so. TORCH (widelimit's DNN solver) solves the ``dnn`` cone only."""
+    import re
+
+    from widelimit._memory import MemoryBudgetError, gib
+    from widelimit.relax.cones import check_relax_memory, estimate_memory
+    from widelimit.relax.dnn import dnn_bytes
+
+    if solver == "TORCH" and cone != "dnn":
+        cone = "dnn"
+    est = {s: estimate_memory(N, n, cone, s) for s in ("SCS", "CLARABEL")}
+    if cone == "dnn":
+        est["TORCH"] = dnn_bytes(N)
+    try:
+        check_relax_memory(N, n, cone, solver, budget, names={s: f"--solver {s}" for s in est})
+    except MemoryBudgetError as e:
+        msg = str(e)
+        assert est[solver] > budget and "\n" not in msg and "'" not in msg.split(" needs ")[1], msg
+        named = re.findall(r"--solver (\w+) \(about ([^)]+)\)", msg)
+        fit = sorted((s for s in est if s != solver and est[s] <= budget), key=est.get)
+        assert named == [(s, gib(est[s])) for s in fit], (msg, est, budget)
+        assert msg.endswith("or a smaller N" if fit else "no solver fits within it: use a smaller N"), msg
+        return
+    assert est[solver] <= budget
+
+
+_LATE_CHILD = """
+import json, sys, time, types
+
+fake = types.ModuleType("widelimit.cli")  # the command line's entry with a command that answers at once
+
+
+def main():
+    print(json.dumps({"value": 1.0}))
+    return 0
+
+
+fake.main = main
+sys.modules["widelimit.cli"] = fake
+
+
+class Teardown:  # a slow interpreter shutdown (torch's and numba's teardown take about a second)
+    def __del__(self, err=sys.stderr, sleep=time.sleep):
+        err.write("teardown\\n")
+        err.flush()
+        sleep(5)
+
+
+keep = Teardown()
+sys.argv = ["widelimit"] + sys.argv[1:]
+from widelimit.__main__ import entry
+entry()
+"""
+
+
+@settings(max_examples=int(8 * SCALE), deadline=None)
+@given(cmd=st.sampled_from(["bound", "solve", "certify", "fit"]), delay=st.floats(0.0, 0.3))
+def test_ctrl_c_after_the_answer(cmd, delay):
+    """Class 16 (Ctrl-C in the second after the JSON is printed: the process died by the signal, no line): through
+    the console script's entry, a SIGINT at any moment after the answer (here during a slow shutdown) ends the
+    process with status 0 and nothing more, or with the interrupted line and 130; never by the signal, never
+    another line. (tests/cli/test_one_line_answers.py runs the real ``bound``.)"""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.Popen([sys.executable, "-c", _LATE_CHILD, cmd], cwd=repo, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(p.stdout.readline()) == {"value": 1.0}  # the answer is out
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert out == "" and (p.returncode, lines) in ((0, []), (130, [f"widelimit {cmd}: interrupted"])), \
+        (p.returncode, lines)
+
+
+@SOME
+@given(kind=st.sampled_from(sorted(_exotic_tensors())), seed=st.integers(0, 3))
+def test_sae_pt_tensors_of_every_kind(tmp_path_factory, kind, seed):
+    """Class 16 (exotic ``.pt`` tensors gave internal type errors not naming the file), for SAE files as for data
+    files: a dictionary_learning ``ae.pt`` with any one tensor replaced by a tensor of any dtype or layout either
+    loads or is refused in one :class:`SAEFormatError` line naming the file -- and, for a dtype or layout that
+    cannot be read as numbers, the tensor and that dtype or layout."""
+    import torch
+
+    from fixtures.saes import orthogonal_rays_sae, save_dictionary_learning
+    from widelimit.sae.formats import load_sae
+    from widelimit.sae.model import SAEFormatError
+
+    _, sae = orthogonal_rays_sae(0.5, n_pairs=2, dim=3, points_per_ray=2)
+    d = save_dictionary_learning(sae, tmp_path_factory.mktemp("dl"))
+    p = d / "ae.pt"
+    sd = torch.load(p, weights_only=True)
+    name = sorted(sd)[seed % len(sd)]
+    t, word = _exotic_tensors()[kind]
+    sd[name] = t
+    torch.save(sd, p)
+    try:
+        load_sae(d)
+    except SAEFormatError as e:
+        msg = one_line(str(e))
+        assert msg.startswith(str(d)), msg
+        if kind not in _READ_AS and kind != "torch.bool":
+            assert msg.startswith(f"{p}: tensor {name!r} ") and word in msg, msg

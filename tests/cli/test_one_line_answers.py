@@ -168,3 +168,59 @@ def test_ctrl_c_right_after_the_json(data):
         p.send_signal(signal.SIGINT)  # the second after the answer
     out, err = p.communicate(timeout=120)
     assert late == "" and p.returncode == 0 and out == "" and err == "", (late, p.returncode, err)
+
+
+# --------------------------------------------------------------------------------------
+# relax: the refusal's advice, and the table
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("solver, cone, budget, fit", [
+    ("CLARABEL", "dnn", "20M", ["SCS"]),             # TORCH (about 34 MiB) does not fit: not named
+    ("CLARABEL", "dnn", "40M", ["SCS", "TORCH"]),
+    ("TORCH", "dnn", "20M", ["SCS"]),
+    ("SCS", "dnn", "5M", []),
+    ("CLARABEL", "nonneg", "100M", ["SCS"]),          # TORCH solves the dnn cone only
+])
+def test_relax_refusal_names_only_the_solvers_that_fit(capsys, data, solver, cone, budget, fit):
+    """Was: ``--solver 'SCS'`` (a Python literal), advised whatever its own memory, and ``--solver TORCH`` advised
+    even where it did not fit or could not solve the cone. Now: every solver that fits the budget, with its estimate
+    (the measured models of :func:`estimate_memory` and :func:`dnn_bytes`), and none that does not."""
+    from widelimit._memory import gib, parse_bytes
+    from widelimit.relax.cones import estimate_memory
+    from widelimit.relax.dnn import dnn_bytes
+
+    est = {"SCS": estimate_memory(60, 3, cone, "SCS"), "CLARABEL": estimate_memory(60, 3, cone, "CLARABEL")}
+    if cone == "dnn":
+        est["TORCH"] = dnn_bytes(60)
+    assert est[solver] > parse_bytes(budget) and [s for s in sorted(est, key=est.get) if s != solver
+                                                  and est[s] <= parse_bytes(budget)] == fit
+    err = _err(capsys, ["relax", data, "--lam", "1", "--cone", cone, "--solver", solver, "--memory-budget", budget])
+    named = " or ".join(f"--solver {s} (about {gib(est[s])})" for s in fit)
+    tail = f"use {named}, which fit{'s' if len(fit) == 1 else ''} within it, or a smaller N" if fit else \
+        "no solver fits within it: use a smaller N"
+    assert err.endswith(tail) and "'" not in err.split("(set to")[1], err
+    assert err.startswith(f"widelimit relax: error: {'the TORCH solver on N = 60' if solver == 'TORCH' else solver}")
+
+
+def test_relax_library_refusal_names_the_parameter():
+    X = np.random.default_rng(0).standard_normal((60, 3))
+    from widelimit._memory import MemoryBudgetError
+
+    with pytest.raises(MemoryBudgetError, match=r"; use solver='SCS' \(about 11 MiB\), which fits within it, or a "
+                                                r"smaller N$"):
+        wl.relax(X, lam=1.0, solver="CLARABEL", max_memory="20M")
+
+
+def test_relax_table(capsys, tmp_path):
+    """Was: ``widelimit relax`` without ``--json`` failed with ``KeyError: 'N'`` (the result's fields are
+    ``n_points`` and ``dim``) after the whole solve."""
+    p = tmp_path / "x.npy"
+    np.save(p, np.random.default_rng(0).standard_normal((12, 2)))
+    rc = main(["relax", str(p), "--lam", "1", "--cone", "nonneg"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and err == "", err
+    row = next(ln for ln in out.splitlines() if "points N x dims n" in ln)
+    assert "12 x 2" in row, out
+    exact = wl.solve(np.load(p), lam=1.0).value
+    assert f"{exact:.6g}"[:6] in out  # the exact value's row

@@ -194,3 +194,34 @@ def test_no_token_where_grad_pursuit_is_better_per_token_budgets_uneven_norms(se
     assert res.value < theirs.mean()
     without = sparse_codes(X, W, b, budget=budget, opts=PursuitOptions(max_iter=2, grad_start=False), device="cpu")
     assert np.any(without.point_values > theirs * (1 + 1e-6))
+
+
+def test_a_token_bound_above_its_witness_is_an_error_not_clipped(monkeypatch):
+    """Was: ``np.minimum(bound, mse)`` per token whatever the distance, so a wrong bound became a zero gap. Now:
+    above by rounding (a small multiple of eps ||x - b||^2) the bound is the witness MSE (gap exactly 0); beyond,
+    :class:`InconsistentBound` naming the token."""
+    import widelimit.coding.pursuit as pu
+    from widelimit.results import InconsistentBound
+
+    rng = np.random.default_rng(4)
+    U, X = _unit(rng, 6, 4), rng.standard_normal((10, 4))
+    honest = sparse_codes(X, U, np.zeros(4), budget=2, device="cpu")
+    real = pu.sparse_lower_bound
+
+    def lifted(by):
+        def bound(U_, xt, bt, R, **kw):
+            lb, m = real(U_, xt, bt, R, **kw)
+            mse = (R * R).sum(1).cpu().numpy()
+            lb = lb.copy()
+            lb[3] = mse[3] + by * float((xt[3] * xt[3]).sum())  # token 3 (one batch): its bound lifted above
+            return lb, m
+        return bound
+
+    monkeypatch.setattr(pu, "sparse_lower_bound", lifted(1e-14))  # rounding
+    r = sparse_codes(X, U, np.zeros(4), budget=2, device="cpu")
+    assert r.point_bounds[3] == r.point_values[3] and np.all(r.point_bounds <= r.point_values) and r.gap >= 0
+    np.testing.assert_array_equal(np.delete(r.point_bounds, 3), np.delete(honest.point_bounds, 3))
+    monkeypatch.setattr(pu, "sparse_lower_bound", lifted(1e-6))  # beyond: a bound of something else
+    with pytest.raises(InconsistentBound, match=r"^inconsistent result at entry 3: the sparse lower bound .* is "
+                                                r"above the witness MSE of that token"):
+        sparse_codes(X, U, np.zeros(4), budget=2, device="cpu")

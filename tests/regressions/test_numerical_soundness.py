@@ -73,7 +73,10 @@ def test_median_of_other_data_is_refused_and_inconsistency_is_an_error():
     with pytest.raises(ValueError, match="median was computed on other data"):
         wl.verify(A, sol.dictionary, sol.sparse_codes, sol.bias, lam=1.0, median=mB)
     # even with A's fingerprint, a bound above the objective is reported, never clipped
-    forged = dataclasses.replace(sol.median, lower_bound=mB.lower_bound)
+    with pytest.raises(InconsistentBound, match="MedianResult lower_bound .* is above the MedianResult value"):
+        dataclasses.replace(sol.median, lower_bound=mB.lower_bound)  # refused when made (widelimit.results)
+    forged = dataclasses.replace(sol.median)
+    object.__setattr__(forged, "lower_bound", mB.lower_bound)  # made past that check: verify still refuses it
     with pytest.raises(InconsistentBound, match="below the certified lower bound"):
         wl.verify(A, sol.dictionary, sol.sparse_codes, sol.bias, lam=1.0, median=forged)
     with pytest.raises(ValueError, match="no data fingerprint"):

@@ -13,10 +13,11 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
+
+from .._runtime import stdout_to_stderr as _fd1_to_stderr
 
 __all__ = ["call_interruptibly", "stdout_to_stderr", "line_progress"]
 
@@ -47,23 +48,13 @@ def call_interruptibly(fn, *args, poll: float = 0.1, **kwargs):
 
 @contextlib.contextmanager
 def stdout_to_stderr(enabled: bool = True):
-    """File descriptor 1 (and ``sys.stdout``) point at stderr inside the block; restored after it."""
+    """File descriptor 1 (:class:`widelimit._runtime.stdout_to_stderr`) and ``sys.stdout`` point at stderr inside
+    the block; restored after it."""
     if not enabled:
         yield
         return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        try:
-            sys.stdout.flush()
-        except Exception:  # noqa: BLE001 - a closed stream must not hide the work's own error
-            pass
-        os.dup2(saved, 1)
-        os.close(saved)
+    with _fd1_to_stderr(), contextlib.redirect_stdout(sys.stderr):
+        yield
 
 
 def line_progress(stream=None, every: float = 2.0):

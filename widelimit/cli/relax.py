@@ -8,9 +8,8 @@ from ._common import (_console, certificate_table, check_device, in_memory, load
                       positive_int, print_json)
 from ..relax.cones import CONES
 from ..exact.solve import solve
-from .._memory import check_memory
 from .._runtime import resolve_device
-from ..relax.dnn import dnn_bytes, solve_dnn
+from ..relax.dnn import solve_dnn
 from ..relax.cones import check_relax_memory, relax
 from ..relax.cpfactor import refine
 
@@ -63,11 +62,8 @@ def _run_relax(args) -> int:
     if lam is None:
         raise ValueError("--lam is required for data files")
     # the solver's memory is estimated (and refused above the budget) before any work, the exact solve included
-    if args.solver == "TORCH":
-        if resolve_device(args.device or "auto").type == "cpu":  # (a GPU's memory is its own)
-            check_memory(dnn_bytes(X.shape[0]), f"the TORCH solver on N = {X.shape[0]} points", hint="use a smaller N")
-    else:
-        check_relax_memory(X.shape[0], X.shape[1], args.cone, args.solver)
+    if args.solver != "TORCH" or resolve_device(args.device or "auto").type == "cpu":  # (a GPU's memory is its own)
+        check_relax_memory(X.shape[0], X.shape[1], args.cone, args.solver, names={s: f"--solver {s}" for s in SOLVERS})
     exact = solve(X, lam=lam).value
     if args.solver == "TORCH":
 
@@ -101,7 +97,7 @@ def _run_relax(args) -> int:
         print_json(d)
         return 0
     rows = [
-        ("points N x dims n", f"{d['N']} x {d['n']}", "data size"),
+        ("points N x dims n", f"{d['n_points']} x {d['dim']}", "data size"),
         ("lam", lam, "sparsity"),
         ("cone", f"{d['cone']} ({d['kind']})", "outer: lower bound; inner: upper bound"),
         ("solver", d["solver"], ""),

@@ -43,6 +43,7 @@ import torch
 from .._runtime import resolve_device
 from .._validation import check_int, check_real
 from ..engine.local import Progress
+from ..results import ordered_bound
 from ._grad_pursuit import grad_pursuit_supports
 from ._nnls import gram_batch, nnls_batch
 from .sparse_bound import METHODS, babel, sparse_lower_bound
@@ -519,20 +520,25 @@ def sparse_codes(X, W, b, *, budget, Z0=None, opts: PursuitOptions = PursuitOpti
     scale = torch.as_tensor(norms_safe, device=dev)
     mu = babel(U, int(bud.max()) if N else 0)
     deadline = math.inf if time_limit is None else t0 + float(time_limit)
-    vals, lbs, meth, starts, codes, rounds = [], [], [], [], [], 0
+    vals, lbs, meth, starts, codes, rounds, energy = [], [], [], [], [], 0, []
     for s0 in range(0, N, batch_size):
         xt = torch.as_tensor(X[s0 : s0 + batch_size] - np.asarray(b, dtype=np.float64), device=dev)
         bt = torch.as_tensor(bud[s0 : s0 + batch_size].copy(), device=dev)
         out = pursue_batch(U, xt, bt, None if Zs is None else Zs[s0 : s0 + batch_size], opts=opts,
                            deadline=deadline, Lsq=Lsq, atoms=A, scale=scale)
         lb, m = sparse_lower_bound(U, xt, bt, out["residuals"], mu=mu, max_subsets=max_subsets)
-        vals.append(out["mse"]), lbs.append(np.minimum(lb, out["mse"])), meth.append(m), codes.append(out["codes"])
+        vals.append(out["mse"]), lbs.append(lb), meth.append(m), codes.append(out["codes"])
+        energy.append((xt * xt).sum(1).cpu().numpy())
         if out["start_mse"] is not None:
             starts.append(out["start_mse"])
         rounds = max(rounds, out["rounds"])
         if progress is not None:
             progress(Progress(stage="pursuit", pass_index=1, rows_done=min(N, s0 + batch_size), rows_total=N))
-    v, lb = np.concatenate(vals), np.concatenate(lbs)
+    v = np.concatenate(vals)
+    # a token's bound above its witness MSE: within the rounding of either (a small multiple of float64's epsilon
+    # times ||x - b||^2, what both are computed from) it is lowered to it; beyond, InconsistentBound naming the token
+    lb = ordered_bound(v, np.concatenate(lbs), rounding=2.0**-40 * np.concatenate(energy),
+                       what="witness MSE of that token", bound="sparse lower bound")
     value, lower = float(v.mean()), float(lb.mean())
 
     m = np.concatenate(meth)

@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from ..results import InconsistentBound  # noqa: F401 (re-exported: one error for every bound above its value)
+
 __all__ = ["is_certified", "allowed_gap", "relative_gap", "check_consistent", "InconsistentBound"]
 
 _TINY = float(np.finfo(np.float64).tiny)  # 2^-1022, the smallest normal float64
@@ -47,10 +49,6 @@ def relative_gap(gap: float, value: float) -> float:
     if gap == 0.0:
         return 0.0
     return gap / abs(value) if value != 0.0 else math.inf
-
-
-class InconsistentBound(ValueError):
-    """An objective below a certified lower bound by more than its rounding error: the bound is not of these data."""
 
 
 def check_consistent(value: float, value_error: float, lower_bound: float, what: str, hint: str = "") -> None:

@@ -33,7 +33,7 @@ import scipy.sparse as sp
 
 from .._memory import memory_budget
 from .._runtime import default_threads
-from ..results import CertifiedResult, shared_dict
+from ..results import CertifiedResult, ordered_bound, shared_dict
 from ..engine.local import Progress
 from ..exact.gap import is_certified, relative_gap
 from ..exact.objective import sae_objective
@@ -567,7 +567,8 @@ def _branch(node: _Node, n: int, min_width: float):
 
 
 def _result(val, lb, W, Z, b, lam, tol, status, n_nodes, n_rays, wlb, t0, certified_hint=None, history=()):
-    lb = min(float(lb), val)  # a bound above the value would only be rounding
+    # a bound above the value: within rounding lowered to it (gap 0); beyond, InconsistentBound (never clipped)
+    lb = ordered_bound(val, lb, what="value of the search's best candidate", bound="search's lower bound")
     gap = val - lb
     rel = relative_gap(gap, val)
     cert = is_certified(gap, val, tol=tol) and status in ("optimal", "closed_form")

@@ -57,12 +57,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from .._memory import check_memory, gib
+from .._memory import check_memory, gib, memory_budget
 from .._runtime import stdout_to_stderr
 from .._params import (LAM, NONNEG_INT, POSITIVE, POSITIVE_INT, ArrayLike, Boolean, Data, InstanceOf, StrOptions,
                        String, validate_params)
 from .._validation import check_vector
 from ..results import CertifiedResult, shared_dict
+from .dnn import dnn_bytes
 
 __all__ = [
     "CONES",
@@ -76,6 +77,7 @@ __all__ = [
     "estimate_memory",
     "problem_entries",
     "check_relax_memory",
+    "solver_memory",
 ]
 
 #: Outer approximations of CP (their optimal values are lower bounds).
@@ -234,15 +236,43 @@ def estimate_memory(N: int, n: int, cone: str, solver: str) -> int:
     return int(_SAFETY * (base * 2**20 + c * float(problem_entries(N, n, cone)) ** p))
 
 
-def check_relax_memory(N: int, n: int, cone: str, solver: str, budget=None) -> None:
+def solver_memory(N: int, n: int, cone: str) -> dict[str, int]:
+    """Estimated peak memory (bytes) of every solver that solves the ``N x n`` Q-problem over ``cone``.
+
+    ``SCS`` and ``CLARABEL`` (:func:`estimate_memory`), and ``TORCH`` (widelimit's own first-order DNN
+    solver, :func:`widelimit.solve_dnn`, on the CPU: :func:`widelimit.relax.dnn.dnn_bytes`) for ``dnn`` only.
+    """
+    cone = str(cone).lower()
+    out = {s: estimate_memory(N, n, cone, s) for s in SOLVERS}
+    if cone == "dnn":
+        out["TORCH"] = dnn_bytes(N)
+    return out
+
+
+#: How a refusal names each solver to a library caller (the command line names them ``--solver NAME``).
+_LIBRARY_NAMES = {"SCS": "solver='SCS'", "CLARABEL": "solver='CLARABEL'",
+                  "TORCH": "widelimit.solve_dnn (relax --solver TORCH)"}
+
+
+def check_relax_memory(N: int, n: int, cone: str, solver: str, budget=None, *, names=None) -> None:
     """Refuse (one :class:`widelimit._memory.MemoryBudgetError` line) a :func:`relax` solve whose
-    :func:`estimate_memory` is above the memory budget; called before anything is built."""
+    estimated memory (:func:`solver_memory`) is above the memory budget; called before anything is built.
+
+    The refusal names only the other solvers whose estimate fits the budget, each with its estimate
+    (``solver='SCS' (about 11 MiB)``; ``names`` maps a solver to how it is named, the command line's
+    ``--solver SCS``); where none fits it says to use a smaller N.
+    """
     solver, cone = str(solver).upper(), str(cone).lower()
-    hint = "use a smaller N, or widelimit's own first-order DNN solver (widelimit.relax.dnn, relax --solver TORCH)"
-    if solver == "CLARABEL":
-        hint = f"the SCS solver needs about {gib(estimate_memory(N, n, cone, 'SCS'))} here; or {hint}"
-    check_memory(estimate_memory(N, n, cone, solver), f"{solver} on cone {cone!r} with N = {N}, n = {n}",
-                 hint=hint, budget=budget)
+    names = _LIBRARY_NAMES if names is None else names
+    est = solver_memory(N, n, cone)
+    cap = memory_budget(budget)
+    fit = [f"{names[s]} (about {gib(b)})" for s, b in sorted(est.items(), key=lambda t: t[1])
+           if s != solver and b <= cap]
+    hint = (f"use {' or '.join(fit)}, which fit{'s' if len(fit) == 1 else ''} within it, or a smaller N" if fit
+            else "no solver fits within it: use a smaller N")
+    what = f"{solver} on cone {cone!r} with N = {N}, n = {n}" if solver != "TORCH" else \
+        f"the TORCH solver on N = {N} points"
+    check_memory(est[solver], what, hint=hint, budget=budget)
 
 
 @dataclass(frozen=True)

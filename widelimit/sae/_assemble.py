@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from ..exact.gap import is_certified
+from ..results import ordered_bound
 from ..exact.stationarity import tangent_norms
 from ..learn.same_width import same_width_witness
 from ._util import stability_columns, violation_tolerance
@@ -149,7 +150,11 @@ def assemble(cls, parts, setup, flags, coding_opts, *, choice, med, h_bias, widt
     else:
         sae_obj, reconstruction, penalty, encoder_gap = opt_obj, float("nan"), float("nan"), None
         notes.append("decoder-only SAE: the SAE objective is that of the optimal codes")
-    global_gap = sae_obj - lb
+    # each part of the gap is a value minus a bound of it (theory.md §8.5): never negative; within rounding 0
+    global_gap = sae_obj - ordered_bound(sae_obj, lb, what="SAE objective", bound="wide-limit lower bound")
+    decoder_gap = opt_obj - ordered_bound(opt_obj, h_bias, what="optimal codes' objective",
+                                          bound="wide-limit bound at the SAE's bias H(b_dec)")
+    bias_gap = h_bias - ordered_bound(h_bias, lb, what="H(b_dec)", bound="wide-limit lower bound")
     feats = _features(setup, kkt, coding, firing, flags, N, has_enc)
     scale = float(np.linalg.norm(sample, axis=1).max() + np.linalg.norm(setup.b))  # size of the terms of r_i
     dts = storage + (sae.dtype,)
@@ -175,7 +180,7 @@ def assemble(cls, parts, setup, flags, coding_opts, *, choice, med, h_bias, widt
         optimal_code_objective=float(opt_obj), coding_gap=float(coding_gap), coding_max_gap=float(coding["max_gap"]),
         coding_certified=bool(coding["converged"]), lower_bound=lb, lower_bound_at_bias=h_bias,
         huber_median_gap=float(med.gap), encoder_gap=None if encoder_gap is None else float(encoder_gap),
-        decoder_gap_at_bias=float(opt_obj - h_bias), bias_gap=float(h_bias - lb), global_gap=float(global_gap),
+        decoder_gap_at_bias=float(decoder_gap), bias_gap=float(bias_gap), global_gap=float(global_gap),
         certified=is_certified(global_gap, sae_obj, tol=tol), tol=float(tol), lam=lam, n_points=N, d_in=n,
         d_sae=k, bias_stationarity=float(np.linalg.norm(firing.sum_r.cpu().numpy() / N)),
         max_residual_norm=float(firing.max_rn), bias_distance=float(np.linalg.norm(setup.b - med.point)),
