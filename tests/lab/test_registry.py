@@ -15,6 +15,7 @@ from widelimit.lab.experiments import names
 from lab import test_experiments as _phen
 from lab import test_stability_experiments as _finite
 from lab import test_superposition as _sup
+from lab import test_sup_ltilde as _supl
 
 
 def _huber_value(X, b, lam):
@@ -78,6 +79,7 @@ DEDICATED = {
     "splitting": _phen.test_splitting_frontier_quick,
     "finite-width": _finite.test_finite_width_antipodal_cells_match_a_1d_brute_force,
     "stability": _finite.test_stability_experiment_against_closed_forms_and_the_wide_limit,
+    "sup-ltilde": _supl.test_sup_ltilde_experiment_quick,
     # the five superposition experiments are checked together against closed forms
     **{n: _sup.test_experiments_quick for n in ("superposition-linear", "superposition-sparse-growth",
                                                 "superposition-p-sweep", "superposition-gd", "superposition-frames")},
