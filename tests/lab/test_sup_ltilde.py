@@ -12,6 +12,7 @@ import pytest
 
 from widelimit.lab import superposition as sp
 from widelimit.lab import sup_ltilde as sl
+from widelimit.lab import frames as fr
 from widelimit.lab.experiments.sup_ltilde import block_bound
 
 
@@ -134,6 +135,14 @@ def test_sup_ltilde_experiment_quick(quick_experiment):
         smaller = [v for d, v in col.items() if d < r["d"]]
         assert r["block_bound"] >= max(smaller, default=0.0)           # embedding a smaller d is a block
         assert r["block_ok"] == (r["value"] >= r["block_bound"] * (1 - 1e-9))
+    # the random-frame check, recomputed with the pairing formula (the experiment uses the cumulant code)
+    for r in res["rows"]:
+        best = max(sl.rescale(fr.random_frame(r["d"], f * r["d"], seed=r["d"] * 1000 + f).vectors, r["p"],
+                              sl.law_moments(r["law"]))[1] for f in cfg["frame_factors"])
+        assert r["frame_value"] == pytest.approx(best, rel=1e-10)
+        assert r["frame_ok"] == (r["value"] >= r["frame_value"] * (1 - 1e-9))
+        assert r["trusted"] == all(c["block_ok"] and c["frame_ok"] and not c["uses_cap"] for c in res["rows"]
+                                   if c["law"] == r["law"] and c["p"] == r["p"])
     # Rademacher at p = 1: the unsuperposed value d is what the search finds at these sizes
     for r in res["rows"]:
         if r["law"] == "rademacher" and r["p"] == 1.0:

@@ -9,10 +9,12 @@ starts with ``n = d, 2d, 4d, 8d, 16d`` features (at most :data:`N_CAP`), the bes
 formula, by the cumulant recursion of :func:`widelimit.lab.superposition.ltilde` and by Monte Carlo
 (:func:`widelimit.lab.sup_ltilde.certify`).
 
-What the search cannot guarantee is that the best found is the supremum. Two checks detect where it is
-not: block-diagonal superadditivity (``sup_{d_1 + d_2} >= sup_{d_1} + sup_{d_2}``, exact, module docstring of
-:mod:`widelimit.lab.sup_ltilde`) applied to the values found, and whether the best ``W`` uses the feature
-cap. A ``(law, p)`` column is *trusted* when every ``d`` passes both.
+What the search cannot guarantee is that the best found is the supremum. Three checks detect where it is
+not: block-diagonal superadditivity (``sup_{d_1 + d_2} >= sup_{d_1} + sup_{d_2}``, exact, module docstring
+of :mod:`widelimit.lab.sup_ltilde`) applied to the values found; a random unit frame at its best scale with
+up to ``250 d`` features (:func:`frame_values`, an exact value of a ``W`` that exists); and whether the best
+``W`` uses nearly every feature it was given (the cap). A ``(law, p)`` column is *trusted* when every ``d``
+passes all three. Details and numbers: docs/experiments/sup_ltilde.md.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import time
 import numpy as np
 
 from ..._runtime import limit_threads
+from .. import frames as fr
 from .. import superposition as sp
 from .. import sup_ltilde as sl
 from . import register
 from ._common import save_figure, subplots, write_json
 
-__all__ = ["run", "block_bound", "CONFIG"]
+__all__ = ["run", "block_bound", "frame_values", "CONFIG"]
 
 #: Largest number of features a start may have (the p -> 0 optimum at d = 50 needs about 8,830).
 N_CAP = 400
@@ -35,9 +38,10 @@ N_CAP = 400
 CONFIG = {
     False: {"laws": ["rademacher", "gaussian", "laplace"], "ds": [5, 10, 20, 35, 50],
             "ps": [1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0], "factors": [1, 2, 4, 8, 16], "dense_factors": [1, 2, 4], "restarts": 1,
-            "work": 4000, "max_iter": 300, "n_samples": 100_000, "n_cap": N_CAP},
+            "work": 4000, "max_iter": 300, "n_samples": 100_000, "n_cap": N_CAP,
+            "frame_factors": [1, 2, 4, 8, 16, 40, 100, 250]},
     True: {"laws": ["rademacher", "laplace"], "ds": [3, 6], "ps": [0.1, 1.0], "factors": [1, 2], "dense_factors": [1, 2], "restarts": 1, "work": 0,
-           "max_iter": 100, "n_samples": 20_000, "n_cap": 12},
+           "max_iter": 100, "n_samples": 20_000, "n_cap": 12, "frame_factors": [1, 4]},
 }
 
 
@@ -93,8 +97,27 @@ def _cell(law, d, p, cfg, found_d, warm_W, seed):
     return res, W32, row
 
 
-def _checks(rows, cfg):
-    """Block superadditivity per ``(law, p)`` and the trusted columns."""
+def frame_values(cfg) -> dict:
+    """Best-scaled exact ``Ltilde`` of random unit frames (``n = f d`` for the ``frame_factors`` ``f``, the best
+    ``n`` kept) at every ``(law, d, p)``: ``{(law, d, p): (value, n)}``. A frame is a ``W`` reached exactly, with
+    up to ``250 d`` features (the search allows :data:`N_CAP`); the search should not end below it."""
+    out = {}
+    for d in cfg["ds"]:
+        sums = {f * d: sp.gram_power_sums(fr.random_frame(d, f * d, seed=d * 1000 + f).vectors, 3)
+                for f in cfg["frame_factors"]}  # independent of p and the law
+        for law in cfg["laws"]:
+            for p in cfg["ps"]:
+                vals = {n: sp.best_scaled_value(g, p, 3, law)[1] for n, g in sums.items()}
+                n = max(vals, key=vals.get)
+                out[(law, d, p)] = (vals[n], n)
+    return out
+
+
+def _checks(rows, cfg, frames):
+    """Block superadditivity and random frames per ``(law, p)``; the trusted columns."""
+    for r in rows:
+        r["frame_value"], r["frame_n"] = frames[(r["law"], r["d"], r["p"])]
+        r["frame_ok"] = bool(r["value"] >= r["frame_value"] * (1 - 1e-9))
     for law in cfg["laws"]:
         for p in cfg["ps"]:
             col = {r["d"]: r for r in rows if r["law"] == law and r["p"] == p}
@@ -102,8 +125,8 @@ def _checks(rows, cfg):
                 bound, parts = block_bound({k: c["value"] for k, c in col.items()}, d)
                 r["block_bound"], r["block_parts"] = bound, parts
                 r["block_ok"] = bool(r["value"] >= bound * (1 - 1e-9))
-                r["best_reached"] = max(r["value"], bound)
-            ok = all(c["block_ok"] and not c["uses_cap"] for c in col.values())
+                r["best_reached"] = max(r["value"], bound, r["frame_value"])
+            ok = all(c["block_ok"] and c["frame_ok"] and not c["uses_cap"] for c in col.values())
             for c in col.values():
                 c["trusted"] = ok
 
@@ -133,6 +156,7 @@ def _summary(rows, cfg) -> dict:
     out["max_rel_diff_mc"] = max(abs(c["mc"] - c["value"]) / abs(c["value"]) for c in cert)
     out["n_searches"] = sum(r["n_runs"] for r in rows)
     out["n_block_violations"] = sum(not r["block_ok"] for r in rows)
+    out["n_frame_violations"] = sum(not r["frame_ok"] for r in rows)
     out["n_uses_cap"] = sum(r["uses_cap"] for r in rows)
     return out
 
@@ -153,7 +177,8 @@ def run(out_dir=None, quick: bool = False) -> dict:
                     found[p][d], warm = res, res.W
                     weights[f"{law}_d{d}_p{p:g}"] = W32
                     rows.append(row)
-    _checks(rows, cfg)
+        frames = frame_values(cfg)
+    _checks(rows, cfg, frames)
     result = {"m": 3, "config": {k: v for k, v in cfg.items()}, "rows": rows, "summary": _summary(rows, cfg),
               "time_s": time.perf_counter() - t0}
     if out_dir is not None:
@@ -176,6 +201,8 @@ def _plot(rows, cfg, out_dir):
             axs[1, j].semilogx(ps, v / (d * ps ** (1 / 3)), "o-", ms=3, color=f"C{i}")
             bad = [r for r in rs if not r["block_ok"]]
             axs[0, j].loglog([r["p"] for r in bad], [r["block_bound"] / d for r in bad], "x", color=f"C{i}", ms=7)
+            fb = [r for r in rs if not r["frame_ok"]]
+            axs[0, j].loglog([r["p"] for r in fb], [r["frame_value"] / d for r in fb], "+", color=f"C{i}", ms=8)
         axs[0, j].loglog(ps, ps * mu[1] ** 2 / mu[2], "k--", lw=1, label="unsuperposed / d")
         axs[0, j].loglog(ps, ps * sp.sparse_limit_ceiling(cfg["ds"][-1], 3, law) / cfg["ds"][-1], ":", color="gray",
                          lw=1, label=f"p x (p->0 ceiling) / d, d={cfg['ds'][-1]}")
@@ -187,7 +214,7 @@ def _plot(rows, cfg, out_dir):
         strong = ", strongly log-concave" if sp.get_law(law).strongly_log_concave else ""
         axs[0, j].set_title(f"{law}{strong}", fontsize=8)
         axs[1, j].set_xlabel("p")
-    axs[0, 0].set_ylabel("best Ltilde found / d   (x: block bound above it)")
+    axs[0, 0].set_ylabel("best Ltilde found / d  (x: block bound, +: random frame above it)")
     axs[1, 0].set_ylabel("best Ltilde found / (d p^(1/3))")
     axs[0, 0].legend(fontsize=6)
     fig.suptitle("m = 3: certified best Ltilde over many L-BFGS restarts (green: trusted p)", fontsize=9)
