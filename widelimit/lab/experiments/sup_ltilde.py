@@ -37,10 +37,10 @@ N_CAP = 400
 
 CONFIG = {
     False: {"laws": ["rademacher", "gaussian", "laplace"], "ds": [5, 10, 20, 35, 50],
-            "ps": [1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0], "factors": [1, 2, 4, 8, 16], "dense_factors": [1, 2, 4], "restarts": 1,
+            "ps": [1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0], "factors": [1, 2, 4, 8, 16], "restarts": 1,
             "work": 4000, "max_iter": 300, "n_samples": 100_000, "n_cap": N_CAP,
             "frame_factors": [1, 2, 4, 8, 16, 40, 100, 250]},
-    True: {"laws": ["rademacher", "laplace"], "ds": [3, 6], "ps": [0.1, 1.0], "factors": [1, 2], "dense_factors": [1, 2], "restarts": 1, "work": 0,
+    True: {"laws": ["rademacher", "laplace"], "ds": [3, 6], "ps": [0.1, 1.0], "factors": [1, 2], "restarts": 1, "work": 0,
            "max_iter": 100, "n_samples": 20_000, "n_cap": 12, "frame_factors": [1, 4]},
 }
 
@@ -80,8 +80,7 @@ def _restarts(cfg, d: int, n: int) -> int:
 
 
 def _cell(law, d, p, cfg, found_d, warm_W, seed):
-    factors = cfg["dense_factors"] if p >= 0.1 else cfg["factors"]  # dense inputs use few features
-    ns = sorted({min(cfg["n_cap"], f * d) for f in factors})
+    ns = sorted({min(cfg["n_cap"], f * d) for f in cfg["factors"]})
     warm = [("warm", warm_W)] if warm_W is not None else []
     warm += _block_starts(found_d, d, cfg["n_cap"])
     res = sl.search(d, p, law, ns=ns, restarts=lambda n: _restarts(cfg, d, n), warm=warm, max_iter=cfg["max_iter"], seed=seed)
