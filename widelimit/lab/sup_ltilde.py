@@ -15,8 +15,8 @@ taken as independent), ``dLtilde/dW = W (G + G^T)``, where
     dB/dM_ab = 2 f_2(a) M_ab + 4 f_4(a) M_ab^3 + 6 f_6(a) M_ab^5,    f_k = df/ds_k.
 
 One evaluation costs two ``O(n^2 d)`` products and ``O(n^2)`` elementwise work; with
-``scipy.optimize.minimize(method="L-BFGS-B")`` it is 5-18x faster than torch autograd on the
-cumulant code (``benchmarks/sup_ltilde_objective.py``). :func:`search` runs many such ascents from
+``scipy.optimize.minimize(method="L-BFGS-B")`` one evaluation is 1.2-7x faster than torch autograd
+through the cumulant code (``benchmarks/sup_ltilde_objective.py``), and it needs no torch. :func:`search` runs many such ascents from
 random, unsuperposed, warm and block-diagonal starts and returns the best; :func:`certify`
 re-evaluates a ``W`` by the independent cumulant code (:func:`widelimit.lab.superposition.ltilde`)
 and by Monte Carlo, so a reported value is one that the stored ``W`` reaches.
