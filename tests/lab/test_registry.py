@@ -16,6 +16,7 @@ from lab import test_experiments as _phen
 from lab import test_stability_experiments as _finite
 from lab import test_superposition as _sup
 from lab import test_trained_predictions as _tp
+from lab import test_sup_ltilde as _supl
 
 
 def _huber_value(X, b, lam):
@@ -80,6 +81,7 @@ DEDICATED = {
     "finite-width": _finite.test_finite_width_antipodal_cells_match_a_1d_brute_force,
     "stability": _finite.test_stability_experiment_against_closed_forms_and_the_wide_limit,
     "trained-predictions": _tp.test_trained_predictions_quick,
+    "sup-ltilde": _supl.test_sup_ltilde_experiment_quick,
     # the five superposition experiments are checked together against closed forms
     **{n: _sup.test_experiments_quick for n in ("superposition-linear", "superposition-sparse-growth",
                                                 "superposition-p-sweep", "superposition-gd", "superposition-frames")},

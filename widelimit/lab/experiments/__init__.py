@@ -18,7 +18,7 @@ _DOCS: dict[str, str] = {}
 
 #: Experiment modules (imported lazily by :func:`names` / :func:`get`).
 MODULES: list[str] = ["antipodal", "exclusive", "rays", "absorption", "splitting", "superposition", "minilm_sae",
-                     "stability", "finite_width", "spurious_width", "trained_predictions"]
+                     "stability", "finite_width", "spurious_width", "trained_predictions", "sup_ltilde"]
 
 
 def register(name: str, doc: str = ""):
