@@ -50,14 +50,18 @@ def _restricted_gap(xx, q, G, y, lam):
 
 
 def _pdas(q, G, y, lam, iters):
-    """Primal-dual active-set (semismooth Newton) steps for ``min_{y>=0} y^T G y - 2 (q - lam).y``.
+    r"""Primal-dual active-set (semismooth Newton) steps for ``f(y) = y^T G y - 2 (q - lam).y`` over ``y >= 0``,
+    each kept only where it lowers ``f``.
 
-    Each step predicts the support ``A = {y - grad/2 > 0}`` and solves
-    ``G_AA y_A = (q - lam)_A`` for all tokens at once (masked batched solve);
-    the result is clipped at 0. It usually lands on the exact solution in a
-    few steps; the certified iteration that follows (:func:`_inner`) takes over
-    from wherever it ends, so a step that does not converge costs nothing in
-    correctness.
+    Each step predicts the support ``A = {y - grad/2 > 0}`` and solves ``G_AA y_A = (q - lam)_A`` for all
+    tokens at once (batched LU, :func:`torch.linalg.solve_ex`); the result is clipped at 0. It usually lands
+    on the exact solution in a few steps, but on an ill-conditioned block the predicted supports can cycle,
+    and a singular block (duplicate atoms) has no solution. So a token keeps its Newton point only where
+    the solve succeeded (finite, pivots valid) and ``f`` decreased; the others take a projected gradient
+    step ``y <- (y - (G y - c) / L)_+`` with ``L = max_i sum_j |G_ij| >= lambda_max(G)`` (Gershgorin),
+    which cannot increase ``f`` (docs/theory.md §8.6). A token leaves when its accepted Newton point has
+    the support of the point before. The certified iteration that follows (:func:`_inner`) takes over
+    from wherever this ends.
     """
     import torch
 
@@ -65,16 +69,26 @@ def _pdas(q, G, y, lam, iters):
     eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
     idx = torch.arange(y.shape[0], device=y.device)
     y = y.clone()
+
+    def f(Gi, yi, ci):
+        return (yi * ((Gi @ yi.unsqueeze(-1)).squeeze(-1) - 2.0 * ci)).sum(-1)
+
     for _ in range(iters):
         Gi, yi, ci = G[idx], y[idx], c[idx]
-        mu = (Gi @ yi.unsqueeze(-1)).squeeze(-1) - ci
-        A = ((yi - mu) > 0).to(G.dtype)
+        grad = (Gi @ yi.unsqueeze(-1)).squeeze(-1) - ci
+        A = ((yi - grad) > 0).to(G.dtype)
         M = Gi * (A.unsqueeze(-1) * A.unsqueeze(-2)) + eye * (1.0 - A).unsqueeze(-1)
-        try:
-            y_new = torch.linalg.solve(M, (ci * A).unsqueeze(-1)).squeeze(-1).clamp(min=0.0)
-        except RuntimeError:  # a singular block (duplicate atoms): leave it to the gradient iteration
-            break
-        same = ((y_new > 0) == (yi > 0)).all(1)
+        sol, info = torch.linalg.solve_ex(M, (ci * A).unsqueeze(-1))
+        y_new = sol.squeeze(-1).clamp(min=0.0)
+        f_old = f(Gi, yi, ci)
+        ok = (info == 0) & torch.isfinite(y_new).all(-1)
+        y_new = torch.where(ok.unsqueeze(-1), y_new, yi)
+        slack = 1e-12 * ((yi * (Gi @ yi.unsqueeze(-1)).squeeze(-1)).sum(-1) + 2.0 * (ci.abs() * yi).sum(-1))
+        ok &= f(Gi, y_new, ci) <= f_old + slack  # (the rounding of f: a point at the optimum stays)
+        L = Gi.abs().sum(-1).amax(-1).clamp(min=1e-300).unsqueeze(-1)
+        y_grad = (yi - grad / L).clamp(min=0.0)
+        y_new = torch.where(ok.unsqueeze(-1), y_new, y_grad)
+        same = ok & ((y_new > 0) == (yi > 0)).all(1)
         y[idx] = y_new
         idx = idx[~same]  # rows whose support stopped changing are solved exactly on it
         if not idx.numel():
