@@ -81,3 +81,20 @@ def test_screened_coder_survives_singular_active_blocks():
     np.testing.assert_allclose(y[1], want, rtol=1e-10, atol=1e-12)
     f = (y[0] @ G[0].numpy() @ y[0]) - 2 * (q[0].numpy() - lam) @ y[0]
     assert np.all(np.isfinite(y[0])) and f < 0.0
+
+
+def test_screened_coder_grows_small_working_sets_to_a_large_support():
+    # optimal supports of ~47 atoms (n = 48) reached 8 atoms a round from a cold start: a round whose codes lower
+    # the objective but not (yet) the gap was dropped, and the next round rebuilt the same working set (30 rounds,
+    # not certified). The working sets now grow from the codes of lower objective.
+    rng = np.random.default_rng(0)
+    k, n, m, lam = 400, 48, 8, 0.05
+    U = _unit_rows(rng.standard_normal((k, n)))
+    X = _tokens(U, m, 30, rng)
+    res = ScreenedCoder(U, lam=lam, tol=1e-9, ws_extra=8).solve(torch.as_tensor(X))
+    _check(U, X, lam, res)
+    assert res.codes.nnz / m > 40
+
+
+def _unit_rows(U):
+    return U / np.linalg.norm(U, axis=1, keepdims=True)

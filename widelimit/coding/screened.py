@@ -199,7 +199,11 @@ class ScreenedCoder:
             W, y, ok = self._working_sets(idx[todo], val[todo], C)
             y = self._restricted(xt[todo], W, y, ok)
             Rt, Pt, gt, Ct = self._certify(xt[todo], W, y)
-            better = gt < gap[todo]  # keep the best certified codes of each token
+            # a token moves on to codes with a lower objective (or, equal to rounding, a lower gap): the working
+            # sets then grow from the latest solution. (Keeping the lowest gap instead stalled: codes of a
+            # lower P with a larger gap were dropped, the next round rebuilt the same working set)
+            Po = P[todo]
+            better = (Pt < Po) | ((Pt <= Po * (1.0 + 1e-15)) & (gt < gap[todo]))
             keep = todo[better]
             if idx.shape[1] < W.shape[1]:
                 pad = W.shape[1] - idx.shape[1]
