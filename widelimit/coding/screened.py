@@ -90,7 +90,7 @@ class ScreenedCoder:
         Tokens whose atoms are gathered at once (memory ``chunk * S * n`` float64).
     """
 
-    def __init__(self, U, *, lam, tol=1e-6, device="cpu", ws_extra=128, margin=0.25, max_rounds=30, newton_steps=8,
+    def __init__(self, U, *, lam, tol=1e-6, device="cpu", ws_extra=48, margin=0.25, max_rounds=30, newton_steps=8,
                  inner_iter=2000, chunk=64):
         import torch
 
