@@ -121,6 +121,10 @@ class ScreenedCoder:
         W = torch.cat([s_idx, ci], 1)
         ok = torch.cat([s_ok, c_ok], 1)
         y = torch.cat([torch.where(s_ok, s_val, 0.0), torch.zeros_like(cv)], 1)
+        # the valid slots first, the width cut to the most valid slots of a token: the Gram blocks are formed
+        # on the padded width, and after the first round few candidates pass the threshold
+        order = torch.argsort((~ok).to(torch.int8), dim=1, stable=True)[:, : max(1, int(ok.sum(1).max()))]
+        W, y, ok = W.gather(1, order), y.gather(1, order), ok.gather(1, order)
         return torch.where(ok, W, 0), y, ok
 
     def _restricted(self, xt, W, y, ok):
@@ -135,19 +139,20 @@ class ScreenedCoder:
         import torch
 
         out = torch.empty_like(y)
-        S = W.shape[1]
-        eye = torch.eye(S, dtype=torch.float64, device=xt.device)
+        eye = torch.eye(W.shape[1], dtype=torch.float64, device=xt.device)
         floor = gap_floor(self.lam)
         for s in range(0, W.shape[0], self.chunk):
             e = min(W.shape[0], s + self.chunk)
-            Wc, xc = W[s:e], xt[s:e]
-            mask = ok[s:e].to(torch.float64)
-            Uw = self.U64[Wc]  # (c, S, n) float64
-            G = (Uw @ Uw.transpose(1, 2)) * (mask[:, :, None] * mask[:, None, :]) + eye * (1.0 - mask)[:, :, None]
+            w = max(1, int(ok[s:e].sum(1).max()))  # (valid slots first: the chunk's width)
+            Wc, xc = W[s:e, :w], xt[s:e]
+            mask = ok[s:e, :w].to(torch.float64)
+            Uw = self.U64[Wc]  # (c, w, n) float64
+            G = (Uw @ Uw.transpose(1, 2)) * (mask[:, :, None] * mask[:, None, :]) + eye[:w, :w] * (1.0 - mask)[:, :, None]
             q = (Uw @ xc[:, :, None]).squeeze(-1) * mask
             del Uw
-            out[s:e] = _inner((xc * xc).sum(1), q, G, y[s:e] * mask, self.lam, 0.1 * self.tol, floor,
-                              self.inner_iter, newton_steps=self.newton_steps) * mask
+            out[s:e, w:] = 0.0
+            out[s:e, :w] = _inner((xc * xc).sum(1), q, G, y[s:e, :w] * mask, self.lam, 0.1 * self.tol, floor,
+                                  self.inner_iter, newton_steps=self.newton_steps) * mask
         return out
 
     def _certify(self, xt, W, y):
