@@ -128,7 +128,8 @@ class ScreenedCoder:
         return torch.where(ok, W, 0), y, ok
 
     def _restricted(self, xt, W, y, ok):
-        """Solve the lasso on each token's working set (chunks of tokens); returns the new codes on ``W``.
+        """Solve the lasso on each token's working set (chunks of tokens); returns the new codes on ``W`` and their
+        float64 residuals.
 
         The Gram block ``G_WW`` and ``q_W = U_W xt`` in float64 (so a Newton point is the exact solution on
         its support, to float64 rounding), then :func:`widelimit.coding.working_set._inner`: ``newton_steps``
@@ -138,7 +139,7 @@ class ScreenedCoder:
         """
         import torch
 
-        out = torch.empty_like(y)
+        out, R = torch.empty_like(y), torch.empty_like(xt)
         eye = torch.eye(W.shape[1], dtype=torch.float64, device=xt.device)
         floor = gap_floor(self.lam)
         for s in range(0, W.shape[0], self.chunk):
@@ -149,21 +150,21 @@ class ScreenedCoder:
             Uw = self.U64[Wc]  # (c, w, n) float64
             G = (Uw @ Uw.transpose(1, 2)) * (mask[:, :, None] * mask[:, None, :]) + eye[:w, :w] * (1.0 - mask)[:, :, None]
             q = (Uw @ xc[:, :, None]).squeeze(-1) * mask
-            del Uw
             out[s:e, w:] = 0.0
             out[s:e, :w] = _inner((xc * xc).sum(1), q, G, y[s:e, :w] * mask, self.lam, 0.1 * self.tol, floor,
                                   self.inner_iter, newton_steps=self.newton_steps) * mask
-        return out
+            R[s:e] = xc - (out[s:e, None, :w] @ Uw).squeeze(1)  # float64 residuals, from the gathered atoms
+            del Uw
+        return out, R
 
-    def _certify(self, xt, W, y):
-        """float64 residuals, ``P``, certified gaps and float32 correlations of the codes ``y`` on ``W``."""
-        import torch
-
-
-        R = xt.clone()
-        for s in range(0, W.shape[0], self.chunk):
-            e = min(W.shape[0], s + self.chunk)
-            R[s:e] -= (y[s:e, None, :] @ self.U64[W[s:e]]).squeeze(1)
+    def _certify(self, xt, W, y, R=None):
+        """float64 residuals (``R`` when given), ``P``, certified gaps and float32 correlations of the codes ``y``
+        on ``W``."""
+        if R is None:
+            R = xt.clone()
+            for s in range(0, W.shape[0], self.chunk):
+                e = min(W.shape[0], s + self.chunk)
+                R[s:e] -= (y[s:e, None, :] @ self.U64[W[s:e]]).squeeze(1)
         mx, C32 = exact_max(R, self.U64, self.U32)
         rr = (R * R).sum(1)
         rx = (R * xt).sum(1)
@@ -202,8 +203,8 @@ class ScreenedCoder:
         while todo.numel() and rounds < self.max_rounds:
             rounds += 1
             W, y, ok = self._working_sets(idx[todo], val[todo], C)
-            y = self._restricted(xt[todo], W, y, ok)
-            Rt, Pt, gt, Ct = self._certify(xt[todo], W, y)
+            y, Rt = self._restricted(xt[todo], W, y, ok)
+            Rt, Pt, gt, Ct = self._certify(xt[todo], W, y, Rt)
             # a token moves on to codes with a lower objective (or, equal to rounding, a lower gap): the working
             # sets then grow from the latest solution. (Keeping the lowest gap instead stalled: codes of a
             # lower P with a larger gap were dropped, the next round rebuilt the same working set)
