@@ -9,8 +9,9 @@ threads: the SAE's forward pass + standard metrics (benchmarks/certify_speed.py'
 costs (decoder-pair search, ``d_sae^2 d_in / 2``; Babel function; spectral norm), reported apart as
 ``one_off_s`` with ``ratio_per_token`` the ratio without them, and the per-token parts (coding, encoder,
 L0 bracket; ``ratio_without_l0_bracket`` leaves out the one-off costs and the bracket of
-``widelimit.sae.sparsity``, ``sparsity=SparsityOptions(enabled=False)``). ``--peers`` adds SPAMS (``spams-bin``), scikit-learn ``sparse_encode`` with a
-precomputed Gram and celer on the same lasso (``pip install -e .[bench]``), at the certified gap reached.
+``widelimit.sae.sparsity``, ``sparsity=SparsityOptions(enabled=False)``). ``--peers`` adds SPAMS
+(``spams-bin``), scikit-learn ``sparse_encode`` with a precomputed Gram and celer on the same lasso
+(``pip install -e .[bench]``), at the certified gap reached.
 
 Usage::
 

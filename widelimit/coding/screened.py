@@ -148,7 +148,8 @@ class ScreenedCoder:
             Wc, xc = W[s:e, :w], xt[s:e]
             mask = ok[s:e, :w].to(torch.float64)
             Uw = self.U64[Wc]  # (c, w, n) float64
-            G = (Uw @ Uw.transpose(1, 2)) * (mask[:, :, None] * mask[:, None, :]) + eye[:w, :w] * (1.0 - mask)[:, :, None]
+            G = (Uw @ Uw.transpose(1, 2)) * (mask[:, :, None] * mask[:, None, :])
+            G += eye[:w, :w] * (1.0 - mask)[:, :, None]
             q = (Uw @ xc[:, :, None]).squeeze(-1) * mask
             out[s:e, w:] = 0.0
             out[s:e, :w] = _inner((xc * xc).sum(1), q, G, y[s:e, :w] * mask, self.lam, 0.1 * self.tol, floor,

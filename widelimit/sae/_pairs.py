@@ -7,13 +7,13 @@ rows ``[s, s + rows)`` is multiplied by the atoms ``s, s + 1, ...`` alone, a mat
 ``U_block U_{s:}^T`` in float32 on the device, at most ``block x d_sae`` entries:
 :data:`PAIR_BLOCK_BYTES`), keeps in each block only the entries beyond the thresholds, both orders
 ``(a, b)`` and ``(b, a)`` of each, at most ``max_pairs`` of them (the most extreme), and merges
-them into the running selection of the ``max_pairs`` most extreme pairs (ties by row-major position). The candidates' cosines
-are then recomputed exactly in float64 and filtered again, so a float32 rounding near a
-threshold can only add a candidate that the float64 test then drops; the float32 screen uses
+them into the running selection of the ``max_pairs`` most extreme pairs (ties by row-major
+position). The candidates' cosines are then recomputed exactly in float64 and filtered again, so a
+float32 rounding near a threshold can only add a candidate that the float64 test then drops; the float32 screen uses
 thresholds widened by a bound on its rounding (``2 n eps32``, ``|<u_a, u_b>| <= 1``), so no pair
 beyond a threshold in float64 is missed. Memory: ``O(block * d_sae + max_pairs)``;
-flops: ``d_sae^2 d_in`` multiply-adds counted as ``d_sae^2 d_in / 2`` (the one quadratic cost of the certification: a property of the decoder,
-computed once per SAE; docs/sae_certification.md gives its share).
+``d_sae^2 d_in / 2`` multiply-adds (the upper triangle: the one quadratic cost of the certification,
+a property of the decoder, computed once per SAE; docs/sae_certification.md gives its share).
 """
 
 from __future__ import annotations
