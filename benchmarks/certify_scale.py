@@ -4,10 +4,14 @@ Cells: d_in {768, 2304} x d_sae {16,384, 65,536, 131,072 (d_in 768 only)} x opti
 on trained-looking SAEs (benchmarks/_scale_data.py: data from a sparse ground-truth dictionary, decoder a
 perturbed copy, tied encoder with a realistic L0). Per cell, in one process and on the same tokens and
 threads: the SAE's forward pass + standard metrics (benchmarks/certify_speed.py's ``forward_metrics``), then
-``certify_sae`` with default settings; the ratio, tokens/s, the coding gap, the time of the decoder-pair
-search (a per-SAE ``d_sae^2 d_in`` cost, reported apart) and the peak resident memory (``ru_maxrss``
-growth during the cell). ``--peers`` adds SPAMS (``spams-bin``), scikit-learn ``sparse_encode`` with a
-precomputed Gram and celer on the same lasso (``pip install -e .[bench]``), at the certified gap reached.
+``certify_sae`` with default settings; the ratio, tokens/s, the coding gap, the peak resident memory
+(``ru_maxrss`` growth during the cell) and the time of each stage (:data:`TIMED`): the per-SAE one-off
+costs (decoder-pair search, ``d_sae^2 d_in / 2``; Babel function; spectral norm), reported apart as
+``one_off_s`` with ``ratio_per_token`` the ratio without them, and the per-token parts (coding, encoder,
+L0 bracket; ``ratio_without_l0_bracket`` leaves out the one-off costs and the bracket of
+``widelimit.sae.sparsity``, ``sparsity=SparsityOptions(enabled=False)``). ``--peers`` adds SPAMS
+(``spams-bin``), scikit-learn ``sparse_encode`` with a precomputed Gram and celer on the same lasso
+(``pip install -e .[bench]``), at the certified gap reached.
 
 Usage::
 
@@ -79,9 +83,50 @@ def peers(U, b, X, lam, gap_target) -> dict:
     return out
 
 
+#: Functions timed inside ``certify_sae``: ``(module, attribute, column)``. The first three are per-SAE
+#: one-off costs (properties of the decoder, independent of the tokens); the parts are per-token costs.
+TIMED = [("widelimit.sae.certify", "decoder_pairs", "pair_search_s"),
+         ("widelimit.sae.sparsity", "babel", "babel_s"),
+         ("widelimit.sae.sparsity", "spectral_norm_sq", "spectral_norm_s"),
+         ("widelimit.sae.parts", "CodingPart.update", "coding_s"),
+         ("widelimit.sae.parts", "EncoderPart.update", "encoder_part_s"),
+         ("widelimit.sae.sparsity", "SparsityPart.update", "sparsity_part_s")]
+ONE_OFF = ("pair_search_s", "babel_s", "spectral_norm_s")
+
+
+class _Timers:
+    """Wrap the :data:`TIMED` functions; their summed seconds per column (nested calls counted once each)."""
+
+    def __init__(self):
+        import importlib
+
+        self.s = {col: 0.0 for _, _, col in TIMED}
+        self._undo = []
+        for mod, attr, col in TIMED:
+            owner = importlib.import_module(mod)
+            *path, name = attr.split(".")
+            for p in path:
+                owner = getattr(owner, p)
+            orig = getattr(owner, name)
+            setattr(owner, name, self._wrap(orig, col))
+            self._undo.append((owner, name, orig))
+
+    def _wrap(self, f, col):
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return f(*a, **kw)
+            finally:
+                self.s[col] += time.perf_counter() - t
+        return timed
+
+    def close(self):
+        for owner, name, orig in reversed(self._undo):
+            setattr(owner, name, orig)
+
+
 def cell(n, k, L, N, device, with_peers):
     from widelimit import certify_sae
-    import widelimit.sae.certify as C
 
     rss0 = _rss_mb()
     D = dictionary(n, k)
@@ -89,17 +134,8 @@ def cell(n, k, L, N, device, with_peers):
     w = sae_weights(D, X[: min(N, 500)], L)
     lam = LAM.get(L, 0.7)
     sae = to_sae(w, lam)
-    pair_s = []
-    orig = C.decoder_pairs
-
-    def timed_pairs(*a, **kw):
-        t = time.perf_counter()
-        r = orig(*a, **kw)
-        pair_s.append(time.perf_counter() - t)
-        return r
-
-    C.decoder_pairs = timed_pairs
     forward_metrics(w, X[:64], device=device)  # warm-up (first torch call)
+    timers = _Timers()
     try:
         t = time.perf_counter()
         fm = forward_metrics(w, X, device=device)
@@ -108,11 +144,16 @@ def cell(n, k, L, N, device, with_peers):
         cert = certify_sae(X, sae, lam=lam, device=device)
         t_cert = time.perf_counter() - t
     finally:
-        C.decoder_pairs = orig
+        timers.close()
+    one_off = sum(timers.s[c] for c in ONE_OFF)
     row = {"d_in": n, "d_sae": k, "target_l0": L, "tokens": N, "lam": lam, "sae_l0": fm["l0"],
            "optimal_l0": cert.metrics["optimal_l0"], "forward_metrics_s": t_fwd, "certify_s": t_cert,
-           "ratio": t_cert / t_fwd, "pair_search_s": pair_s[0] if pair_s else None,
-           "ratio_without_pair_search": (t_cert - (pair_s[0] if pair_s else 0.0)) / t_fwd,
+           "ratio": t_cert / t_fwd, **timers.s, "one_off_s": one_off,
+           "ratio_without_pair_search": (t_cert - timers.s["pair_search_s"]) / t_fwd,
+           "ratio_per_token": (t_cert - one_off) / t_fwd, "coding_ratio": timers.s["coding_s"] / t_fwd,
+           # without the one-off costs and the L0 bracket (SparsityPart.update holds the Babel call)
+           "ratio_without_l0_bracket": (t_cert - timers.s["pair_search_s"] - timers.s["spectral_norm_s"]
+                                        - timers.s["sparsity_part_s"]) / t_fwd,
            "tokens_per_s": N / t_cert, "coding_gap": cert.coding_gap, "coding_certified": cert.coding_certified,
            "coding_iterations": cert.metrics["coding_iterations"], "peak_rss_growth_mb": _rss_mb() - rss0}
     if with_peers:
@@ -131,6 +172,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=2000)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--peers", action="store_true")
+    ap.add_argument("--name", default="certify_scale", help="results file name in benchmarks/results/")
     ap.add_argument("--dry-run", action="store_true", help="one tiny cell (64 x 1024 x 8, 200 tokens)")
     args = ap.parse_args()
     if args.dry_run:
@@ -145,13 +187,20 @@ def main():
         rows.append(row)
         print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in row.items()),
               flush=True)
-    cols = ["d_in", "d_sae", "optimal_l0", "tokens_per_s", "ratio", "ratio_without_pair_search", "pair_search_s",
-            "peak_rss_growth_mb", "coding_gap", "speedup_vs_spams", "speedup_vs_sklearn", "speedup_vs_celer"]
+    write(args.name + ("_dry" if args.dry_run else ""), {"environment": environment(), "device": args.device,
+                                                          "rows": rows}, table(rows))
+
+
+COLS = ["d_in", "d_sae", "optimal_l0", "tokens", "tokens_per_s", "ratio", "ratio_per_token", "ratio_without_l0_bracket",
+        "coding_ratio", "pair_search_s", "babel_s", "one_off_s", "sparsity_part_s", "peak_rss_growth_mb", "coding_gap",
+        "speedup_vs_spams", "speedup_vs_sklearn", "speedup_vs_celer"]
+
+
+def table(rows) -> str:
+    """The markdown table of the result rows (:data:`COLS`)."""
     fmt = (lambda v: "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)))
-    md = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
-    md += "".join("| " + " | ".join(fmt(r.get(c)) for c in cols) + " |\n" for r in rows)
-    write("certify_scale" + ("_dry" if args.dry_run else ""), {"environment": environment(), "device": args.device,
-                                                               "rows": rows}, md)
+    md = "| " + " | ".join(COLS) + " |\n|" + "---|" * len(COLS) + "\n"
+    return md + "".join("| " + " | ".join(fmt(r.get(c)) for c in COLS) + " |\n" for r in rows)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,16 @@ def test_blocked_pair_search_matches_the_full_gram_and_keeps_the_most_extreme():
         a, b, c = decoder_pairs(U, lo, hi, max_pairs=m, block_rows=rows)
         assert a.size == m
         np.testing.assert_allclose(np.sort(np.abs(c))[::-1], order[:m], rtol=0, atol=1e-15)
+    # an odd budget splits the tie between (a, b) and (b, a) (equal cosines): the first in row-major order wins,
+    # whatever the blocks (the search forms the upper triangle only and mirrors it)
+    pa, pb = np.array(sorted(want)).T
+    for m in (1, 13, len(want) - 1):
+        first = np.lexsort((pa * k + pb, -np.abs(G[pa, pb])))[:m]
+        first = first[np.argsort(pa[first] * k + pb[first])]
+        for rows in (1, 7, 64, 1000):
+            a, b, c = decoder_pairs(U, lo, hi, max_pairs=m, block_rows=rows)
+            np.testing.assert_array_equal(a, pa[first])
+            np.testing.assert_array_equal(b, pb[first])
     assert decoder_pairs(U, lo, hi, max_pairs=0)[0].size == 0
 
 

@@ -46,7 +46,7 @@ from ..engine.local import Progress
 from ..results import ordered_bound
 from ._grad_pursuit import grad_pursuit_supports
 from ._nnls import gram_batch, nnls_batch
-from .sparse_bound import METHODS, babel, sparse_lower_bound
+from .sparse_bound import METHODS, babel, babel_s_min, sparse_lower_bound
 
 __all__ = ["PursuitOptions", "pursue_batch", "spectral_norm_sq", "residuals", "Atoms"]
 
@@ -518,7 +518,7 @@ def sparse_codes(X, W, b, *, budget, Z0=None, opts: PursuitOptions = PursuitOpti
     Zs = None if Z0 is None else sp.csr_array(Z0) @ sp.diags_array(norms)
     A, Lsq = Atoms(U), spectral_norm_sq(U)
     scale = torch.as_tensor(norms_safe, device=dev)
-    mu = babel(U, int(bud.max()) if N else 0)
+    mu = babel(U, int(bud.max()) if N else 0, s_min=babel_s_min(bud, k, max_subsets), cap=1.0)
     deadline = math.inf if time_limit is None else t0 + float(time_limit)
     vals, lbs, meth, starts, codes, rounds, energy = [], [], [], [], [], 0, []
     for s0 in range(0, N, batch_size):

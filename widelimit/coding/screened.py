@@ -10,10 +10,13 @@ regime -- many atoms, few active per token, a warm start (the SAE's own codes) t
    dual infeasibility), from the correlations ``C = R U^T`` of the last certificate (for the first
    round the caller's, e.g. those the SAE's residuals already needed).
 2. **Restricted solve**: the lasso on the working set ``W`` (``|W| = S``), its Gram block
-   ``G_WW = U_W U_W^T`` formed per token from the gathered atoms (``S^2 n`` flops, a batched
-   matrix product; float32: it only steers the solve) and ``q_W = U_W xt``; active-set Newton
-   (primal-dual active-set) steps, each an exact solve on the predicted support
-   (:func:`widelimit.coding.working_set._pdas`); a token whose support has not settled goes on
+   ``G_WW = U_W U_W^T`` formed per token from the gathered atoms in float64 (``S^2 n`` multiply-adds,
+   a batched matrix product) and ``q_W = U_W xt``; ``newton_steps`` active-set Newton
+   (primal-dual active-set) steps, each an exact solve on the predicted support, kept only where it
+   lowers the restricted objective (else a projected gradient step: on ill-conditioned blocks the
+   predicted supports can cycle, singular blocks have no solution) (:func:`widelimit.coding.working_set._pdas`),
+   then projected accelerated gradient until the restricted gap is ``tol / 10``
+   (:func:`widelimit.coding.working_set._inner`); a token whose support has not settled goes on
    in the next round from where it is (the certificate below decides, not this solve).
    No ``k x k`` matrix: memory ``O(m k + chunk S n)``.
 3. **Certificate, float64**: residuals ``r = xt - y_W U_W`` in float64; correlations for the whole
@@ -26,7 +29,8 @@ regime -- many atoms, few active per token, a warm start (the SAE's own codes) t
 
 Tokens meeting ``gap_i <= tol * max(P_i, gap_floor(lam))`` (the token's own objective,
 :func:`widelimit.coding.lasso.gap_floor`) are done; the others go back to step 1. Flops per token
-and round: ``2 n k`` (the product) ``+ S^2 n`` (the Gram block), against ``2 n k`` for the SAE's encoder.
+and round: ``2 n k`` (the product) ``+ S^2 n`` (the Gram block, multiply-adds) ``+ O(S^3)`` (the Newton LU
+factorisations), against ``2 n k`` for the SAE's encoder.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import scipy.sparse as sp
 
 from .lasso import gap_floor, lasso_gap
 from .result import CodingResult
-from .working_set import _pdas
+from .working_set import _inner
 
 __all__ = ["ScreenedCoder", "exact_max"]
 
@@ -78,14 +82,16 @@ class ScreenedCoder:
         Most atoms a working set gains per round.
     margin : float
         Candidates: ``c_d > (1 - margin) lam``.
-    max_rounds, inner_iter : int
-        Working-set rounds; active-set steps of one restricted solve.
+    max_rounds : int
+        Working-set rounds.
+    newton_steps, inner_iter : int
+        Active-set (Newton) steps, then most projected accelerated gradient steps, of one restricted solve.
     chunk : int
-        Tokens whose atoms are gathered at once (memory ``chunk * S * n`` float32).
+        Tokens whose atoms are gathered at once (memory ``chunk * S * n`` float64).
     """
 
-    def __init__(self, U, *, lam, tol=1e-6, device="cpu", ws_extra=48, margin=0.25, max_rounds=30, inner_iter=12,
-                 chunk=128):
+    def __init__(self, U, *, lam, tol=1e-6, device="cpu", ws_extra=48, margin=0.25, max_rounds=30, newton_steps=8,
+                 inner_iter=2000, chunk=64):
         import torch
 
         self.dev = torch.device(device)
@@ -94,6 +100,7 @@ class ScreenedCoder:
         self.lam, self.tol = float(lam), float(tol)
         self.ws_extra, self.margin = int(ws_extra), float(margin)
         self.max_rounds, self.inner_iter, self.chunk = int(max_rounds), int(inner_iter), int(chunk)
+        self.newton_steps = int(newton_steps)
 
     # ---------------------------------------------------------------------------------
     def _working_sets(self, idx, val, C):
@@ -114,53 +121,51 @@ class ScreenedCoder:
         W = torch.cat([s_idx, ci], 1)
         ok = torch.cat([s_ok, c_ok], 1)
         y = torch.cat([torch.where(s_ok, s_val, 0.0), torch.zeros_like(cv)], 1)
+        # the valid slots first, the width cut to the most valid slots of a token: the Gram blocks are formed
+        # on the padded width, and after the first round few candidates pass the threshold
+        order = torch.argsort((~ok).to(torch.int8), dim=1, stable=True)[:, : max(1, int(ok.sum(1).max()))]
+        W, y, ok = W.gather(1, order), y.gather(1, order), ok.gather(1, order)
         return torch.where(ok, W, 0), y, ok
 
     def _restricted(self, xt, W, y, ok):
-        """Solve the lasso on each token's working set (chunks of tokens); returns the new codes on ``W``.
+        """Solve the lasso on each token's working set (chunks of tokens); returns the new codes on ``W`` and their
+        float64 residuals.
 
-        Active-set steps on the float32 Gram block, then iterative refinement in float64 on the support
-        ``A`` found: ``y_A += G_AA^{-1} (U_A r - lam)`` with ``r = xt - y U`` and ``U_A r`` in float64, which
-        removes the float32 rounding of ``G`` from the solution (the certificate is linear in it).
+        The Gram block ``G_WW`` and ``q_W = U_W xt`` in float64 (so a Newton point is the exact solution on
+        its support, to float64 rounding), then :func:`widelimit.coding.working_set._inner`: ``newton_steps``
+        active-set steps, each kept only where it lowers the restricted objective (else a projected
+        gradient step: ill-conditioned blocks whose supports cycle, singular blocks), then projected
+        accelerated gradient until the restricted gap is ``tol / 10`` (at most ``inner_iter`` steps).
         """
         import torch
 
-        out = torch.empty_like(y)
-        S = W.shape[1]
-        eye = torch.eye(S, dtype=torch.float64, device=xt.device)
+        out, R = torch.empty_like(y), torch.empty_like(xt)
+        eye = torch.eye(W.shape[1], dtype=torch.float64, device=xt.device)
+        floor = gap_floor(self.lam)
         for s in range(0, W.shape[0], self.chunk):
             e = min(W.shape[0], s + self.chunk)
-            Wc, okc, xc = W[s:e], ok[s:e], xt[s:e]
-            Uw = self.U32[Wc]  # (c, S, n) float32
-            G = (Uw @ Uw.transpose(1, 2)).to(torch.float64)
+            w = max(1, int(ok[s:e].sum(1).max()))  # (valid slots first: the chunk's width)
+            Wc, xc = W[s:e, :w], xt[s:e]
+            mask = ok[s:e, :w].to(torch.float64)
+            Uw = self.U64[Wc]  # (c, w, n) float64
+            G = (Uw @ Uw.transpose(1, 2)) * (mask[:, :, None] * mask[:, None, :])
+            G += eye[:w, :w] * (1.0 - mask)[:, :, None]
+            q = (Uw @ xc[:, :, None]).squeeze(-1) * mask
+            out[s:e, w:] = 0.0
+            out[s:e, :w] = _inner((xc * xc).sum(1), q, G, y[s:e, :w] * mask, self.lam, 0.1 * self.tol, floor,
+                                  self.inner_iter, newton_steps=self.newton_steps) * mask
+            R[s:e] = xc - (out[s:e, None, :w] @ Uw).squeeze(1)  # float64 residuals, from the gathered atoms
             del Uw
-            mask = okc.to(torch.float64)
-            G = G * (mask[:, :, None] * mask[:, None, :]) + eye * (1.0 - mask)[:, :, None]
-            U64 = self.U64[Wc]  # (c, S, n) float64
-            q = (U64 @ xc[:, :, None]).squeeze(-1) * mask
-            yc = _pdas(q, G, y[s:e], self.lam, self.inner_iter) * mask
-            for _ in range(2):
-                A = (yc > 0).to(torch.float64)
-                r = xc - (yc[:, None, :] @ U64).squeeze(1)
-                c = (U64 @ r[:, :, None]).squeeze(-1)
-                M = G * (A[:, :, None] * A[:, None, :]) + eye * (1.0 - A)[:, :, None]
-                try:
-                    d = torch.linalg.solve(M, ((c - self.lam) * A).unsqueeze(-1)).squeeze(-1)
-                except RuntimeError:  # a singular block: keep the active-set solution
-                    break
-                yc = (yc + d).clamp(min=0.0) * mask
-            out[s:e] = yc
-        return out
+        return out, R
 
-    def _certify(self, xt, W, y):
-        """float64 residuals, ``P``, certified gaps and float32 correlations of the codes ``y`` on ``W``."""
-        import torch
-
-
-        R = xt.clone()
-        for s in range(0, W.shape[0], self.chunk):
-            e = min(W.shape[0], s + self.chunk)
-            R[s:e] -= (y[s:e, None, :] @ self.U64[W[s:e]]).squeeze(1)
+    def _certify(self, xt, W, y, R=None):
+        """float64 residuals (``R`` when given), ``P``, certified gaps and float32 correlations of the codes ``y``
+        on ``W``."""
+        if R is None:
+            R = xt.clone()
+            for s in range(0, W.shape[0], self.chunk):
+                e = min(W.shape[0], s + self.chunk)
+                R[s:e] -= (y[s:e, None, :] @ self.U64[W[s:e]]).squeeze(1)
         mx, C32 = exact_max(R, self.U64, self.U32)
         rr = (R * R).sum(1)
         rx = (R * xt).sum(1)
@@ -199,9 +204,13 @@ class ScreenedCoder:
         while todo.numel() and rounds < self.max_rounds:
             rounds += 1
             W, y, ok = self._working_sets(idx[todo], val[todo], C)
-            y = self._restricted(xt[todo], W, y, ok)
-            Rt, Pt, gt, Ct = self._certify(xt[todo], W, y)
-            better = gt < gap[todo]  # keep the best certified codes of each token
+            y, Rt = self._restricted(xt[todo], W, y, ok)
+            Rt, Pt, gt, Ct = self._certify(xt[todo], W, y, Rt)
+            # a token moves on to codes with a lower objective (or, equal to rounding, a lower gap): the working
+            # sets then grow from the latest solution. (Keeping the lowest gap instead stalled: codes of a
+            # lower P with a larger gap were dropped, the next round rebuilt the same working set)
+            Po = P[todo]
+            better = (Pt < Po) | ((Pt <= Po * (1.0 + 1e-15)) & (gt < gap[todo]))
             keep = todo[better]
             if idx.shape[1] < W.shape[1]:
                 pad = W.shape[1] - idx.shape[1]

@@ -33,31 +33,66 @@ import torch
 
 from ._nnls import gram_batch, nnls_batch
 
-__all__ = ["babel", "sparse_lower_bound", "lagrangian_bound"]
+__all__ = ["babel", "sparse_lower_bound", "lagrangian_bound", "BABEL_BLOCK_BYTES", "babel_s_min"]
 
 
-def babel(U: torch.Tensor, s_max: int, chunk: int = 1024) -> np.ndarray:
+#: Most bytes of one block of the products ``U_block U^T`` (float64) in :func:`babel`.
+BABEL_BLOCK_BYTES = 1 << 26  # 64 MiB
+
+
+def _top_sums(U: torch.Tensor, rows: torch.Tensor, m: int) -> torch.Tensor:
+    """Per atom ``d`` of ``rows``: cumulative sums of the ``m`` largest ``|<u_d, u_j>|``, ``j != d`` (``(rows, m)``)."""
+    A = (U[rows] @ U.T).abs()
+    A[torch.arange(rows.numel(), device=A.device), rows] = 0.0
+    return A.topk(m, dim=1).values.cumsum(1)
+
+
+def babel(U: torch.Tensor, s_max: int, chunk: int | None = None, *, s_min: int = 2, cap: float | None = None,
+          sample: int = 32) -> np.ndarray:
     r"""``mu[s] = mu_1(s - 1)`` for ``s = 0 .. s_max`` (``mu[0] = mu[1] = 0``), plus the rounding of ``G``.
 
-    ``mu_1(m) = max_d`` (sum of the ``m`` largest ``|<u_d, u_j>|`` over ``j != d``) (Tropp 2004).
+    ``mu_1(m) = max_d`` (sum of the ``m`` largest ``|<u_d, u_j>|`` over ``j != d``) (Tropp 2004): the
+    product ``U U^T`` in blocks of ``chunk`` rows (default :data:`BABEL_BLOCK_BYTES` of float64), never
+    the whole ``k x k`` matrix; ``k^2 n`` multiply-adds.
+
+    With ``cap`` (the caller uses ``mu[s]`` only where ``mu[s] < cap``; the restricted-eigenvalue bound of
+    :func:`sparse_lower_bound` has ``cap = 1``), a lower estimate first: the same sums on ``sample``
+    rows, less their rounding (``mu_1`` is a maximum over all rows, so any rows give a lower bound,
+    theory.md §10.3). Where it already reaches ``cap`` the entry holds it (a value ``>= cap``: the
+    bound cannot use it either way), and the exact sums are computed only for the ``s`` below. When
+    the estimate reaches ``cap`` at ``s_min`` (the smallest budget the caller asks about), the whole
+    ``k^2 n`` product is skipped and the entries below ``s_min`` are NaN (not computed: NaN compares
+    false with ``cap``, so no bound uses them); all are NaN when ``s_min > s_max``.
     """
     k, n = U.shape
     m = max(0, min(int(s_max) - 1, k - 1))
     out = np.zeros(int(s_max) + 1)
     if m == 0:
         return out
-    best = torch.zeros(m, dtype=torch.float64)
-    for c0 in range(0, k, chunk):
-        A = (U[c0 : c0 + chunk] @ U.T).abs()
-        rows = torch.arange(A.shape[0], device=A.device)
-        A[rows, rows + c0] = 0.0
-        top = A.topk(m, dim=1).values.cumsum(1).amax(0).cpu()
-        best = torch.maximum(best, top)
+    if cap is not None and int(s_min) > s_max:  # no budget to bound: nothing computed
+        out[2:] = np.nan
+        return out
     err = 4 * n * np.finfo(np.float64).eps
-    vals = best.numpy() + err * np.arange(1, m + 1)
-    out[2 : m + 2] = vals
+    rows = int(chunk or max(1, BABEL_BLOCK_BYTES // (8 * k)))
+    stop = m  # exact sums for mu_1(1 .. stop)
+    if cap is not None:
+        pick = torch.unique(torch.linspace(0, k - 1, min(k, int(sample)), device=U.device).round().long())
+        est = _top_sums(U, pick, m).amax(0).cpu().numpy() - err * np.arange(1, m + 1)  # est[j] <= mu_1(j + 1)
+        void = np.nonzero(est >= cap)[0]
+        if void.size:
+            stop = int(void[0])  # est[stop] >= cap: mu[s] >= cap for s >= stop + 2
+            out[stop + 2 : m + 2] = np.maximum.accumulate(est[stop:])
+            if stop + 2 <= max(2, int(s_min)):
+                out[2 : stop + 2] = np.nan
+                stop = 0
+    if stop:
+        best = torch.zeros(stop, dtype=torch.float64)
+        for c0 in range(0, k, rows):
+            block = torch.arange(c0, min(k, c0 + rows), device=U.device)
+            best = torch.maximum(best, _top_sums(U, block, stop).amax(0).cpu())
+        out[2 : stop + 2] = best.numpy() + err * np.arange(1, stop + 1)
     if s_max + 1 > m + 2:
-        out[m + 2 :] = vals[-1] + err  # s > k: a support is at most all k atoms
+        out[m + 2 :] = out[m + 1] + err  # s > k: a support is at most all k atoms
     return out
 
 
@@ -94,6 +129,14 @@ def _enumerate(U, xt, s: int, subsets: torch.Tensor) -> torch.Tensor:
     return best
 
 
+def babel_s_min(budget, k: int, max_subsets: int) -> int:
+    """The smallest budget ``s >= 2`` whose tokens :func:`sparse_lower_bound` bounds by the Babel function
+    (not by enumeration), ``s_max + 1`` if none: the ``s_min`` of :func:`babel`."""
+    b = np.asarray(budget.cpu()) if hasattr(budget, "cpu") else np.asarray(budget)
+    use = [int(s) for s in np.unique(b) if s >= 2 and math.comb(k, min(int(s), k)) > max_subsets]
+    return min(use) if use else int(b.max(initial=1)) + 1
+
+
 def sparse_lower_bound(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, R: torch.Tensor, *,
                        mu: np.ndarray | None = None, max_subsets: int = 2000) -> tuple[np.ndarray, np.ndarray]:
     r"""Per-token lower bounds on ``m_s`` and the method that proved each (module docstring).
@@ -109,7 +152,8 @@ def sparse_lower_bound(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, 
     R : tensor (B, n) float64
         Residuals of the witness codes (the ``r`` of the restricted-eigenvalue bound).
     mu : array, optional
-        :func:`babel` up to ``max(budget)`` (computed when not given).
+        :func:`babel` up to ``max(budget)`` (computed when not given, with ``cap = 1``: skipped where a row
+        sample already proves the bound void).
     max_subsets : int
         Enumerate supports when ``C(k, s) <= max_subsets``.
 
@@ -125,14 +169,13 @@ def sparse_lower_bound(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, 
     lb = torch.zeros(Bt, dtype=xt.dtype, device=xt.device)
     method = torch.zeros(Bt, dtype=torch.long, device=xt.device)
     s_max = int(budget.max()) if Bt else 0
-    mu = babel(U, s_max) if mu is None else mu
+    mu = babel(U, s_max, s_min=babel_s_min(budget, k, max_subsets), cap=1.0) if mu is None else mu
     z = budget == 0
     lb[z], method[z] = xx[z], 1
     one = budget == 1
     if bool(one.any()):
         cmax = (xt[one] @ U.T).amax(1).clamp_min(0)
         lb[one], method[one] = (xx[one] - cmax * cmax).clamp_min(0), 1
-    c_all = (R @ U.T).amax(1).clamp_min(0)
     for s in torch.unique(budget[budget >= 2]).tolist():
         idx = torch.nonzero(budget == s)[:, 0]
         ss = min(s, k)
@@ -141,7 +184,8 @@ def sparse_lower_bound(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, 
             lb[idx], method[idx] = _enumerate(U, xt[idx], ss, subsets), 2
         elif mu[min(s, len(mu) - 1)] < 1.0:
             Bnd = math.sqrt(s / (1.0 - mu[s])) * torch.sqrt(xx[idx])
-            lb[idx], method[idx] = lagrangian_bound(xt[idx], R[idx], c_all[idx], Bnd), 3
+            c = (R[idx] @ U.T).amax(1).clamp_min(0)
+            lb[idx], method[idx] = lagrangian_bound(xt[idx], R[idx], c, Bnd), 3
     slack = 1.0 - 64 * n * np.finfo(np.float64).eps
     return (lb * slack).cpu().numpy(), method.cpu().numpy()
 

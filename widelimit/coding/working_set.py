@@ -50,36 +50,66 @@ def _restricted_gap(xx, q, G, y, lam):
 
 
 def _pdas(q, G, y, lam, iters):
-    """Primal-dual active-set (semismooth Newton) steps for ``min_{y>=0} y^T G y - 2 (q - lam).y``.
+    r"""Primal-dual active-set (semismooth Newton) steps for ``f(y) = y^T G y - 2 (q - lam).y`` over ``y >= 0``,
+    each kept only where it lowers ``f``.
 
-    Each step predicts the support ``A = {y - grad/2 > 0}`` and solves
-    ``G_AA y_A = (q - lam)_A`` for all tokens at once (masked batched solve);
-    the result is clipped at 0. It usually lands on the exact solution in a
-    few steps; the certified iteration that follows (:func:`_inner`) takes over
-    from wherever it ends, so a step that does not converge costs nothing in
-    correctness.
+    Each step predicts the support ``A = {y - grad/2 > 0}`` and solves ``G_AA y_A = (q - lam)_A`` for all
+    tokens at once (batched LU, :func:`torch.linalg.solve_ex`); the result is clipped at 0. It usually lands
+    on the exact solution in a few steps, but on an ill-conditioned block the predicted supports can cycle,
+    and a singular block (duplicate atoms) has no solution. So a token keeps its Newton point only where
+    the solve succeeded (finite, pivots valid) and ``f`` decreased; the others take a projected gradient
+    step ``y <- (y - (G y - c) / L)_+`` with ``L = max_i sum_j |G_ij| >= lambda_max(G)`` (Gershgorin),
+    which cannot increase ``f`` (docs/theory.md §8.6). A token leaves when its accepted Newton point has
+    the support of the point before. The certified iteration that follows (:func:`_inner`) takes over
+    from wherever this ends.
     """
     import torch
 
     c = q - lam
-    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
     idx = torch.arange(y.shape[0], device=y.device)
     y = y.clone()
+    Gi, yi, ci = G, y.clone(), c
+    L = G.abs().sum(-1).amax(-1).clamp(min=1e-300).unsqueeze(-1)  # >= lambda_max(G) (Gershgorin)
     for _ in range(iters):
-        Gi, yi, ci = G[idx], y[idx], c[idx]
-        mu = (Gi @ yi.unsqueeze(-1)).squeeze(-1) - ci
-        A = ((yi - mu) > 0).to(G.dtype)
-        M = Gi * (A.unsqueeze(-1) * A.unsqueeze(-2)) + eye * (1.0 - A).unsqueeze(-1)
-        try:
-            y_new = torch.linalg.solve(M, (ci * A).unsqueeze(-1)).squeeze(-1).clamp(min=0.0)
-        except RuntimeError:  # a singular block (duplicate atoms): leave it to the gradient iteration
-            break
-        same = ((y_new > 0) == (yi > 0)).all(1)
+        Gy = (Gi @ yi.unsqueeze(-1)).squeeze(-1)
+        grad = Gy - ci
+        y_new, ok = _active_solve(Gi, ci, (yi - grad) > 0)
+        y_new = torch.where(ok.unsqueeze(-1), y_new.clamp(min=0.0), yi)
+        f_old = (yi * (Gy - 2.0 * ci)).sum(-1)
+        slack = 1e-12 * ((yi * Gy).sum(-1) + 2.0 * (ci.abs() * yi).sum(-1))  # the rounding of f
+        ok &= (y_new * ((Gi @ y_new.unsqueeze(-1)).squeeze(-1) - 2.0 * ci)).sum(-1) <= f_old + slack
+        y_new = torch.where(ok.unsqueeze(-1), y_new, (yi - grad / L).clamp(min=0.0))
+        same = ok & ((y_new > 0) == (yi > 0)).all(1)
         y[idx] = y_new
-        idx = idx[~same]  # rows whose support stopped changing are solved exactly on it
-        if not idx.numel():
+        if bool(same.all()):
             break
+        if bool(same.any()):  # rows whose support stopped changing are solved exactly on it
+            go = ~same
+            idx, Gi, ci, L, y_new = idx[go], Gi[go], ci[go], L[go], y_new[go]
+        yi = y_new
     return y
+
+
+def _active_solve(G, c, A):
+    """Per row, ``y_A = G_AA^{-1} c_A`` (0 off ``A``) and whether the solve succeeded (valid pivots, finite).
+
+    The active entries are gathered first into blocks of the largest ``|A|`` in the batch (padded with the
+    identity), so the LU costs ``|A|^3``, not ``S^3``."""
+    import torch
+
+    B, S = A.shape
+    a = int(A.sum(1).max()) if B else 0
+    if a == 0:
+        return torch.zeros_like(c), torch.ones(B, dtype=torch.bool, device=c.device)
+    P = torch.argsort((~A).to(torch.int8), dim=1, stable=True)[:, :a]  # the active slots first
+    v = A.gather(1, P).to(G.dtype)
+    eye = torch.eye(a, dtype=G.dtype, device=G.device)
+    M = G.gather(1, P[:, :, None].expand(B, a, S)).gather(2, P[:, None, :].expand(B, a, a))
+    M = M * (v[:, :, None] * v[:, None, :]) + eye * (1.0 - v)[:, :, None]
+    sol, info = torch.linalg.solve_ex(M, (c.gather(1, P) * v).unsqueeze(-1))
+    sol = sol.squeeze(-1)
+    ok = (info == 0) & torch.isfinite(sol).all(-1)
+    return torch.zeros_like(c).scatter_(1, P, torch.where(ok[:, None], sol * v, 0.0)), ok
 
 
 def _inner(xx, q, G, y, lam, tol, floor, max_iter, check_every=10, newton_steps=6):

@@ -37,7 +37,7 @@ import scipy.sparse as sp
 
 from .._validation import check_int, check_real
 from ..coding.pursuit import Atoms, PursuitOptions, pursue_batch, spectral_norm_sq
-from ..coding.sparse_bound import METHODS, babel, sparse_lower_bound
+from ..coding.sparse_bound import METHODS, babel, babel_s_min, sparse_lower_bound
 from ..exact.gap import is_certified, relative_gap
 
 __all__ = ["SparsityOptions", "SparsityPart", "budget_rule", "l0_penalty"]
@@ -114,6 +114,7 @@ class SparsityPart:
         U = torch.as_tensor(setup.U, device=setup.dev)
         self._atoms, self._Lsq, self._mu = Atoms(U), spectral_norm_sq(U), None
         self._scale = torch.as_tensor(np.asarray(setup.norms, dtype=np.float64), device=setup.dev)
+        self._babel_s_min = 1 << 62  # the smallest budget babel was asked about (below it: NaN)
         self.sums = dict(n=0, value=0.0, lower=0.0, sae=0.0, start=0.0, l0=0.0, sae_l0=0.0, pen_value=0.0,
                          pen_lower=0.0, pen_sae=0.0, rounds=0, own_s=0.0, rest_s=0.0, timed_out=0)
         self.methods = np.zeros(len(METHODS), dtype=np.int64)
@@ -142,8 +143,10 @@ class SparsityPart:
         xt = bt.xt.to(torch.float64)
         out = pursue_batch(self._atoms.U, xt, bud, Y0, opts=self.popts, deadline=self._deadline(now),
                            Lsq=self._Lsq, atoms=self._atoms, scale=self._scale)
-        if self._mu is None or len(self._mu) <= (int(bud.max()) if bud.numel() else 0):
-            self._mu = babel(self._atoms.U, max((int(bud.max()) if bud.numel() else 0), 2 * int(own.mean() + 1)))
+        s_need, s_top = babel_s_min(bud, s.k, self.o.max_subsets), (int(bud.max()) if bud.numel() else 0)
+        if self._mu is None or len(self._mu) <= s_top or (s_need <= s_top and np.isnan(self._mu[s_need])):
+            self._babel_s_min = min(s_need, self._babel_s_min)  # (NaN below it: not computed, babel's s_min)
+            self._mu = babel(self._atoms.U, max(s_top, 2 * int(own.mean() + 1)), s_min=self._babel_s_min, cap=1.0)
         lb, meth = sparse_lower_bound(self._atoms.U, xt, bud, out["residuals"], mu=self._mu,
                                       max_subsets=self.o.max_subsets)
         pen = None
