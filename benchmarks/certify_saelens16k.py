@@ -49,7 +49,7 @@ from certify_speed import activations, forward_metrics  # noqa: E402
 
 WIDTH = 16384
 #: architecture -> SAELens training sparsity (lam for standard: l1_coefficient = 2 lam; k for topk)
-SPARSITY = {"standard": 0.5, "topk": 32}
+SPARSITY = {"standard": 2.0, "topk": 32}
 
 
 def _rss_mb() -> float:
@@ -167,7 +167,7 @@ def measure(cache: Path, arch: str, steps: int, batch: int, Ns: list[int], threa
 
 def _child(args, *extra) -> subprocess.CompletedProcess:
     cmd = [sys.executable, __file__, "--cache", str(args.cache), "--steps", str(args.steps), "--batch",
-           str(args.batch), "--tokens", args.tokens, "--threads", str(args.threads), "--width", str(args.width), *extra]
+           str(args.batch), "--tokens", args.tokens, "--threads", str(args.threads), "--width", str(args.width), "--lam", str(args.lam), "--k", str(args.k), *extra]
     return subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
 
 
@@ -203,6 +203,8 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--archs", default="standard,topk")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--lam", type=float, default=SPARSITY["standard"], help="the standard SAE's lam (l1_coefficient / 2)")
+    ap.add_argument("--k", type=int, default=SPARSITY["topk"], help="the TopK SAE's k")
     ap.add_argument("--width", type=int, default=WIDTH, help="d_sae (16,384; smaller only to check the script)")
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "widelimit-certify-speed")
     ap.add_argument("--train", help=argparse.SUPPRESS)  # child: train this architecture
@@ -211,6 +213,7 @@ def main():
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(args.threads))
     Ns = [int(v) for v in args.tokens.split(",")]
+    SPARSITY.update(standard=args.lam, topk=args.k)
     if args.train:
         import torch
 

@@ -54,3 +54,53 @@ def test_zero_time_budget_still_refits_the_sae_codes(tmp_path):
     assert any("time budget" in n for n in cert.notes)
     with pytest.raises(ValueError, match="time_limit"):
         SparsityOptions(time_limit=-1.0)
+
+
+def _unit(rng, k, n):
+    U = rng.standard_normal((k, n))
+    return U / np.linalg.norm(U, axis=1, keepdims=True)
+
+
+def test_babel_screen_is_below_the_babel_function_and_equal_with_every_row():
+    from widelimit.coding.sparse_bound import babel
+    from widelimit.sae.sparsity import babel_screen
+
+    U = torch.as_tensor(_unit(np.random.default_rng(4), 60, 6))
+    exact = babel(U, 12)
+    assert np.all(babel_screen(U, 12, rows=15) <= exact)
+    np.testing.assert_allclose(babel_screen(U, 12, rows=60), exact, atol=1e-13)
+    assert babel_screen(U, 12, rows=15)[2:].min() > 0
+
+
+def _topk(U, k):
+    from widelimit.sae.model import SAE
+
+    return SAE(W_dec=U, b_dec=np.zeros(U.shape[1]), W_enc=U.T.copy(), b_enc=np.zeros(U.shape[0]), architecture="topk",
+               k=k)
+
+
+@pytest.mark.parametrize("coherent", [True, False])
+def test_babel_pass_skipped_only_where_the_screen_proves_it_useless(monkeypatch, coherent):
+    """40 atoms in 6 dimensions: the Babel function is >= 1 at k = 8 and the screen shows it without the
+    exact pass; 12 near-orthogonal atoms in 12 dimensions at k = 2: the screen cannot, the exact pass runs and
+    the restricted-eigenvalue bound proves the bracket's lower end. Same bracket as with the exact pass."""
+    import widelimit.sae.sparsity as S
+
+    rng = np.random.default_rng(5)
+    U = _unit(rng, 40, 6) if coherent else np.linalg.qr(rng.standard_normal((12, 12)))[0] + 0.01
+    U = U / np.linalg.norm(U, axis=1, keepdims=True)
+    sae, k = _topk(U, 8 if coherent else 2), 8 if coherent else 2
+    X = rng.standard_normal((80, U.shape[1]))
+    opts = SparsityOptions(max_subsets=0, time_limit=600.0)
+    calls = []
+    orig = S.babel
+    monkeypatch.setattr(S, "babel", lambda *a, **kw: calls.append(1) or orig(*a, **kw))
+    screened = wl.certify_sae(X, sae, device="cpu", sparsity=opts).sparsity
+    assert len(calls) == (0 if coherent else 1)
+    monkeypatch.setattr(S, "babel_screen", lambda U, s, rows=0: np.zeros(int(s) + 1))  # force the exact pass
+    exact = wl.certify_sae(X, sae, device="cpu", sparsity=opts).sparsity
+    assert len(calls) == (1 if coherent else 2)
+    for key in ("value", "lower_bound", "bound_methods", "sae_value"):
+        assert screened[key] == exact[key]
+    method = "restricted eigenvalue (Babel function)"
+    assert (method in screened["bound_methods"]) == (not coherent)
