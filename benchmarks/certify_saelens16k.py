@@ -15,7 +15,10 @@
 * **One-off vs per-token cost**: the per-SAE stages are timed inside the certification (wrapped, not
   changed): the decoder-pair search (``decoder_pairs``), the objective resolution (``resolve_objective``:
   ``lam`` calibration when there is one), the Babel function of the sparsity bracket's lower bound
-  (``babel``); the per-token cost is the slope of the remaining time between the two largest ``N``.
+  (``babel_screen`` and, where the screen cannot decide, ``babel``); the per-token cost is the slope of the remaining time between the two largest ``N``.
+* ``--diagnose standard``: the L1 optimal coding alone on the standard SAE (the screened coder from the
+  SAE's own codes, then the float64 FISTA that finishes uncertified tokens), to
+  ``results/certify_saelens16k_coder_standard.json``.
 * **Memory**: peak resident memory growth (``ru_maxrss``) of the child during forward+metrics and during
   the certifications.
 
@@ -101,11 +104,12 @@ def certify_timed(X, folder, threads):
     import widelimit.sae.sparsity as S
     from widelimit import certify_sae
 
-    with _Timed(C, "decoder_pairs") as tp, _Timed(C, "resolve_objective") as to, _Timed(S, "babel") as tb:
+    with _Timed(C, "decoder_pairs") as tp, _Timed(C, "resolve_objective") as to, _Timed(S, "babel") as tb, \
+            _Timed(S, "babel_screen") as ts:
         t = time.perf_counter()
         cert = certify_sae(X, str(folder), threads=threads)
         total = time.perf_counter() - t
-    return cert, total, {"pair_search_s": tp.s, "objective_calibration_s": to.s, "babel_s": tb.s}
+    return cert, total, {"pair_search_s": tp.s, "objective_calibration_s": to.s, "babel_s": tb.s + ts.s}
 
 
 def measure(cache: Path, arch: str, steps: int, batch: int, Ns: list[int], threads: int, width: int = WIDTH) -> dict:
@@ -165,6 +169,46 @@ def measure(cache: Path, arch: str, steps: int, batch: int, Ns: list[int], threa
             "asymptotic_ratio": per_token / fwd_per_token if fwd_per_token > 0 else None}
 
 
+def coder_diagnosis(cache: Path, arch: str, steps: int, batch: int, tokens: int, threads: int, width: int = WIDTH,
+                    fista_tokens: int = 3) -> dict:
+    """What the L1 optimal coding of ``certify_sae`` does on this SAE: the screened coder (its default above
+    d_sae 8,192) from the SAE's own codes on ``tokens`` tokens -- rounds, tokens left uncertified, largest
+    relative gap -- and the float64 FISTA that finishes the uncertified ones, on ``fista_tokens`` of them."""
+    import scipy.sparse as sp
+    import torch
+
+    from widelimit._runtime import limit_threads
+    from widelimit.coding.fista import fista_codes
+    from widelimit.coding.screened import ScreenedCoder
+    from widelimit.sae.formats import as_sae
+    from widelimit.sae.objective import resolve_objective
+
+    sae = as_sae(str(_folder(cache, arch, steps, batch, width)))
+    X = sae.preprocess(activations(cache)[:tokens].astype(np.float64))
+    lam = resolve_objective(sae, X).lam
+    U, b = sae.unit_dictionary(), np.asarray(sae.b_dec, dtype=np.float64)
+    f = sae.encode(X)
+    with limit_threads(threads):
+        torch.set_num_threads(threads)
+        t = time.perf_counter()
+        res = ScreenedCoder(U, lam=lam, tol=1e-6, device="cpu").solve(torch.as_tensor(X - b),
+                                                                      sp.csr_array(f * sae.decoder_norms()))
+        t_scr = time.perf_counter() - t
+        rows = res.unconverged_rows()
+        out = {"arch": arch, "lam": lam, "tokens": tokens, "sae_l0": float((f != 0).sum(1).mean()),
+               "screened_s": t_scr, "screened_rounds": int(res.n_iter), "screened_uncertified": int(rows.size),
+               "screened_l0": float(np.diff(res.codes.indptr).mean()),
+               "screened_max_rel_gap": float(np.max(res.point_gaps / np.maximum(res.point_values, 1e-300)))}
+        if rows.size:
+            r = rows[:fista_tokens]
+            t = time.perf_counter()
+            fr = fista_codes(X[r], U, b, lam=lam, tol=1e-6, Z0=res.codes[r], return_codes=True, dtype="float64",
+                             max_iter=20000)
+            out.update(fista_tokens=int(r.size), fista_s=time.perf_counter() - t, fista_iterations=int(fr.n_iter),
+                       fista_certified=bool(fr.certified), fista_l0=float(np.diff(fr.codes.indptr).mean()))
+    return out
+
+
 def _child(args, *extra) -> subprocess.CompletedProcess:
     cmd = [sys.executable, __file__, "--cache", str(args.cache), "--steps", str(args.steps), "--batch",
            str(args.batch), "--tokens", args.tokens, "--threads", str(args.threads), "--width", str(args.width), "--lam", str(args.lam), "--k", str(args.k), *extra]
@@ -209,6 +253,8 @@ def main():
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "widelimit-certify-speed")
     ap.add_argument("--train", help=argparse.SUPPRESS)  # child: train this architecture
     ap.add_argument("--measure", help=argparse.SUPPRESS)  # child: measure this architecture
+    ap.add_argument("--diagnose", metavar="ARCH", help="only the L1 coder diagnosis of this SAE (--tokens: its first "
+                    "count), written to results/certify_saelens16k_coder_<ARCH>.json")
     args = ap.parse_args()
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(args.threads))
@@ -219,6 +265,13 @@ def main():
 
         torch.set_num_threads(args.threads)
         print(json.dumps(train(args.cache, args.train, args.steps, args.batch, args.width)))
+        return
+    if args.diagnose:
+        d = coder_diagnosis(args.cache, args.diagnose, args.steps, args.batch, Ns[0], args.threads, args.width)
+        d.update(command=" ".join(sys.argv), threads=args.threads, width=args.width, steps=args.steps,
+                 environment=environment())
+        (HERE / "results" / f"certify_saelens16k_coder_{args.diagnose}.json").write_text(json.dumps(d, indent=2))
+        print(json.dumps(d, indent=2))
         return
     if args.measure:
         print(json.dumps(measure(args.cache, args.measure, args.steps, args.batch, Ns, args.threads, args.width), default=float))
