@@ -3,7 +3,7 @@
 * **Activations**: all-MiniLM-L6-v2 layer 3 on the text scikit-learn ships (``certify_speed.activations``:
   :func:`widelimit.lab.lm.token_activations`, offline, 5,667 tokens, d_in 384).
 * **SAEs**: d_sae 16,384, trained by :func:`widelimit.lab.saelens_train.train_saelens` (SAELens's own
-  ``TrainingSAE`` classes and loss, Adam): a standard ReLU SAE (L1, ``lam = 0.5``: ``l1_coefficient = 1``) and
+  ``TrainingSAE`` classes and loss, Adam): a standard ReLU SAE (L1, ``lam = 2``: ``l1_coefficient = 4``; ``--lam``) and
   a TopK SAE (``k = 32``), ``--steps`` minibatches of ``--batch`` tokens each. Saved with SAELens's
   ``save_inference_model`` under ``--cache`` and trained in a child process (so that the training's memory
   does not hide the certification's peak).
@@ -24,7 +24,11 @@
 
 Usage::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python3 benchmarks/certify_saelens16k.py [--tokens 100,500,2000] [--steps 200]
+    OMP_NUM_THREADS=1 PYTHONPATH=. python3 benchmarks/certify_saelens16k.py --archs topk --tokens 100,500,2000
+    OMP_NUM_THREADS=1 PYTHONPATH=. python3 benchmarks/certify_saelens16k.py --diagnose standard --tokens 20
+
+(``--archs standard`` runs too, but its certification takes about 20 s per token at d_sae 16,384: see
+docs/sae_certification.md, "SAELens-trained SAEs at d_sae 16,384".)
 
 Writes ``benchmarks/results/certify_saelens16k.{json,md}``. The machine is shared: the ratios measured side by
 side in one process are the measurement, absolute times are not.
@@ -245,7 +249,7 @@ def main():
     ap.add_argument("--tokens", default="100,500,2000", help="comma-separated token counts (the first N tokens)")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--archs", default="standard,topk")
+    ap.add_argument("--archs", default="topk", help="comma-separated: topk, standard")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lam", type=float, default=SPARSITY["standard"], help="the standard SAE's lam (l1_coefficient / 2)")
     ap.add_argument("--k", type=int, default=SPARSITY["topk"], help="the TopK SAE's k")
