@@ -121,8 +121,11 @@ def to_sae(w: dict):
 # --------------------------------------------------------------------------------------
 
 
-def forward_metrics(w: dict, acts, batch: int = BATCH, device: str = "cpu") -> dict:
+def forward_metrics(w: dict, acts, batch: int = BATCH, device: str = "cpu", forward=None) -> dict:
     """The SAE's forward pass (float32 torch) and the standard metrics, batch by batch.
+
+    ``forward(x) -> (f, x_hat)``: the SAE's own forward pass on a float32 batch (e.g. a SAELens SAE's
+    ``encode`` / ``decode``, for TopK); default the ReLU SAE of ``w``.
 
     The metrics are those SAELens' evals report and ``certify_sae`` reports too (widelimit.sae.metrics):
     MSE, explained variance, L0, L1, cosine similarity, l2 ratio, relative reconstruction bias and
@@ -138,8 +141,11 @@ def forward_metrics(w: dict, acts, batch: int = BATCH, device: str = "cpu") -> d
     with torch.no_grad():
         for s in range(0, N, batch):
             x = torch.as_tensor(np.asarray(acts[s : s + batch], dtype=np.float32), device=device)
-            f = torch.relu((x - b_dec) @ W_enc + b_enc)
-            xh = f @ W_dec + b_dec
+            if forward is None:
+                f = torch.relu((x - b_dec) @ W_enc + b_enc)
+                xh = f @ W_dec + b_dec
+            else:
+                f, xh = forward(x)
             se += float(((x - xh) ** 2).sum())
             act = f > 0
             l0 += float(act.sum())

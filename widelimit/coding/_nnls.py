@@ -71,15 +71,22 @@ def nnls_batch(G: torch.Tensor, q: torch.Tensor, valid: torch.Tensor, max_iter: 
         return torch.zeros_like(q)
     P = valid.clone()
     y = torch.zeros_like(q)
+    todo = torch.arange(B, device=q.device)
+    # every factorisation is of the tokens still at work only (a batch's few hard tokens used to
+    # re-factor every token's Gram block at each of their steps: O(B s^3) per step)
     for _ in range(s + 1):  # start: least squares on the support, negatives dropped
-        z = _solve(G, q, P)
-        neg = P & (z <= 0)
-        if not bool(neg.any()):
-            y = z
+        Pt = P[todo]
+        z = _solve(G[todo], q[todo], Pt)
+        neg = Pt & (z <= 0)
+        done = ~neg.any(1)
+        y[todo[done]] = z[done]
+        P[todo] = Pt & ~neg
+        todo = todo[~done]
+        if todo.numel() == 0:
             break
-        P &= ~neg
     else:
-        y = _solve(G, q, P).clamp_min(0) * P
+        Pt = P[todo]
+        y[todo] = _solve(G[todo], q[todo], Pt).clamp_min(0) * Pt
     scale = torch.linalg.norm(q, dim=1, keepdim=True) * 1e-13 + 1e-300
     for _ in range(max_iter if max_iter is not None else 2 * s + 2):
         w = q - (G @ y[..., None])[..., 0]  # half the negative gradient
@@ -96,18 +103,21 @@ def nnls_batch(G: torch.Tensor, q: torch.Tensor, valid: torch.Tensor, max_iter: 
 def _inner(G, q, P, y, act) -> None:
     """Lawson--Hanson's inner loop, in place on ``y`` and ``P`` for the tokens ``act``."""
     s = q.shape[1]
-    todo = act.clone()
-    for _ in range(s + 1):
-        z = _solve(G, q, P)
-        bad = P & (z <= 0) & todo[:, None]
-        ok = todo & ~bad.any(1)
-        y[ok] = z[ok]
-        todo &= ~ok
-        if not bool(todo.any()):
+    todo = torch.nonzero(act)[:, 0]
+    for _ in range(s + 1):  # the tokens still in the loop only (their rows gathered, written back)
+        Pt = P[todo]
+        z = _solve(G[todo], q[todo], Pt)
+        bad = Pt & (z <= 0)
+        ok = ~bad.any(1)
+        y[todo[ok]] = z[ok]
+        keep = ~ok
+        todo, z, bad, Pt = todo[keep], z[keep], bad[keep], Pt[keep]
+        if todo.numel() == 0:
             return
-        ratio = torch.where(bad, y / (y - z).clamp_min(1e-300), torch.full_like(y, torch.inf))
+        yt = y[todo]
+        ratio = torch.where(bad, yt / (yt - z).clamp_min(1e-300), torch.full_like(yt, torch.inf))
         alpha = ratio.min(1).values.clamp(0.0, 1.0)
-        t = todo[:, None]
-        y.copy_(torch.where(t, y + alpha[:, None] * (z - y), y))
-        P &= ~(t & (y <= 0))
-        y.mul_(P)
+        yt = yt + alpha[:, None] * (z - yt)
+        Pt = Pt & ~(yt <= 0)
+        P[todo] = Pt
+        y[todo] = yt * Pt
