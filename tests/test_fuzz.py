@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import widelimit as wl
 
 from fixtures.cli import cli, one_line
+from fixtures.stability import nonneg_lasso_min
 
 #: examples per property test; WIDELIMIT_FUZZ_SCALE=50 (with HYPOTHESIS_PROFILE=explore) searches harder
 SCALE = float(os.environ.get("WIDELIMIT_FUZZ_SCALE", "1"))
@@ -948,27 +949,6 @@ def test_saelens_files_refused_when_two_forms_disagree_or_tensors_are_extra(tmp_
 # ======================================================================================
 
 
-def _nonneg_lasso_min(xt, U, lam):
-    """``min_{y >= 0} ||xt - y U||^2 + 2 lam sum y`` (unit rows ``U``) by trying every support: on the optimum's
-    support the stationary point is the optimum itself, and every other support's nonnegative stationary point
-    is a feasible value, so the least of them is the minimum (exact up to float64 rounding)."""
-    import itertools
-
-    k = U.shape[0]
-    best = float(xt @ xt)  # the empty support
-    for m in range(1, k + 1):
-        for S in itertools.combinations(range(k), m):
-            US = U[list(S)]
-            G = US @ US.T
-            if np.linalg.cond(G) > 1e8:
-                continue
-            y = np.linalg.solve(G, US @ xt - lam)
-            if np.all(y >= 0):
-                r = xt - y @ US
-                best = min(best, float(r @ r + 2 * lam * y.sum()))
-    return best
-
-
 @settings(max_examples=int(20 * SCALE), deadline=None)
 @given(k=st.integers(1, 4), n=st.integers(1, 4), N=st.integers(1, 4), log_lam=st.floats(-2, 9), log_z=st.floats(-9, 0.5),
        alg=st.sampled_from(["cd", "working_set", "fista"]), seed=st.integers(0, 2**16))
@@ -986,7 +966,7 @@ def test_coding_gaps_are_judged_at_each_tokens_own_scale(k, n, N, log_lam, log_z
     lam, tol = 10.0**log_lam, 1e-6
     r = optimal_codes(X, U, np.zeros(n), lam=lam, tol=tol, Z0=np.full((N, k), 10.0**log_z), device="cpu",
                       algorithm=alg)
-    truth = np.array([_nonneg_lasso_min(x, U, lam) for x in X])
+    truth = np.array([nonneg_lasso_min(x, U, lam, max_cond=1e8) for x in X])
     P, gap = r.point_values, r.point_gaps
     slack = 1e-12 * (P + truth + 1.0)  # float64 rounding of both sides
     assert np.all(P - gap <= truth + slack), (P, gap, truth)
