@@ -76,6 +76,30 @@ def test_warm_start_is_never_worse_than_its_start():
     assert np.mean(res.point_values < own * (1 - 1e-6)) > 0.9  # the NNLS refit improves random codes
 
 
+def test_a_spent_time_budget_keeps_the_start_codes_without_refitting(monkeypatch):
+    """The time budget covers the refit of the start's support too (a ReLU SAE's ~150-atom supports made that
+    refit alone 10x the rest of a certification): with the budget spent before the pursuit, no NNLS runs and the
+    witness is exactly the start's codes or the empty code, whichever is better (their MSE computed here); with time, the refit improves them."""
+    import widelimit.coding.pursuit as pursuit
+
+    rng = np.random.default_rng(7)
+    k, n, s = 40, 12, 4
+    U, X = _unit(rng, k, n), rng.standard_normal((30, n))
+    Z0 = np.zeros((30, k))
+    for i in range(30):
+        Z0[i, rng.choice(k, s, replace=False)] = rng.exponential(size=s)
+    own = ((X - Z0 @ U) ** 2).sum(1)
+    calls = []
+    monkeypatch.setattr(pursuit, "nnls_batch", lambda *a, **kw: calls.append(1) or nnls_batch(*a, **kw))
+    opts = PursuitOptions(max_iter=0, cold_start=False, grad_start=False)
+    spent = sparse_codes(X, U, np.zeros(n), budget=s, Z0=Z0, opts=opts, device="cpu", time_limit=0.0)
+    assert calls == []
+    # the start's codes, or the empty code (also within budget) where random start codes are worse than it
+    np.testing.assert_allclose(spent.point_values, np.minimum(own, (X * X).sum(1)), rtol=1e-12)
+    timed = sparse_codes(X, U, np.zeros(n), budget=s, Z0=Z0, opts=opts, device="cpu")
+    assert calls and np.mean(timed.point_values < own * (1 - 1e-6)) > 0.9
+
+
 def test_restricted_eigenvalue_bound_below_the_optimum_and_nontrivial():
     rng = np.random.default_rng(4)
     k, n, s = 24, 400, 2  # nearly orthogonal atoms: mu_1(1) << 1

@@ -153,13 +153,16 @@ def residuals(A: Atoms, xt: torch.Tensor, S: torch.Tensor, y: torch.Tensor, vali
 REFIT_ENTRIES = 1 << 25
 
 
-def _refit(A, xt, S, valid, Cx, q=None):
+def _refit(A, xt, S, valid, Cx, q=None, deadline: float = math.inf):
     """NNLS codes on the supports ``S`` (masked by ``valid``), their residuals and per-token squared norms
     (``Cx = x_t U^T``: the correlations the refit's right-hand side gathers), in chunks of rows whose Gram
-    blocks hold at most :data:`REFIT_ENTRIES` entries."""
+    blocks hold at most :data:`REFIT_ENTRIES` entries. No chunk starts after ``deadline``: the rows not
+    reached keep the zero codes (a feasible point; the callers keep the better of it and their other start)."""
     step = max(1, REFIT_ENTRIES // max(1, S.shape[1] ** 2))
     y = torch.zeros(S.shape, dtype=xt.dtype, device=xt.device)
     for r0 in range(0, S.shape[0], step):
+        if time.perf_counter() > deadline:
+            break
         Sc, vc = S[r0 : r0 + step], valid[r0 : r0 + step]
         qc = Cx[r0 : r0 + step].gather(1, Sc) if q is None else q[r0 : r0 + step]
         y[r0 : r0 + step] = nnls_batch(A.gram(Sc, vc), qc * vc, vc)
@@ -347,7 +350,8 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
         Codes on the unit atoms to start from (an SAE's own); each token must fire at most ``s_i``.
     opts : PursuitOptions
     deadline : float
-        ``time.perf_counter()`` after which no further round starts (the warm start always runs).
+        ``time.perf_counter()`` after which no further refit chunk or round starts (the start's own codes are
+        always kept as a witness).
     Lsq : float, optional
         ``||U||_2^2`` (:func:`spectral_norm_sq`), computed when not given.
     atoms : Atoms, optional
@@ -372,7 +376,7 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
         S, valid, y0 = _support_of(start, xt.device, xt.dtype)
         if bool((valid.sum(1) > budget).any()):
             raise ValueError("pursue_batch: the start codes fire more atoms than the budget on some token")
-        y, _, m = _refit(A, xt, S, valid, Cx)
+        y, _, m = _refit(A, xt, S, valid, Cx, deadline=deadline)  # (rows past the deadline: the start's codes)
         R0 = residuals(A, xt, S, y0, valid)
         m0 = (R0 * R0).sum(1)
         keep0 = m0 <= m  # the refit is a least-squares optimum on the support: worse only by rounding
@@ -382,7 +386,7 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
     if opts.grad_start and time.perf_counter() <= deadline:
         w = torch.ones(A.k, dtype=xt.dtype, device=xt.device) if scale is None else scale
         S, valid = grad_pursuit_supports(A.U, w, xt, budget, lambda: time.perf_counter() <= deadline)
-        best = _better(best, (S, valid) + _refit(A, xt, S, valid, Cx)[::2])
+        best = _better(best, (S, valid) + _refit(A, xt, S, valid, Cx, deadline=deadline)[::2])
     S, valid, y = _compact(*best[:3])
     mse = best[3]
     rounds, stopped = 0, "converged"
@@ -491,7 +495,7 @@ def sparse_codes(X, W, b, *, budget, Z0=None, opts: PursuitOptions = PursuitOpti
     tol : float
         ``certified`` iff ``gap <= tol * value``.
     time_limit : float, optional
-        Seconds; the warm start's refit always runs, later rounds only within the limit.
+        Seconds; the start's own codes are always a witness, their refit and later rounds run within the limit.
     batch_size : int
         Tokens per batch.
     device : {"auto", "cpu", "cuda"}
