@@ -83,6 +83,24 @@ def test_screened_coder_survives_singular_active_blocks():
     assert np.all(np.isfinite(y[0])) and f < 0.0
 
 
+def test_screened_coder_certifies_when_the_batched_lu_is_refused(monkeypatch):
+    # MKL refused a batched LU of the restricted solve ("Parameter 6 was incorrect on entry to DLASWP", then
+    # torch's "Pivots given to lu_solve must all be greater or equal to 1") on a 768 x 16,384 cell at optimal L0
+    # 190 and the whole certification failed; now the block's tokens take the gradient step, and the same
+    # certified optimum (checked against scipy's NNLS) is reached without any Newton step
+    def refused(*a, **kw):
+        raise RuntimeError("Pivots given to lu_solve must all be greater or equal to 1.")
+
+    monkeypatch.setattr(torch.linalg, "solve_ex", refused)  # (only the restricted solve calls it)
+    rng = np.random.default_rng(1)
+    n, m, lam = 16, 20, 0.1
+    U = rng.standard_normal((60, n))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    X = _tokens(U, m, 4, rng)
+    res = ScreenedCoder(U, lam=lam, tol=1e-9).solve(torch.as_tensor(X))
+    _check(U, X, lam, res)
+
+
 def test_screened_coder_grows_small_working_sets_to_a_large_support():
     # optimal supports of ~47 atoms (n = 48) reached 8 atoms a round from a cold start: a round whose codes lower
     # the objective but not (yet) the gap was dropped, and the next round rebuilt the same working set (30 rounds,

@@ -3,13 +3,13 @@ r"""Certified optimal codes for wide dictionaries (16k-1M atoms) without a Gram 
 The problem and the certificate of :mod:`widelimit.coding` (theory.md §8.6): per token, on unit
 atoms ``u_d`` and ``xt = x - b``, ``P(y) = ||xt - y U||^2 + 2 lam sum_d y_d`` over ``y >= 0``,
 certified by the dual point ``s r`` (``gap = P - D(s r) >= P - min P``). Built for the SAE
-regime -- many atoms, few active per token. A warm start (codes ``Y0`` and their correlations) may be
-given, but :class:`widelimit.sae.parts.CodingPart` starts from zero codes: an SAE's own support is often far
-wider than the optimum's, and its coherent atoms make large, ill-conditioned blocks (measured, one thread,
-``ScreenedCoder.solve`` on the same tokens and to the same objective: a SAELens ReLU SAE of 16,384
-features trained on MiniLM, SAE L0 150, optimal L0 7.6, 100 tokens: 16.7 s from the SAE's codes, 1.3 s
-from zero; the synthetic 768 x 16,384 cells of ``benchmarks/certify_scale.py``, 200 tokens: 0.54 s vs
-0.48 s at optimal L0 29, 6.8 s vs 4.0 s at optimal L0 190):
+regime -- many atoms, few active per token, a warm start (the SAE's own codes). (Measured, one thread, the
+same tokens to the same objective: where an SAE's support is far wider than the optimum's, the warm start
+costs: a SAELens ReLU SAE of 16,384 features on MiniLM, SAE L0 150, optimal L0 7.6, 100 tokens: 16.7 s from
+the SAE's codes, 1.3 s from zero codes; the synthetic 768 x 16,384 cells of ``benchmarks/certify_scale.py``,
+200 tokens: 0.54 s vs 0.48 s at optimal L0 29, 6.8 s vs 4.0 s at optimal L0 190. But from zero codes the
+optimal-L0-190 cell at 2,000 tokens met batched LU calls that MKL refused (invalid pivots), so
+:class:`widelimit.sae.parts.CodingPart` still starts from the SAE's codes; see docs/sae_certification.md.)
 
 1. **Working set per token**: the support of the current codes plus the ``ws_extra`` atoms most
    correlated with the residual among those with ``c_d > (1 - margin) lam`` (the candidates of

@@ -106,7 +106,11 @@ def _active_solve(G, c, A):
     eye = torch.eye(a, dtype=G.dtype, device=G.device)
     M = G.gather(1, P[:, :, None].expand(B, a, S)).gather(2, P[:, None, :].expand(B, a, a))
     M = M * (v[:, :, None] * v[:, None, :]) + eye * (1.0 - v)[:, :, None]
-    sol, info = torch.linalg.solve_ex(M, (c.gather(1, P) * v).unsqueeze(-1))
+    rhs = (c.gather(1, P) * v).unsqueeze(-1)
+    try:
+        sol, info = torch.linalg.solve_ex(M, rhs)
+    except RuntimeError:  # a batched LU whose pivots the library refused: the rows take the gradient step
+        sol, info = torch.zeros_like(rhs), torch.ones(B, dtype=torch.int32, device=c.device)
     sol = sol.squeeze(-1)
     ok = (info == 0) & torch.isfinite(sol).all(-1)
     return torch.zeros_like(c).scatter_(1, P, torch.where(ok[:, None], sol * v, 0.0)), ok

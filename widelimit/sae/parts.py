@@ -317,8 +317,8 @@ class CodingPart:
         s = self.s
         coder = s.coder
         if coder is not None:
-            if s.coding_algorithm == "screened":  # from zero codes, not the SAE's: measured faster (module docstring)
-                res = coder.solve(bt.xt)
+            if s.coding_algorithm == "screened":
+                res = coder.solve(bt.xt, bt.Y0, bt.C)
             else:  # (C and R0 are its workspace: R0 becomes the optimal codes' residuals)
                 C0 = None if bt.C is None else bt.C.numpy()
                 res = coder.solve(bt.xt.cpu().numpy(), bt.Y0, C0, R0=bt.R0, overwrite_c0=True)
