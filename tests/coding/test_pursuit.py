@@ -60,13 +60,18 @@ def test_bracket_contains_the_enumerated_optimum(s):
     assert np.mean(res.point_values <= exact + 1e-9) >= 0.9  # the pursuit finds the optimum on most tokens
 
 
-def test_warm_start_is_never_worse_than_its_start():
-    rng = np.random.default_rng(3)
-    k, n, s = 40, 12, 4
-    U, X = _unit(rng, k, n), rng.standard_normal((60, n))
-    Z0 = np.zeros((60, k))
-    for i in range(60):
+def _random_start(seed, N, k=40, n=12, s=4):
+    """Unit atoms, random tokens and random start codes of ``s`` atoms per token."""
+    rng = np.random.default_rng(seed)
+    U, X = _unit(rng, k, n), rng.standard_normal((N, n))
+    Z0 = np.zeros((N, k))
+    for i in range(N):
         Z0[i, rng.choice(k, s, replace=False)] = rng.exponential(size=s)
+    return U, X, Z0, n, s
+
+
+def test_warm_start_is_never_worse_than_its_start():
+    U, X, Z0, n, s = _random_start(3, 60)
     res = sparse_codes(X, U, np.zeros(n), budget=s, Z0=Z0, opts=PursuitOptions(max_iter=0, cold_start=False),
                        device="cpu")
     R0 = X - Z0 @ U
@@ -79,15 +84,11 @@ def test_warm_start_is_never_worse_than_its_start():
 def test_a_spent_time_budget_keeps_the_start_codes_without_refitting(monkeypatch):
     """The time budget covers the refit of the start's support too (a ReLU SAE's ~150-atom supports made that
     refit alone 10x the rest of a certification): with the budget spent before the pursuit, no NNLS runs and the
-    witness is exactly the start's codes or the empty code, whichever is better (their MSE computed here); with time, the refit improves them."""
+    witness is exactly the start's codes or the empty code, whichever is better (their MSE computed here); with
+    time, the refit improves them."""
     import widelimit.coding.pursuit as pursuit
 
-    rng = np.random.default_rng(7)
-    k, n, s = 40, 12, 4
-    U, X = _unit(rng, k, n), rng.standard_normal((30, n))
-    Z0 = np.zeros((30, k))
-    for i in range(30):
-        Z0[i, rng.choice(k, s, replace=False)] = rng.exponential(size=s)
+    U, X, Z0, n, s = _random_start(7, 30)
     own = ((X - Z0 @ U) ** 2).sum(1)
     calls = []
     monkeypatch.setattr(pursuit, "nnls_batch", lambda *a, **kw: calls.append(1) or nnls_batch(*a, **kw))
