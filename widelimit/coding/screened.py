@@ -48,11 +48,14 @@ import scipy.sparse as sp
 
 from .lasso import gap_floor, lasso_gap
 from .result import CodingResult
+from ._nnls import nnls_batch
 from .working_set import _inner
 
 __all__ = ["ScreenedCoder", "exact_max"]
 
 _U32 = 2.0 ** -24  # float32 unit roundoff
+#: The restricted solvers (:meth:`ScreenedCoder._restricted`).
+RESTRICTED = ("lawson_hanson", "newton")
 
 
 def exact_max(R, U64, U32):
@@ -97,7 +100,7 @@ class ScreenedCoder:
     """
 
     def __init__(self, U, *, lam, tol=1e-6, device="cpu", ws_extra=48, margin=0.25, max_rounds=30, newton_steps=8,
-                 inner_iter=2000, chunk=64):
+                 inner_iter=2000, chunk=64, restricted="lawson_hanson"):
         import torch
 
         self.dev = torch.device(device)
@@ -107,6 +110,9 @@ class ScreenedCoder:
         self.ws_extra, self.margin = int(ws_extra), float(margin)
         self.max_rounds, self.inner_iter, self.chunk = int(max_rounds), int(inner_iter), int(chunk)
         self.newton_steps = int(newton_steps)
+        if restricted not in RESTRICTED:
+            raise ValueError(f"restricted: expected one of {', '.join(RESTRICTED)}, got {restricted!r}")
+        self.restricted = restricted
 
     # ---------------------------------------------------------------------------------
     def _working_sets(self, idx, val, C):
@@ -158,8 +164,13 @@ class ScreenedCoder:
             G += eye[:w, :w] * (1.0 - mask)[:, :, None]
             q = (Uw @ xc[:, :, None]).squeeze(-1) * mask
             out[s:e, w:] = 0.0
-            out[s:e, :w] = _inner((xc * xc).sum(1), q, G, y[s:e, :w] * mask, self.lam, 0.1 * self.tol, floor,
-                                  self.inner_iter, newton_steps=self.newton_steps) * mask
+            y0 = y[s:e, :w] * mask
+            newton = self.newton_steps
+            if self.restricted == "lawson_hanson":  # exact on the block; _inner then only checks its gap
+                y0 = nnls_batch(G, q - self.lam, ok[s:e, :w], start=y0 > 0)
+                newton = 0
+            out[s:e, :w] = _inner((xc * xc).sum(1), q, G, y0, self.lam, 0.1 * self.tol, floor,
+                                  self.inner_iter, newton_steps=newton) * mask
             R[s:e] = xc - (out[s:e, None, :w] @ Uw).squeeze(1)  # float64 residuals, from the gathered atoms
             del Uw
         return out, R
