@@ -318,7 +318,10 @@ class CodingPart:
         coder = s.coder
         if coder is not None:
             if s.coding_algorithm == "screened":
-                res = coder.solve(bt.xt, bt.Y0, bt.C)
+                # from zero codes, not the SAE's: its support is often far wider than the optimum's (a SAELens ReLU
+                # SAE at d_sae 16,384: L0 150 against 8) and the restricted solves on it cost 4-12x more;
+                # measured on every cell of benchmarks/certify_scale.py and certify_saelens16k.py
+                res = coder.solve(bt.xt)
             else:  # (C and R0 are its workspace: R0 becomes the optimal codes' residuals)
                 C0 = None if bt.C is None else bt.C.numpy()
                 res = coder.solve(bt.xt.cpu().numpy(), bt.Y0, C0, R0=bt.R0, overwrite_c0=True)
@@ -418,5 +421,5 @@ def default_parts(setup: Setup, coding, pairs, sparsity=None) -> dict:
         parts["coding"] = CodingPart(setup, coding.optimal_codes_diagnostics, coding.keep_codes)
     parts["metrics"] = MetricsPart(setup)
     if sparsity is not None and sparsity.enabled and setup.sae.has_encoder:
-        parts["sparsity"] = SparsityPart(setup, sparsity)
+        parts["sparsity"] = SparsityPart(setup, sparsity, own_objective=coding is None)
     return parts
