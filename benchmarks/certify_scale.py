@@ -55,7 +55,7 @@ def _rss_mb() -> float:
 SKLEARN_CD_MAX_ITER = (1000, 10000)
 CELER_TOL = (1e-6, 1e-8, 1e-10, 1e-12)
 #: A peer's ladder stops after a run longer than this (seconds): the next setting would only be slower.
-PEER_BUDGET_S = 600.0
+PEER_BUDGET_S = 300.0
 
 
 def peer_lam(lam: float, d_in: int) -> dict:
@@ -118,7 +118,11 @@ def _timed(f, *a, **kw):
     return out, time.perf_counter() - t
 
 
-def peers(U, b, X, lam, gap_target) -> dict:
+#: The peer runs of :func:`peers` (``--peer-runs`` picks some).
+PEER_RUNS = ("spams", "sklearn_lars", "sklearn_cd", "celer")
+
+
+def peers(U, b, X, lam, gap_target, runs=PEER_RUNS) -> dict:
     """SPAMS, scikit-learn (precomputed Gram) and celer on the same lasso, each at the certified gap ``gap_target``.
 
     Per peer (``spams``, ``sklearn_lars``, ``sklearn_cd``, ``celer``; ``sklearn`` the faster of the two
@@ -126,6 +130,7 @@ def peers(U, b, X, lam, gap_target) -> dict:
     ``{peer}_gap`` and ``{peer}_max_gap`` (:func:`certified`), ``{peer}_setting`` and ``{peer}_reached``
     (its gap <= ``gap_target``). A peer with a tolerance runs its ladder (:data:`SKLEARN_CD_MAX_ITER`,
     :data:`CELER_TOL`) until it reaches the gap, or :data:`PEER_BUDGET_S` is spent; ``None`` when not installed.
+    ``runs``: which of :data:`PEER_RUNS` to run.
     """
     xt = np.asarray(X, dtype=np.float64) - b
     out = {}
@@ -148,22 +153,28 @@ def peers(U, b, X, lam, gap_target) -> dict:
     try:
         import spams  # noqa: F401
 
-        record("spams", *_timed(run_spams, U, xt, lam), "exact (LARS homotopy)")
+        if "spams" in runs:
+            record("spams", *_timed(run_spams, U, xt, lam), "exact (LARS homotopy)")
     except ImportError:
         out["spams_s"] = None
     try:
         import sklearn  # noqa: F401
 
+        if not {"sklearn_lars", "sklearn_cd"} & set(runs):
+            raise ImportError  # not asked for
         G, t_gram = _timed(lambda: U @ U.T)
         out["sklearn_gram_s"] = t_gram
-        Y, sec = _timed(run_sklearn, U, xt, lam, "lasso_lars", 1000, G)
-        record("sklearn_lars", Y, sec + t_gram, "exact (LARS)")
-        ladder("sklearn_cd", lambda it: run_sklearn(U, xt, lam, "lasso_cd", it, G), SKLEARN_CD_MAX_ITER, "max_iter")
+        if "sklearn_lars" in runs:
+            Y, sec = _timed(run_sklearn, U, xt, lam, "lasso_lars", 1000, G)
+            record("sklearn_lars", Y, sec + t_gram, "exact (LARS)")
+        if "sklearn_cd" in runs:
+            ladder("sklearn_cd", lambda it: run_sklearn(U, xt, lam, "lasso_cd", it, G), SKLEARN_CD_MAX_ITER, "max_iter")
         if out.get("sklearn_cd_s") is not None:
             out["sklearn_cd_s"] += t_gram
         del G
-        ok = [p for p in ("sklearn_lars", "sklearn_cd") if out.get(f"{p}_reached")]
-        best = min(ok, key=lambda p: out[f"{p}_s"]) if ok else "sklearn_lars"
+        ran = [p for p in ("sklearn_lars", "sklearn_cd") if out.get(f"{p}_s") is not None]
+        ok = [p for p in ran if out[f"{p}_reached"]]
+        best = min(ok or ran, key=lambda p: out[f"{p}_s"])
         out["sklearn_best"] = best
         for key in ("s", "objective", "gap", "max_gap", "setting", "reached"):
             out[f"sklearn_{key}"] = out[f"{best}_{key}"]
@@ -172,7 +183,8 @@ def peers(U, b, X, lam, gap_target) -> dict:
     try:
         import celer  # noqa: F401
 
-        ladder("celer", lambda tol: run_celer(U, xt, lam, tol), CELER_TOL, "tol")
+        if "celer" in runs:
+            ladder("celer", lambda tol: run_celer(U, xt, lam, tol), CELER_TOL, "tol")
     except ImportError:
         out["celer_s"] = None
     return out
@@ -224,7 +236,7 @@ class _Timers:
 OUR_CODING_TOL = (1e-8, 1e-10, 1e-12)
 
 
-def compare_peers(X, sae, lam, device, row) -> dict:
+def compare_peers(X, sae, lam, device, row, runs=PEER_RUNS) -> dict:
     """The peers at ``certify_sae``'s certified coding gap, and ``certify_sae`` at each peer's gap.
 
     Each peer is tightened until its codes' certified gap is at or below ``row["coding_gap"]`` (:func:`peers`);
@@ -236,7 +248,7 @@ def compare_peers(X, sae, lam, device, row) -> dict:
     ``certify_sae`` at a gap at most the peer's (``ours_coding_tol_at_{peer}`` None: not reached).
     """
     U = sae.unit_dictionary()
-    out = peers(U, np.asarray(sae.b_dec, dtype=np.float64), X, lam, row["coding_gap"])
+    out = peers(U, np.asarray(sae.b_dec, dtype=np.float64), X, lam, row["coding_gap"], runs)
     runs = [(1e-6, row["certify_s"], row["coding_s"], row["coding_gap"])]
 
     def ours_at(gap):
@@ -308,7 +320,10 @@ def cell(n, k, L, N, device, with_peers):
            "optimal_code_objective": cert.optimal_code_objective, "coding_certified": cert.coding_certified,
            "coding_iterations": cert.metrics["coding_iterations"], "peak_rss_growth_mb": _rss_mb() - rss0}
     if with_peers:
-        row.update(compare_peers(X, sae, lam, device, row))
+        print(f"  certify_sae: {t_cert:.3g} s (coding {timed['coding_s']:.3g} s), optimal L0 "
+              f"{row['optimal_l0']:.4g}, objective {row['optimal_code_objective']:.10g}, coding_gap {cert.coding_gap:.3g}",
+              flush=True)
+        row.update(compare_peers(X, sae, lam, device, row, with_peers))
     return row
 
 
@@ -318,6 +333,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=2000)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--peers", action="store_true")
+    ap.add_argument("--peer-runs", default=",".join(PEER_RUNS),
+                    help=f"with --peers: comma-separated subset of {','.join(PEER_RUNS)}")
     ap.add_argument("--name", default="certify_scale", help="results file name in benchmarks/results/")
     ap.add_argument("--dry-run", action="store_true", help="one tiny cell (64 x 1024 x 8, 200 tokens)")
     args = ap.parse_args()
@@ -329,7 +346,7 @@ def main():
         cells, N = GRID, args.tokens
     rows = []
     for n, k, L in cells:
-        row = cell(n, k, L, N, args.device, args.peers)
+        row = cell(n, k, L, N, args.device, tuple(args.peer_runs.split(",")) if args.peers else ())
         rows.append(row)
         print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in row.items()),
               flush=True)
