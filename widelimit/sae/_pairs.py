@@ -32,8 +32,8 @@ __all__ = ["decoder_pairs", "pair_rows", "PAIR_BLOCK_BYTES", "PAIR_FULL_MADDS"]
 #: Most bytes of one block of cosines (float32) in the blocked search.
 PAIR_BLOCK_BYTES = 1 << 26  # 64 MiB
 
-#: Multiply-adds the full search may always take, whatever the budget (16,384 x 2,304: 3.1e11; ~5 s on one core).
-PAIR_FULL_MADDS = 1 << 39
+#: Multiply-adds the full search may always take, whatever the budget (6.9e10: 16,384 x 512, ~1-2 s on one core).
+PAIR_FULL_MADDS = 1 << 36
 
 
 def pair_rows(k: int, n: int, budget: float | None, seed: int = 0):
