@@ -233,7 +233,8 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
                 batch_size: int = 4096, device="auto", optimal_codes_diagnostics: bool = True,
                 dead_threshold: float = 0.0, dense_threshold: float = 0.5, antipodal_cosine: float = -0.99,
                 absorb_cosine: float = 0.5, containment: float = 0.9, kkt_tol: float = 1e-6,
-                max_pairs: int = 200_000, pair_budget: float | None = 2.0, coding_algorithm: str = "auto", threads: int | None = None, backend="auto",
+                max_pairs: int = 200_000, pair_budget: float | None = 2.0, coding_algorithm: str = "auto",
+                threads: int | None = None, backend="auto",
                 progress: Callable[[Progress], None] | None = None, stability: bool = False,
                 stability_witnesses: int = 8, same_width_steps: int = 0, objective: str = "auto",
                 sparsity=None, calibration_time: float | None = 60.0) -> SAECertificate:
