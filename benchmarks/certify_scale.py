@@ -18,6 +18,8 @@ Usage::
 
     PYTHONPATH=. python3 benchmarks/certify_scale.py [--cells 768x16384x100,...] [--tokens 2000] [--device cpu]
     PYTHONPATH=. python3 benchmarks/certify_scale.py --dry-run      # one tiny cell: checks the script runs
+    PYTHONPATH=. python3 benchmarks/certify_scale.py --cells 768x131072x30 --tokens 1000 --name NAME --merge
+                                                         # one process per cell, rows gathered in NAME
 
 Writes ``benchmarks/results/certify_scale.json`` and ``.md`` (``_dry`` suffix with --dry-run). The machine
 is shared: ratios measured side by side in one run are the measurement, absolute times are not.
@@ -201,6 +203,8 @@ def main():
     ap.add_argument("--peers", action="store_true")
     ap.add_argument("--name", default="certify_scale", help="results file name in benchmarks/results/")
     ap.add_argument("--dry-run", action="store_true", help="one tiny cell (64 x 1024 x 8, 200 tokens)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows already in results/NAME.json of other cells (one process per cell)")
     args = ap.parse_args()
     if args.dry_run:
         cells, N = [(64, 1024, 8)], 200
@@ -214,8 +218,14 @@ def main():
         rows.append(row)
         print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in row.items()),
               flush=True)
-    write(args.name + ("_dry" if args.dry_run else ""), {"environment": environment(), "device": args.device,
-                                                          "rows": rows}, table(rows))
+    name = args.name + ("_dry" if args.dry_run else "")
+    if args.merge and (HERE / "results" / f"{name}.json").exists():
+        import json
+
+        new = {(r["d_in"], r["d_sae"], r["target_l0"]) for r in rows}
+        old = json.loads((HERE / "results" / f"{name}.json").read_text())["rows"]
+        rows = [r for r in old if (r["d_in"], r["d_sae"], r["target_l0"]) not in new] + rows
+    write(name, {"environment": environment(), "device": args.device, "rows": rows}, table(rows))
 
 
 COLS = ["d_in", "d_sae", "optimal_l0", "tokens", "tokens_per_s", "ratio", "ratio_per_token", "ratio_without_l0_bracket",
