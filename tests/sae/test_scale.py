@@ -248,3 +248,25 @@ def test_screened_coder_matches_the_gram_coder_and_its_gap_is_certified():
         np.testing.assert_allclose(res.point_values, P, rtol=1e-11)
         np.testing.assert_allclose(res.point_values, ref.point_values, rtol=2e-9)
         np.testing.assert_allclose(res.residuals, X - Y @ U, rtol=0, atol=1e-12)
+
+
+def test_unit_dictionary_holds_one_float64_copy_of_the_decoder():
+    """Unit rows (zero rows stay zero) equal to the division by numpy's norms, with at most the result and a chunk
+    allocated: the masked division held four ``d_sae x d_in`` float64 arrays (4.8 GB at 65,536 x 2,304)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    k, n = 40000, 64
+    W = rng.standard_normal((k, n)).astype(np.float32) * rng.uniform(0.5, 2.0, (k, 1)).astype(np.float32)
+    W[7] = 0.0
+    sae = SAE(W_dec=W, b_dec=np.zeros(n, np.float32), architecture="decoder_only")
+    W64 = W.astype(np.float64)
+    nrm = np.linalg.norm(W64, axis=1)
+    tracemalloc.start()
+    U = sae.unit_dictionary()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    np.testing.assert_allclose(U[nrm > 0], W64[nrm > 0] / nrm[nrm > 0, None], rtol=1e-15, atol=0)
+    assert not U[7].any() and U.dtype == np.float64
+    np.testing.assert_allclose(sae.decoder_norms(), nrm, rtol=1e-15)
+    assert peak < 1.5 * k * n * 8, peak / (k * n * 8)
