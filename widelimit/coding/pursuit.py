@@ -86,17 +86,36 @@ class PursuitOptions:
             check_real(self.penalty, "penalty", low=0.0)
 
 
-def spectral_norm_sq(U: torch.Tensor, iters: int = 50) -> float:
-    """An upper estimate of ``||U||_2^2`` (power iteration on ``U U^T``, padded by 1 % for safety of the step)."""
+def spectral_norm_sq(U: torch.Tensor, iters: int = 30) -> float:
+    """An upper estimate of ``||U||_2^2``: Lanczos on ``U^T U`` (``iters`` products with ``U`` and ``U^T``, full
+    reorthogonalisation), its largest Ritz value padded by 1 % for safety of the step.
+
+    Lanczos, not power iteration: on a decoder of random-like atoms the top of ``U^T U``'s spectrum has no gap
+    (a Marchenko-Pastur edge), and 50 power steps stopped 1.5 % low at 65,536 x 768, below the padding;
+    30 Lanczos steps stop ~3e-5 low there (for ``iters`` at least ``d_in`` the Ritz value is exact).
+    """
     g = torch.Generator(device="cpu").manual_seed(0)
-    v = torch.randn(U.shape[1], dtype=U.dtype, generator=g).to(U.device)
-    for _ in range(iters):
-        v = U.T @ (U @ v)
-        nv = torch.linalg.norm(v)
-        if float(nv) == 0.0:
-            return 1.0
-        v = v / nv
-    return 1.01 * float(torch.linalg.norm(U @ v)) ** 2
+    n = U.shape[1]
+    v = torch.randn(n, dtype=U.dtype, generator=g).to(U.device)
+    v = v / torch.linalg.norm(v)
+    m = max(1, min(int(iters), n))
+    Q = torch.zeros(m, n, dtype=U.dtype, device=U.device)
+    alpha, beta = [], []
+    for j in range(m):
+        Q[j] = v
+        w = U.T @ (U @ v)
+        alpha.append(float(v @ w))
+        for _ in range(2):  # full reorthogonalisation, twice (the basis stays orthonormal to rounding)
+            w = w - Q[: j + 1].T @ (Q[: j + 1] @ w)
+        b = float(torch.linalg.norm(w))
+        if j == m - 1 or b <= 1e-12 * max(abs(alpha[0]), 1e-300):
+            break
+        beta.append(b)
+        v = w / b
+    if alpha[0] == 0.0 and not beta:
+        return 1.0
+    T = np.diag(alpha) + np.diag(beta[: len(alpha) - 1], 1) + np.diag(beta[: len(alpha) - 1], -1)
+    return 1.01 * float(np.linalg.eigvalsh(T)[-1])
 
 
 #: Widest dictionary whose Gram matrix ``U U^T`` the pursuit forms (128 MiB in float64); wider ones gather atoms.
