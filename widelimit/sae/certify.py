@@ -82,7 +82,7 @@ from .._params import validate_params
 from ..coding import choose_algorithm
 from ..engine import engine_for
 from ..engine.dask_engine import DaskEngine, _client
-from ..engine.local import Progress, raise_nonfinite
+from ..engine.local import Progress, pass_timer, raise_nonfinite
 from ..exact.gap import relative_gap
 from ..exact.median import huber_median, huber_value
 from .formats import as_sae
@@ -395,6 +395,7 @@ def run_parts(acts, make, setup: Setup, batch_size: int, progress=None) -> dict:
     """
     engine = engine_for(acts)
     N = engine.N
+    since = pass_timer()
     if isinstance(engine, DaskEngine):
         import dask
 
@@ -409,14 +410,15 @@ def run_parts(acts, make, setup: Setup, batch_size: int, progress=None) -> dict:
         for part in out.values():
             part.s = setup
         if progress is not None:
-            progress(Progress(stage="certify", pass_index=1, rows_done=N, rows_total=N, done=True))
+            progress(Progress(stage="certify", pass_index=1, rows_done=N, rows_total=N, done=True, time_s=since()))
         return out
     parts = make(setup)
     for start, raw in engine.batches(batch_size, name="activations"):
         update_parts(parts, Batch(start, raw, setup))
         if progress is not None:
             e = start + raw.shape[0]
-            progress(Progress(stage="certify", pass_index=1, rows_done=e, rows_total=N, done=e >= N))
+            progress(Progress(stage="certify", pass_index=1, rows_done=e, rows_total=N, done=e >= N,
+                              time_s=since()))
     return parts
 
 
