@@ -115,3 +115,15 @@ def test_ctrl_c_is_taken_while_a_numba_kernel_runs():
             p.kill()
             p.communicate()
     assert p.returncode == 130, rest
+
+
+def test_the_terminal_bar_shows_the_rate_and_the_time_left():
+    from rich.console import Console
+
+    from widelimit.cli._common import progress_display
+
+    buf = io.StringIO()
+    with progress_display(Console(file=buf, force_terminal=True, width=200), unit="tokens") as cb:
+        cb(Progress(stage="certify", pass_index=1, rows_done=120_000, rows_total=1_000_000, time_s=120_000 / 2_710))
+    out = buf.getvalue()
+    assert "2,710 tokens/s, 5 min 25 s left" in out

@@ -296,7 +296,8 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
         default :func:`widelimit._runtime.default_threads`.
     progress : callable(Progress), optional
         Receives :class:`widelimit.engine.local.Progress` events: ``stage="certify"`` after each
-        batch (``rows_done`` of ``rows_total`` tokens), then the events of the wide-limit bound
+        batch (``rows_done`` of ``rows_total`` tokens, ``time_s`` since the pass began: ``rows_per_s``
+        tokens/s and ``time_left_s``), then the events of the wide-limit bound
         (:func:`widelimit.huber_median`). Cheap enough to drive a progress bar or a training-loop log.
     stability, stability_witnesses : bool, int
         Also run :func:`widelimit.feature_stability` (theory.md §5.3-§5.5) on the decoder with its
