@@ -18,6 +18,7 @@ from ..data.source import check_values, open_activations
 from ..exact.gap import allowed_gap
 from ..finite import FiniteSolution
 from ..plot import plot_solution
+from ._guard import rate_text
 from ._output import atomic_outputs, check_out_dir, check_out_file, moved  # noqa: F401 (the subcommands' imports)
 
 
@@ -191,8 +192,6 @@ def progress_display(console=None, enabled: bool = True, unit: str = "rows"):
     Events of a pass over rows show its rate in ``unit`` per second and the time left
     (:func:`widelimit.cli._guard.rate_text`).
     """
-    from ._guard import rate_text
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     @contextlib.contextmanager

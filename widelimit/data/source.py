@@ -9,6 +9,7 @@ raises :class:`DataError` (a ``ValueError``) in one line naming the file.
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -317,8 +318,6 @@ def unmapped(X):
     one) in native byte order that shares its file (modes ``r``, ``r+``, ``w+``: reads of the file see
     its writes); a copy-on-write map (mode ``c``) is not its file and stays as it is.
     """
-    import mmap
-
     mm = getattr(X, "_mmap", None)
     if (not isinstance(X, np.memmap) or mm is None or getattr(X, "mode", None) not in ("r", "r+", "w+")
             or X.filename is None or X.ndim != 2 or not X.flags.c_contiguous or not X.dtype.isnative
