@@ -56,6 +56,15 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+#: Tolerance ladders of the peers, loosest first: each is tightened until the certified gap of its codes is at
+#: or below that of ``certify_sae`` (SPAMS's LARS-homotopy and scikit-learn's LARS have none: exact up to
+#: rounding). ``sparse_encode(algorithm="lasso_cd")`` fixes ``tol=1e-8``; its knob is ``max_iter``.
+SKLEARN_CD_MAX_ITER = (1000, 10000)
+CELER_TOL = (1e-6, 1e-8, 1e-10, 1e-12)
+#: A peer's ladder stops after a run longer than this (seconds): the next setting would only be slower.
+PEER_BUDGET_S = 300.0
+
+
 def _proc_mb(field: str) -> float | None:
     try:
         with open("/proc/self/status") as f:
@@ -80,35 +89,133 @@ def _peak_mb() -> float:
     return _proc_mb("VmHWM") or _rss_mb()
 
 
-def peers(U, b, X, lam, gap_target) -> dict:
-    """The same lasso (unit atoms) by SPAMS, scikit-learn (precomputed Gram) and celer, where installed."""
-    out = {}
-    xt = X - b
-    try:
-        import spams
+def peer_lam(lam: float, d_in: int) -> dict:
+    r"""The peers' penalty for widelimit's lasso ``min_{y>=0} ||xt - y U||^2 + 2 lam ||y||_1`` (theory.md §1).
 
-        t = time.perf_counter()
-        spams.lasso(np.asfortranarray(xt.T), D=np.asfortranarray(U.T), lambda1=2 * lam, mode=2, pos=True,
-                    numThreads=-1)
-        out["spams_s"] = time.perf_counter() - t
+    SPAMS ``lasso(mode=2)`` minimises ``0.5 ||x - D a||^2 + lambda1 ||a||_1``: ``lambda1 = lam``.
+    scikit-learn ``sparse_encode`` (``lasso_lars`` / ``lasso_cd``) minimises ``0.5 ||x - a D||^2 + alpha ||a||_1``
+    (it divides ``alpha`` by ``n_features`` itself before calling ``Lasso``): ``alpha = lam``. celer's ``Lasso``
+    (as scikit-learn's) minimises ``(1 / (2 n_samples)) ||y - X w||^2 + alpha ||w||_1`` with ``n_samples = d_in``
+    here: ``alpha = lam / d_in``. Each objective is widelimit's divided by 2 (by ``2 d_in`` for celer).
+    """
+    return {"spams_lambda1": float(lam), "sklearn_alpha": float(lam), "celer_alpha": float(lam) / d_in}
+
+
+def certified(U, xt, Y, lam) -> dict:
+    """Mean objective, mean and max certified gap of codes ``Y`` (m, k) >= 0 on unit atoms ``U``.
+
+    The gap of :func:`widelimit.coding.lasso.point_gaps` (the residual scaled to a feasible dual point), the
+    per-token gap whose mean ``certify_sae`` reports as ``coding_gap`` and ``optimal_code_objective``.
+    """
+    from widelimit.coding.lasso import point_gaps
+
+    P, gap, _ = point_gaps(xt, U, np.maximum(np.asarray(Y, dtype=np.float64), 0.0), lam)
+    return {"objective": float(P.mean()), "gap": float(gap.mean()), "max_gap": float(gap.max())}
+
+
+def run_spams(U, xt, lam):
+    """SPAMS LARS-homotopy (``mode=2``, ``pos=True``, one thread; its own Gram): dense codes (m, k)."""
+    import spams
+
+    A = spams.lasso(np.asfortranarray(xt.T), D=np.asfortranarray(U.T), lambda1=peer_lam(lam, U.shape[1])[
+        "spams_lambda1"], mode=2, pos=True, numThreads=1)
+    return A.T.toarray()
+
+
+def run_sklearn(U, xt, lam, algorithm="lasso_lars", max_iter=1000, gram=None):
+    """scikit-learn ``sparse_encode`` with the precomputed Gram ``U U^T`` (computed here when not given)."""
+    from sklearn.decomposition import sparse_encode
+
+    G = U @ U.T if gram is None else gram
+    return sparse_encode(xt, U, gram=G, algorithm=algorithm, alpha=peer_lam(lam, U.shape[1])["sklearn_alpha"],
+                         positive=True, max_iter=max_iter)
+
+
+def run_celer(U, xt, lam, tol=1e-6):
+    """celer ``Lasso`` (working sets + extrapolated dual), one fit per token: dense codes (m, k)."""
+    from celer import Lasso
+
+    X = np.asfortranarray(U.T)
+    alpha = peer_lam(lam, U.shape[1])["celer_alpha"]
+    Y = np.zeros((xt.shape[0], U.shape[0]))
+    for i, x in enumerate(xt):
+        Y[i] = Lasso(alpha=alpha, positive=True, fit_intercept=False, tol=tol).fit(X, x).coef_
+    return Y
+
+
+def _timed(f, *a, **kw):
+    t = time.perf_counter()
+    out = f(*a, **kw)
+    return out, time.perf_counter() - t
+
+
+#: The peer runs of :func:`peers` (``--peer-runs`` picks some).
+PEER_RUNS = ("spams", "sklearn_lars", "sklearn_cd", "celer")
+
+
+def peers(U, b, X, lam, gap_target, runs=PEER_RUNS) -> dict:
+    """SPAMS, scikit-learn (precomputed Gram) and celer on the same lasso, each at the certified gap ``gap_target``.
+
+    Per peer (``spams``, ``sklearn_lars``, ``sklearn_cd``, ``celer``; ``sklearn`` the faster of the two
+    scikit-learn runs that reach the gap): ``{peer}_s`` (seconds, Gram included), ``{peer}_objective``,
+    ``{peer}_gap`` and ``{peer}_max_gap`` (:func:`certified`), ``{peer}_setting`` and ``{peer}_reached``
+    (its gap <= ``gap_target``). A peer with a tolerance runs its ladder (:data:`SKLEARN_CD_MAX_ITER`,
+    :data:`CELER_TOL`) until it reaches the gap, or :data:`PEER_BUDGET_S` is spent; ``None`` when not installed.
+    ``runs``: which of :data:`PEER_RUNS` to run.
+    """
+    xt = np.asarray(X, dtype=np.float64) - b
+    out = {}
+
+    def record(name, Y, sec, setting):
+        c = certified(U, xt, Y, lam)
+        out.update({f"{name}_s": sec, f"{name}_objective": c["objective"], f"{name}_gap": c["gap"],
+                    f"{name}_max_gap": c["max_gap"], f"{name}_setting": setting,
+                    f"{name}_reached": bool(c["gap"] <= gap_target)})
+        print(f"  peer {name} [{setting}]: {sec:.3g} s, objective {c['objective']:.10g}, gap {c['gap']:.3g} "
+              f"(max {c['max_gap']:.3g})", flush=True)
+        return out[f"{name}_reached"]
+
+    def ladder(name, f, settings, label):
+        for v in settings:
+            Y, sec = _timed(f, v)
+            if record(name, Y, sec, f"{label}={v:g}") or sec > PEER_BUDGET_S:
+                return
+
+    try:
+        import spams  # noqa: F401
+
+        if "spams" in runs:
+            record("spams", *_timed(run_spams, U, xt, lam), "exact (LARS homotopy)")
     except ImportError:
         out["spams_s"] = None
     try:
-        from sklearn.decomposition import sparse_encode
+        import sklearn  # noqa: F401
 
-        t = time.perf_counter()
-        sparse_encode(xt, U, gram=U @ U.T, algorithm="lasso_cd", alpha=2 * lam / xt.shape[1], positive=True,
-                      max_iter=1000)
-        out["sklearn_s"] = time.perf_counter() - t
-    except (ImportError, MemoryError):
+        if not {"sklearn_lars", "sklearn_cd"} & set(runs):
+            raise ImportError  # not asked for
+        G, t_gram = _timed(lambda: U @ U.T)
+        out["sklearn_gram_s"] = t_gram
+        if "sklearn_lars" in runs:
+            Y, sec = _timed(run_sklearn, U, xt, lam, "lasso_lars", 1000, G)
+            record("sklearn_lars", Y, sec + t_gram, "exact (LARS)")
+        if "sklearn_cd" in runs:
+            ladder("sklearn_cd", lambda it: run_sklearn(U, xt, lam, "lasso_cd", it, G), SKLEARN_CD_MAX_ITER, "max_iter")
+        if out.get("sklearn_cd_s") is not None:
+            out["sklearn_cd_s"] += t_gram
+        del G
+        ran = [p for p in ("sklearn_lars", "sklearn_cd") if out.get(f"{p}_s") is not None]
+        ok = [p for p in ran if out[f"{p}_reached"]]
+        best = min(ok or ran, key=lambda p: out[f"{p}_s"])
+        out["sklearn_best"] = best
+        for key in ("s", "objective", "gap", "max_gap", "setting", "reached"):
+            out[f"sklearn_{key}"] = out[f"{best}_{key}"]
+    except ImportError:
         out["sklearn_s"] = None
     try:
-        from celer import Lasso
+        import celer  # noqa: F401
 
-        t = time.perf_counter()
-        for x in xt:
-            Lasso(alpha=2 * lam / xt.shape[1], positive=True, fit_intercept=False, tol=gap_target).fit(U.T, x)
-        out["celer_s"] = time.perf_counter() - t
+        if "celer" in runs:
+            ladder("celer", lambda tol: run_celer(U, xt, lam, tol), CELER_TOL, "tol")
     except ImportError:
         out["celer_s"] = None
     return out
@@ -158,9 +265,72 @@ class _Timers:
             setattr(owner, name, orig)
 
 
-def cell(n, k, L, N, device, with_peers):
+#: ``coding_tol`` ladder of ``certify_sae`` when a peer's codes reach a smaller certified gap than the default's.
+OUR_CODING_TOL = (1e-8, 1e-10, 1e-12)
+
+
+def compare_peers(X, sae, lam, device, row, runs=PEER_RUNS) -> dict:
+    """The peers at ``certify_sae``'s certified coding gap, and ``certify_sae`` at each peer's gap.
+
+    Each peer is tightened until its codes' certified gap is at or below ``row["coding_gap"]`` (:func:`peers`);
+    where a peer's gap is smaller still, ``certify_sae`` is rerun with a smaller ``coding_tol``
+    (:data:`OUR_CODING_TOL`) until its ``coding_gap`` is at or below the peer's. Per peer:
+    ``speedup_vs_{peer}`` and ``coding_speedup_vs_{peer}``: the peer's seconds over the default ``certify_sae``'s
+    (whole, coding alone), the same certified gap where ``{peer}_reached``; ``ours_s_at_{peer}``,
+    ``ours_coding_s_at_{peer}`` and ``speedup_at_{peer}_gap``, ``coding_speedup_at_{peer}_gap``: the same with
+    ``certify_sae`` at a gap at most the peer's (``ours_coding_tol_at_{peer}`` None: not reached).
+    """
+    U = sae.unit_dictionary()
+    out = peers(U, np.asarray(sae.b_dec, dtype=np.float64), X, lam, row["coding_gap"], runs)
+    runs = [(1e-6, row["certify_s"], row["coding_s"], row["coding_gap"])]
+
+    def ours_at(gap):
+        for r in runs:
+            if r[3] <= gap:
+                return r
+        for tol in OUR_CODING_TOL:
+            if tol >= runs[-1][0]:
+                continue
+            t_cert, timers, cert = certify_timed(X, sae, lam, device, coding_tol=tol)
+            runs.append((tol, t_cert, timers["coding_s"], cert.coding_gap))
+            print(f"  certify_sae coding_tol={tol:g}: {t_cert:.3g} s (coding {timers['coding_s']:.3g} s), "
+                  f"coding_gap {cert.coding_gap:.3g}", flush=True)
+            if cert.coding_gap <= gap:
+                return runs[-1]
+        return None
+
+    for name in ("spams", "sklearn", "celer"):
+        if out.get(f"{name}_s") is None:
+            continue
+        out[f"speedup_vs_{name}"] = out[f"{name}_s"] / row["certify_s"]
+        out[f"coding_speedup_vs_{name}"] = out[f"{name}_s"] / row["coding_s"]
+        r = ours_at(out[f"{name}_gap"])
+        out[f"ours_coding_tol_at_{name}"] = None if r is None else r[0]
+        if r is not None:
+            out.update({f"ours_s_at_{name}": r[1], f"ours_coding_s_at_{name}": r[2], f"ours_gap_at_{name}": r[3],
+                        f"speedup_at_{name}_gap": out[f"{name}_s"] / r[1],
+                        f"coding_speedup_at_{name}_gap": out[f"{name}_s"] / r[2]})
+    out["ours_runs"] = [dict(zip(("coding_tol", "certify_s", "coding_s", "coding_gap"), r)) for r in runs]
+    return out
+
+
+def certify_timed(X, sae, lam, device, **kw):
+    """``certify_sae`` with its stages timed (:data:`TIMED`): ``(seconds, {column: seconds}, certificate)``."""
     from widelimit import certify_sae
 
+    timers = _Timers()
+    try:
+        t, c = time.perf_counter(), time.process_time()
+        cert = certify_sae(X, sae, lam=lam, device=device, **kw)
+        t_cert, c_cert = time.perf_counter() - t, time.process_time() - c
+    finally:
+        timers.close()
+    # wall seconds per column, and the process CPU seconds (one thread: what other jobs' load does not change)
+    timed = {**timers.s, **{col[:-2] + "_cpu_s": v for col, v in timers.c.items()}, "certify_cpu_s": c_cert}
+    return t_cert, timed, cert
+
+
+def cell(n, k, L, N, device, with_peers):
     D = dictionary(n, k)
     X = tokens(D, N, L)
     w = sae_weights(D, X[: min(N, 500)], L)
@@ -169,46 +339,39 @@ def cell(n, k, L, N, device, with_peers):
     del D
     forward_metrics(w, X[:64], device=device)  # warm-up (first torch call)
     rss0 = _reset_peak()
-    timers = _Timers()
-    try:
-        t, c = time.perf_counter(), time.process_time()
-        fm = forward_metrics(w, X, device=device)
-        t_fwd, c_fwd = time.perf_counter() - t, time.process_time() - c
-        t, c = time.perf_counter(), time.process_time()
-        cert = certify_sae(X, sae, lam=lam, device=device)
-        t_cert, c_cert = time.perf_counter() - t, time.process_time() - c
-        t, c = time.perf_counter(), time.process_time()  # the forward pass again: its load may differ
-        forward_metrics(w, X, device=device)
-        t_fwd, c_fwd = min(t_fwd, time.perf_counter() - t), min(c_fwd, time.process_time() - c)
-    finally:
-        timers.close()
-    one_off = sum(timers.s[c] for c in ONE_OFF)
-    tc = timers.c
+    t, c = time.perf_counter(), time.process_time()
+    fm = forward_metrics(w, X, device=device)
+    t_fwd, c_fwd = time.perf_counter() - t, time.process_time() - c
+    t_cert, timed, cert = certify_timed(X, sae, lam, device)
+    c_cert = timed["certify_cpu_s"]
+    t, c = time.perf_counter(), time.process_time()  # the forward pass again: its load may differ
+    forward_metrics(w, X, device=device)
+    t_fwd, c_fwd = min(t_fwd, time.perf_counter() - t), min(c_fwd, time.process_time() - c)
+    one_off = sum(timed[c] for c in ONE_OFF)
+    tc = {col: timed[col[:-2] + "_cpu_s"] for _, _, col in TIMED}
     one_off_c = sum(tc[c] for c in ONE_OFF)
     # CPU-time ratios (process_time; one thread): what other jobs on a shared machine do not change
-    cpu = {"forward_metrics_cpu_s": c_fwd, "certify_cpu_s": c_cert, "ratio_cpu": c_cert / c_fwd,
+    cpu = {"forward_metrics_cpu_s": c_fwd, "ratio_cpu": c_cert / c_fwd,
            "ratio_per_token_cpu": (c_cert - one_off_c) / c_fwd, "coding_ratio_cpu": tc["coding_s"] / c_fwd,
            "ratio_without_l0_bracket_cpu": (c_cert - tc["pair_search_s"] - tc["spectral_norm_s"]
-                                            - tc["sparsity_part_s"]) / c_fwd,
-           **{col[:-2] + "_cpu_s": v for col, v in tc.items()}}
+                                            - tc["sparsity_part_s"]) / c_fwd}
     row = {"d_in": n, "d_sae": k, "target_l0": L, "tokens": N, "lam": lam, "sae_l0": fm["l0"],
            "optimal_l0": cert.metrics["optimal_l0"], "forward_metrics_s": t_fwd, "certify_s": t_cert,
-           "ratio": t_cert / t_fwd, **timers.s, "one_off_s": one_off,
-           "ratio_without_pair_search": (t_cert - timers.s["pair_search_s"]) / t_fwd,
-           "ratio_per_token": (t_cert - one_off) / t_fwd, "coding_ratio": timers.s["coding_s"] / t_fwd,
+           "ratio": t_cert / t_fwd, **timed, "one_off_s": one_off,
+           "ratio_without_pair_search": (t_cert - timed["pair_search_s"]) / t_fwd,
+           "ratio_per_token": (t_cert - one_off) / t_fwd, "coding_ratio": timed["coding_s"] / t_fwd,
            # without the one-off costs and the L0 bracket (SparsityPart.update holds the Babel call)
-           "ratio_without_l0_bracket": (t_cert - timers.s["pair_search_s"] - timers.s["spectral_norm_s"]
-                                        - timers.s["sparsity_part_s"]) / t_fwd,
-           "tokens_per_s": N / t_cert, "coding_gap": cert.coding_gap, "coding_certified": cert.coding_certified,
+           "ratio_without_l0_bracket": (t_cert - timed["pair_search_s"] - timed["spectral_norm_s"]
+                                        - timed["sparsity_part_s"]) / t_fwd,
+           "tokens_per_s": N / t_cert, "coding_gap": cert.coding_gap,
+           "optimal_code_objective": cert.optimal_code_objective, "coding_certified": cert.coding_certified,
            "coding_iterations": cert.metrics["coding_iterations"], "peak_rss_growth_mb": _peak_mb() - rss0,
            "peak_rss_mb": _peak_mb(), **cpu}
     if with_peers:
-        U = sae.unit_dictionary()
-        p = peers(U, np.asarray(sae.b_dec, dtype=np.float64), X.astype(np.float64), lam, 1e-6)
-        row.update(p)
-        for name in ("spams", "sklearn", "celer"):
-            if p.get(f"{name}_s"):
-                row[f"speedup_vs_{name}"] = p[f"{name}_s"] / t_cert
+        print(f"  certify_sae: {t_cert:.3g} s (coding {timed['coding_s']:.3g} s), optimal L0 "
+              f"{row['optimal_l0']:.4g}, objective {row['optimal_code_objective']:.10g}, coding_gap {cert.coding_gap:.3g}",
+              flush=True)
+        row.update(compare_peers(X, sae, lam, device, row, with_peers))
     return row
 
 
@@ -218,6 +381,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=2000)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--peers", action="store_true")
+    ap.add_argument("--peer-runs", default=",".join(PEER_RUNS),
+                    help=f"with --peers: comma-separated subset of {','.join(PEER_RUNS)}")
     ap.add_argument("--name", default="certify_scale", help="results file name in benchmarks/results/")
     ap.add_argument("--dry-run", action="store_true", help="one tiny cell (64 x 1024 x 8, 200 tokens)")
     ap.add_argument("--merge", action="store_true",
@@ -231,7 +396,7 @@ def main():
         cells, N = GRID, args.tokens
     rows = []
     for n, k, L in cells:
-        row = cell(n, k, L, N, args.device, args.peers)
+        row = cell(n, k, L, N, args.device, tuple(args.peer_runs.split(",")) if args.peers else ())
         rows.append(row)
         print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in row.items()),
               flush=True)
@@ -242,7 +407,8 @@ def main():
         new = {(r["d_in"], r["d_sae"], r["target_l0"]) for r in rows}
         old = json.loads((HERE / "results" / f"{name}.json").read_text())["rows"]
         rows = [r for r in old if (r["d_in"], r["d_sae"], r["target_l0"]) not in new] + rows
-    write(name, {"environment": environment(), "device": args.device, "rows": rows}, table(rows))
+    write(name, {"environment": environment(), "device": args.device, "rows": rows},
+          table(rows, PEER_COLS if args.peers else None))
 
 
 COLS = ["d_in", "d_sae", "optimal_l0", "tokens", "tokens_per_s", "ratio", "ratio_per_token", "ratio_without_l0_bracket",
@@ -250,11 +416,21 @@ COLS = ["d_in", "d_sae", "optimal_l0", "tokens", "tokens_per_s", "ratio", "ratio
         "peak_rss_growth_mb", "peak_rss_mb", "coding_gap", "speedup_vs_spams", "speedup_vs_sklearn", "speedup_vs_celer"]
 
 
-def table(rows) -> str:
-    """The markdown table of the result rows (:data:`COLS`)."""
+#: Columns of the ``--peers`` table: per peer its seconds (Gram included), its codes' mean certified gap, its
+#: setting, whether it reached ``certify_sae``'s gap, the speedups of the whole ``certify_sae`` and of its coding
+#: (default settings), and ``certify_sae`` tightened to the peer's gap (:func:`compare_peers`).
+PEER_COLS = ["d_in", "d_sae", "optimal_l0", "tokens", "certify_s", "coding_s", "coding_gap"] + [
+    c.format(p) for p in ("spams", "sklearn", "celer") for c in (
+        "{}_setting", "{}_s", "{}_gap", "{}_reached", "speedup_vs_{}", "coding_speedup_vs_{}", "ours_gap_at_{}",
+        "speedup_at_{}_gap")]
+
+
+def table(rows, cols=None) -> str:
+    """The markdown table of the result rows (``cols``, default :data:`COLS`)."""
+    cols = COLS if cols is None else cols
     fmt = (lambda v: "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)))
-    md = "| " + " | ".join(COLS) + " |\n|" + "---|" * len(COLS) + "\n"
-    return md + "".join("| " + " | ".join(fmt(r.get(c)) for c in COLS) + " |\n" for r in rows)
+    md = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+    return md + "".join("| " + " | ".join(fmt(r.get(c)) for c in cols) + " |\n" for r in rows)
 
 
 if __name__ == "__main__":

@@ -168,8 +168,9 @@ def residuals(A: Atoms, xt: torch.Tensor, S: torch.Tensor, y: torch.Tensor, vali
     return R
 
 
-#: Most entries of the Gram blocks one NNLS refit holds at once (``rows * s * s``; 32 Mi float64 = 256 MiB).
-REFIT_ENTRIES = 1 << 25
+#: Most entries of the Gram blocks one NNLS refit holds at once (``rows * s * s``; 4 Mi float64 = 32 MiB: also
+#: the grain of the refit's deadline, ~190 tokens at the 150-atom supports of a ReLU SAE).
+REFIT_ENTRIES = 1 << 22
 
 
 def _refit(A, xt, S, valid, Cx, q=None, deadline: float = math.inf):
@@ -179,13 +180,17 @@ def _refit(A, xt, S, valid, Cx, q=None, deadline: float = math.inf):
     reached keep the zero codes (a feasible point; the callers keep the better of it and their other start)."""
     step = max(1, REFIT_ENTRIES // max(1, S.shape[1] ** 2))
     y = torch.zeros(S.shape, dtype=xt.dtype, device=xt.device)
+    done = 0
     for r0 in range(0, S.shape[0], step):
         if time.perf_counter() > deadline:
             break
         Sc, vc = S[r0 : r0 + step], valid[r0 : r0 + step]
         qc = Cx[r0 : r0 + step].gather(1, Sc) if q is None else q[r0 : r0 + step]
         y[r0 : r0 + step] = nnls_batch(A.gram(Sc, vc), qc * vc, vc)
-    R = residuals(A, xt, S, y, valid)
+        done = min(S.shape[0], r0 + step)
+    R = xt.clone()  # (rows not reached: zero codes, residual xt)
+    if done:
+        R[:done] = residuals(A, xt[:done], S[:done], y[:done], valid[:done])
     return y, R, (R * R).sum(1)
 
 

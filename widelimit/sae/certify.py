@@ -82,7 +82,7 @@ from .._params import validate_params
 from ..coding import choose_algorithm
 from ..engine import engine_for
 from ..engine.dask_engine import DaskEngine, _client
-from ..engine.local import Progress, raise_nonfinite
+from ..engine.local import Progress, pass_timer, raise_nonfinite
 from ..exact.gap import relative_gap
 from ..exact.median import huber_median, huber_value
 from .formats import as_sae
@@ -303,7 +303,8 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
         default :func:`widelimit._runtime.default_threads`.
     progress : callable(Progress), optional
         Receives :class:`widelimit.engine.local.Progress` events: ``stage="certify"`` after each
-        batch (``rows_done`` of ``rows_total`` tokens), then the events of the wide-limit bound
+        batch (``rows_done`` of ``rows_total`` tokens, ``time_s`` since the pass began: ``rows_per_s``
+        tokens/s and ``time_left_s``), then the events of the wide-limit bound
         (:func:`widelimit.huber_median`). Cheap enough to drive a progress bar or a training-loop log.
     stability, stability_witnesses : bool, int
         Also run :func:`widelimit.feature_stability` (theory.md §5.3-§5.5) on the decoder with its
@@ -402,6 +403,7 @@ def run_parts(acts, make, setup: Setup, batch_size: int, progress=None) -> dict:
     """
     engine = engine_for(acts)
     N = engine.N
+    since = pass_timer()
     if isinstance(engine, DaskEngine):
         import dask
 
@@ -416,14 +418,15 @@ def run_parts(acts, make, setup: Setup, batch_size: int, progress=None) -> dict:
         for part in out.values():
             part.s = setup
         if progress is not None:
-            progress(Progress(stage="certify", pass_index=1, rows_done=N, rows_total=N, done=True))
+            progress(Progress(stage="certify", pass_index=1, rows_done=N, rows_total=N, done=True, time_s=since()))
         return out
     parts = make(setup)
     for start, raw in engine.batches(batch_size, name="activations"):
         update_parts(parts, Batch(start, raw, setup))
         if progress is not None:
             e = start + raw.shape[0]
-            progress(Progress(stage="certify", pass_index=1, rows_done=e, rows_total=N, done=e >= N))
+            progress(Progress(stage="certify", pass_index=1, rows_done=e, rows_total=N, done=e >= N,
+                              time_s=since()))
     return parts
 
 
