@@ -107,12 +107,12 @@ def test_default_time_share_is_the_whole_rest_for_l0_saes_and_a_quarter_for_l1_s
 
 
 def test_the_pursuit_step_uses_the_float32_atoms_and_stays_an_upper_estimate(monkeypatch):
-    """The step's ``||U||_2^2`` comes from the float32 copy the pursuit already holds (half the memory traffic of
-    the float64 atoms: 8 s, a forward pass, at 65,536 x 2,304) and is still the SVD's value, padded by 1 %."""
-    from types import SimpleNamespace
-
+    """The step's ``||U||_2^2`` comes from the float32 atoms, one copy shared with the screened coder (half the memory
+    traffic of the float64 atoms: 8 s, a forward pass, at 65,536 x 2,304; two float32 copies were 1.2 GB there),
+    and is still the SVD's value, padded by 1 %."""
     import widelimit.sae.sparsity as S
     from widelimit.coding.pursuit import spectral_norm_sq
+    from widelimit.sae.parts import Setup
 
     seen = []
     monkeypatch.setattr(S, "spectral_norm_sq", lambda U: seen.append(U.dtype) or spectral_norm_sq(U))
@@ -120,6 +120,10 @@ def test_the_pursuit_step_uses_the_float32_atoms_and_stays_an_upper_estimate(mon
     U = rng.standard_normal((3000, 64))
     U /= np.linalg.norm(U, axis=1, keepdims=True)
     sae = wl.SAE(W_dec=U, b_dec=np.zeros(64), W_enc=U.T.copy(), b_enc=-np.ones(3000), architecture="standard")
-    part = S.SparsityPart(SimpleNamespace(sae=sae, U=U, dev=torch.device("cpu"), norms=np.ones(3000)))
+    setup = Setup(sae=sae, lam=0.1, dev=torch.device("cpu"), numba=True, coding_algorithm="screened",
+                  coding_tol=1e-6, U=U, norms=np.ones(3000), b=np.zeros(64))
+    part = S.SparsityPart(setup)
     assert seen == [torch.float32]
     assert abs(part._Lsq / 1.01 / np.linalg.norm(U, 2) ** 2 - 1.0) < 1e-5
+    assert part._atoms.U32 is setup.coder.U32  # one float32 copy
+    np.testing.assert_array_equal(part._atoms.U32.numpy(), U.astype(np.float32))

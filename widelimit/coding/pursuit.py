@@ -126,11 +126,11 @@ class Atoms:
     """Unit atoms ``U`` (k, n) with the products the pursuit needs: Gram blocks of supports (from the full Gram
     ``U U^T`` when ``k <= GRAM_ATOMS``, else gathered per support) and residuals from codes."""
 
-    def __init__(self, U: torch.Tensor):
+    def __init__(self, U: torch.Tensor, U32: torch.Tensor | None = None):
         self.U = U
         self.k = U.shape[0]
         self.G = U @ U.T if self.k <= GRAM_ATOMS else None
-        self.U32 = U.to(torch.float32)
+        self.U32 = U.to(torch.float32) if U32 is None else U32  # (a float32 copy held elsewhere: shared)
 
     def corr(self, R):
         """``R U^T`` in float32: the correlations that only choose atoms (every value is then refit and

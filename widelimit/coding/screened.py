@@ -105,15 +105,17 @@ class ScreenedCoder:
         gradient iteration (default), or by the gradient iteration alone.
     chunk : int
         Tokens whose atoms are gathered at once (memory ``chunk * S * n`` float64).
+    U32 : tensor (k, n) float32, optional
+        ``U`` in float32 on ``device`` when the caller holds it already (shared; default: a copy made here).
     """
 
     def __init__(self, U, *, lam, tol=1e-6, device="cpu", ws_extra=48, margin=0.25, max_rounds=30, newton_steps=8,
-                 inner_iter=2000, chunk=64, restricted="lawson_hanson"):
+                 inner_iter=2000, chunk=64, restricted="lawson_hanson", U32=None):
         import torch
 
         self.dev = torch.device(device)
         self.U64 = torch.as_tensor(np.ascontiguousarray(U, dtype=np.float64), device=self.dev)
-        self.U32 = self.U64.to(torch.float32)
+        self.U32 = self.U64.to(torch.float32) if U32 is None else U32  # (given: a float32 copy shared with others)
         self.lam, self.tol = float(lam), float(tol)
         self.ws_extra, self.margin = int(ws_extra), float(margin)
         self.max_rounds, self.inner_iter, self.chunk = int(max_rounds), int(inner_iter), int(chunk)

@@ -78,6 +78,7 @@ class Setup:
     nt: object = None
     bt: object = None
     _coder: object = field(default=None, repr=False)
+    _U32: object = field(default=None, repr=False)
 
     def __post_init__(self):
         self.tensors()
@@ -92,7 +93,7 @@ class Setup:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.update(Ut=None, nt=None, bt=None, _coder=None, dev=str(self.dev))  # rebuilt where it lands
+        state.update(Ut=None, nt=None, bt=None, _coder=None, _U32=None, dev=str(self.dev))  # rebuilt where it lands
         return state
 
     def __setstate__(self, state):
@@ -107,10 +108,20 @@ class Setup:
         return self.U.shape[0]
 
     @property
+    def U32(self):
+        """The unit atoms in float32 on ``dev``, made once: the screened coder's certificate products and the L0
+        bracket's correlations share them (two copies were 1.2 GB at 65,536 x 2,304)."""
+        import torch
+
+        if self._U32 is None:
+            self._U32 = self.Ut.to(torch.float32)
+        return self._U32
+
+    @property
     def coder(self):
         """The Gram coder (``"cd"``) or the screened coder (``"screened"``), made once where the setup lives."""
         if self._coder is None and self.coding_algorithm == "screened":
-            self._coder = ScreenedCoder(self.U, lam=self.lam, tol=self.coding_tol, device=self.dev)
+            self._coder = ScreenedCoder(self.U, lam=self.lam, tol=self.coding_tol, device=self.dev, U32=self.U32)
         if self._coder is None and self.coding_algorithm == "cd":
             # forms G = U U^T once (float64); float32 products (made exact) pay off for wide dictionaries
             self._coder = GramCoder(self.U, lam=self.lam, tol=self.coding_tol, fast_products=self.k > _DENSE_K)

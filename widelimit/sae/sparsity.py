@@ -123,7 +123,7 @@ class SparsityPart:
         self.pen_opts = None if self.penalty is None else PursuitOptions(max_iter=options.max_iter, penalty=self.penalty,
                                                                          cold_start=False, grad_start=False)
         U = torch.as_tensor(setup.U, device=setup.dev)
-        self._atoms, self._mu = Atoms(U), None
+        self._atoms, self._mu = Atoms(U, U32=setup.U32), None
         self._Lsq = spectral_norm_sq(self._atoms.U32)  # a step size: float32 products (half the memory traffic)
         self._scale = torch.as_tensor(np.asarray(setup.norms, dtype=np.float64), device=setup.dev)
         self._babel_s_min = 1 << 62  # the smallest budget babel was asked about (below it: NaN)
