@@ -10,8 +10,10 @@ costs (decoder-pair search, ``d_sae^2 d_in / 2``; Babel function; spectral norm)
 ``one_off_s`` with ``ratio_per_token`` the ratio without them, and the per-token parts (coding, encoder,
 L0 bracket; ``ratio_without_l0_bracket`` leaves out the one-off costs and the bracket of
 ``widelimit.sae.sparsity``, ``sparsity=SparsityOptions(enabled=False)``). ``--peers`` adds SPAMS
-(``spams-bin``), scikit-learn ``sparse_encode`` with a precomputed Gram and celer on the same lasso
-(``pip install -e .[bench]``), at the certified gap reached.
+(``spams-bin``), scikit-learn (``sparse_encode`` LARS, and its coordinate descent, on a precomputed Gram) and
+celer on the same lasso (``pip install -e .[bench]``; :func:`peer_lam`), each tightened to ``certify_sae``'s
+certified gap, its codes certified by widelimit's own gap, and ``certify_sae`` rerun at each peer's gap
+(:func:`compare_peers`; ``--peer-runs`` picks the peers).
 
 Usage::
 
