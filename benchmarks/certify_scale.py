@@ -15,8 +15,10 @@ after ``certify_sae`` (the faster of the two counts); the ``*_cpu`` ratios divid
 (``time.process_time``, one thread), which the load of other jobs on a shared machine does not change as it
 changes wall-clock time.
 ``--peers`` adds SPAMS
-(``spams-bin``), scikit-learn ``sparse_encode`` with a precomputed Gram and celer on the same lasso
-(``pip install -e .[bench]``), at the certified gap reached.
+(``spams-bin``), scikit-learn (``sparse_encode`` LARS, and its coordinate descent, on a precomputed Gram) and
+celer on the same lasso (``pip install -e .[bench]``; :func:`peer_lam`), each tightened to ``certify_sae``'s
+certified gap, its codes certified by widelimit's own gap, and ``certify_sae`` rerun at each peer's gap
+(:func:`compare_peers`; ``--peer-runs`` picks the peers).
 
 Usage::
 
@@ -58,8 +60,11 @@ def _rss_mb() -> float:
 
 #: Tolerance ladders of the peers, loosest first: each is tightened until the certified gap of its codes is at
 #: or below that of ``certify_sae`` (SPAMS's LARS-homotopy and scikit-learn's LARS have none: exact up to
-#: rounding). ``sparse_encode(algorithm="lasso_cd")`` fixes ``tol=1e-8``; its knob is ``max_iter``.
-SKLEARN_CD_MAX_ITER = (1000, 10000)
+#: rounding). ``sparse_encode(algorithm="lasso_cd")`` fixes ``tol=1e-8`` (``max_iter`` does not tighten it: it
+#: stops at its own gap test), so the coordinate descent runs as ``sparse_encode`` runs it, ``Lasso`` with the
+#: precomputed Gram, with ``tol`` from this ladder (``max_iter`` :data:`SKLEARN_CD_MAX_ITER`).
+SKLEARN_CD_TOL = (1e-8, 1e-10, 1e-12, 1e-14)
+SKLEARN_CD_MAX_ITER = 10000
 CELER_TOL = (1e-6, 1e-8, 1e-10, 1e-12)
 #: A peer's ladder stops after a run longer than this (seconds): the next setting would only be slower.
 PEER_BUDGET_S = 300.0
@@ -94,11 +99,13 @@ def peer_lam(lam: float, d_in: int) -> dict:
 
     SPAMS ``lasso(mode=2)`` minimises ``0.5 ||x - D a||^2 + lambda1 ||a||_1``: ``lambda1 = lam``.
     scikit-learn ``sparse_encode`` (``lasso_lars`` / ``lasso_cd``) minimises ``0.5 ||x - a D||^2 + alpha ||a||_1``
-    (it divides ``alpha`` by ``n_features`` itself before calling ``Lasso``): ``alpha = lam``. celer's ``Lasso``
-    (as scikit-learn's) minimises ``(1 / (2 n_samples)) ||y - X w||^2 + alpha ||w||_1`` with ``n_samples = d_in``
-    here: ``alpha = lam / d_in``. Each objective is widelimit's divided by 2 (by ``2 d_in`` for celer).
+    (it divides ``alpha`` by ``n_features`` itself before calling ``Lasso``): ``alpha = lam``. scikit-learn's and
+    celer's ``Lasso`` minimise ``(1 / (2 n_samples)) ||y - X w||^2 + alpha ||w||_1`` with ``n_samples = d_in``
+    here: ``lasso_alpha = celer_alpha = lam / d_in``. Each objective is widelimit's divided by 2 (by ``2 d_in``
+    for ``Lasso``).
     """
-    return {"spams_lambda1": float(lam), "sklearn_alpha": float(lam), "celer_alpha": float(lam) / d_in}
+    return {"spams_lambda1": float(lam), "sklearn_alpha": float(lam), "lasso_alpha": float(lam) / d_in,
+            "celer_alpha": float(lam) / d_in}
 
 
 def certified(U, xt, Y, lam) -> dict:
@@ -131,6 +138,18 @@ def run_sklearn(U, xt, lam, algorithm="lasso_lars", max_iter=1000, gram=None):
                          positive=True, max_iter=max_iter)
 
 
+def run_sklearn_cd(U, xt, lam, tol=1e-8, gram=None, max_iter=SKLEARN_CD_MAX_ITER):
+    """scikit-learn ``Lasso`` (coordinate descent) on the precomputed Gram, as ``sparse_encode(algorithm="lasso_cd")``
+    runs it but with ``tol`` exposed (``alpha = lam / d_in``, :func:`peer_lam`): dense codes (m, k)."""
+    from sklearn.linear_model import Lasso
+
+    G = U @ U.T if gram is None else gram
+    clf = Lasso(alpha=peer_lam(lam, U.shape[1])["lasso_alpha"], fit_intercept=False, precompute=G, tol=tol,
+                max_iter=max_iter, positive=True)
+    clf.fit(U.T, xt.T, check_input=False)
+    return np.atleast_2d(clf.coef_)
+
+
 def run_celer(U, xt, lam, tol=1e-6):
     """celer ``Lasso`` (working sets + extrapolated dual), one fit per token: dense codes (m, k)."""
     from celer import Lasso
@@ -159,8 +178,9 @@ def peers(U, b, X, lam, gap_target, runs=PEER_RUNS) -> dict:
     Per peer (``spams``, ``sklearn_lars``, ``sklearn_cd``, ``celer``; ``sklearn`` the faster of the two
     scikit-learn runs that reach the gap): ``{peer}_s`` (seconds, Gram included), ``{peer}_objective``,
     ``{peer}_gap`` and ``{peer}_max_gap`` (:func:`certified`), ``{peer}_setting`` and ``{peer}_reached``
-    (its gap <= ``gap_target``). A peer with a tolerance runs its ladder (:data:`SKLEARN_CD_MAX_ITER`,
-    :data:`CELER_TOL`) until it reaches the gap, or :data:`PEER_BUDGET_S` is spent; ``None`` when not installed.
+    (its gap <= ``gap_target``). A peer with a tolerance runs its ladder (:data:`SKLEARN_CD_TOL`,
+    :data:`CELER_TOL`) until it reaches the gap, or :data:`PEER_BUDGET_S` is spent; ``None`` when not
+    installed.
     ``runs``: which of :data:`PEER_RUNS` to run.
     """
     xt = np.asarray(X, dtype=np.float64) - b
@@ -199,7 +219,7 @@ def peers(U, b, X, lam, gap_target, runs=PEER_RUNS) -> dict:
             Y, sec = _timed(run_sklearn, U, xt, lam, "lasso_lars", 1000, G)
             record("sklearn_lars", Y, sec + t_gram, "exact (LARS)")
         if "sklearn_cd" in runs:
-            ladder("sklearn_cd", lambda it: run_sklearn(U, xt, lam, "lasso_cd", it, G), SKLEARN_CD_MAX_ITER, "max_iter")
+            ladder("sklearn_cd", lambda tol: run_sklearn_cd(U, xt, lam, tol, G), SKLEARN_CD_TOL, "tol")
         if out.get("sklearn_cd_s") is not None:
             out["sklearn_cd_s"] += t_gram
         del G
@@ -338,6 +358,8 @@ def cell(n, k, L, N, device, with_peers):
     sae = to_sae(w, lam)
     del D
     forward_metrics(w, X[:64], device=device)  # warm-up (first torch call)
+    if with_peers:  # the peers' runs are warm (imported, compiled): so is certify_sae's (numba, torch, caches)
+        certify_timed(X[:16], sae, lam, device)
     rss0 = _reset_peak()
     t, c = time.perf_counter(), time.process_time()
     fm = forward_metrics(w, X, device=device)
@@ -369,7 +391,8 @@ def cell(n, k, L, N, device, with_peers):
            "peak_rss_mb": _peak_mb(), **cpu}
     if with_peers:
         print(f"  certify_sae: {t_cert:.3g} s (coding {timed['coding_s']:.3g} s), optimal L0 "
-              f"{row['optimal_l0']:.4g}, objective {row['optimal_code_objective']:.10g}, coding_gap {cert.coding_gap:.3g}",
+              f"{row['optimal_l0']:.4g}, objective {row['optimal_code_objective']:.10g}, "
+              f"coding_gap {cert.coding_gap:.3g}",
               flush=True)
         row.update(compare_peers(X, sae, lam, device, row, with_peers))
     return row

@@ -47,14 +47,15 @@ def _objective(U, xt, Y, lam):
     return float(np.mean(np.sum(R * R, axis=1) + 2.0 * lam * Y.sum(axis=1)))
 
 
-@pytest.mark.parametrize("peer", ["spams", "sklearn_lars", "sklearn_cd", "celer"])
+@pytest.mark.parametrize("peer", ["spams", "sklearn_lars", "sklearn_cd", "sparse_encode_cd", "celer"])
 def test_peer_solves_the_same_lasso(problem, peer):
     pytest.importorskip({"spams": "spams", "celer": "celer"}.get(peer, "sklearn"))
     cs = _certify_scale()
     U, xt, lam, ours = problem
     run = {"spams": lambda: cs.run_spams(U, xt, lam),
            "sklearn_lars": lambda: cs.run_sklearn(U, xt, lam, "lasso_lars"),
-           "sklearn_cd": lambda: cs.run_sklearn(U, xt, lam, "lasso_cd", 10000),
+           "sklearn_cd": lambda: cs.run_sklearn_cd(U, xt, lam, 1e-12),
+           "sparse_encode_cd": lambda: cs.run_sklearn(U, xt, lam, "lasso_cd", 10000),
            "celer": lambda: cs.run_celer(U, xt, lam, 1e-12)}[peer]
     Y = run()
     assert Y.shape == (xt.shape[0], U.shape[0]) and Y.min() >= 0
