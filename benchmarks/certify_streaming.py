@@ -22,12 +22,19 @@ shared), reading the activations from disk:
   one thread) over the same memory-mapped tokens: the ratio of the certify pass to it.
 * **wide cell**: d_in 768 x d_sae 16,384, optimal-code L0 ~30 (``benchmarks/_scale_data.py`` as
   ``certify_scale.py`` builds it, ``lam = 0.9``) over ``--wide-tokens`` streamed tokens from a
-  memory-mapped ``.npy`` (and a tenth of them for the memory comparison).
+  memory-mapped ``.npy`` (and ``--wide-small``, at least one batch of 2,048 tokens, for the memory comparison).
 
 Usage::
 
-    PYTHONPATH=. python3 benchmarks/certify_streaming.py                       # everything (about an hour here)
-    PYTHONPATH=. python3 benchmarks/certify_streaming.py --tokens 20000 --small 5000 --wide-tokens 400  # a check
+    PYTHONPATH=. python3 benchmarks/certify_streaming.py       # 10^6 and 10^5 tokens, 20,000 at d_sae 16,384
+    PYTHONPATH=. python3 benchmarks/certify_streaming.py --tokens 200000 --small 20000 --every 20000 \
+        --wide-tokens 4000 --parallel 3                            # what fitted a loaded shared machine
+    PYTHONPATH=. python3 benchmarks/certify_streaming.py --tokens 200000 --small 20000 --every 20000 \
+        --wide-tokens 8192 --wide-small 2048 --only-wide --parallel 3  # the wide cell again, over full batches
+
+On one free core the default run takes about 40 minutes for the d_in 384 cell (10^6 tokens at about
+1,000-1,500 tokens per CPU second, twice) and a few minutes for the wide cell (about 200 tokens per CPU
+second: 10^6 tokens there would be 1.4 hours).
 
 Writes ``benchmarks/results/certify_streaming.json`` and ``.md`` (rewritten after every run).
 """
@@ -231,6 +238,10 @@ def main():
     ap.add_argument("--small", type=int, default=100_000, help="the second run, for the peak-memory comparison")
     ap.add_argument("--every", type=int, default=50_000, help="tokens between two marks of the certify pass")
     ap.add_argument("--wide-tokens", type=int, default=20_000, help="tokens of the 768 x 16,384 cell (0: skip it)")
+    ap.add_argument("--wide-small", type=int, default=2048,
+                    help="the wide cell's second run (memory comparison): at least one batch (2,048 tokens at d_sae 16,384)")
+    ap.add_argument("--only-wide", action="store_true",
+                    help="run the wide cell only, replacing its runs in the results file")
     ap.add_argument("--kinds", default="mmap,shards")
     ap.add_argument("--parallel", type=int, default=1, help="runs at a time (each one thread, its own process)")
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "widelimit-certify-speed")
@@ -260,17 +271,22 @@ def main():
            "threads": 1, "parallel": args.parallel, "every": args.every, "environment": environment(), "runs": [],
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     jobs = []  # (cell, side, kind, acts, sae, lam, every): the long runs first
-    big, small = tiled(X, args.tokens, args.data), tiled(X, args.small, args.data)
-    for kind in kinds:
-        jobs.append(("384x4096", "certify", kind, big[kind == "shards"], sae, cs.LAM, args.every))
-    jobs.append(("384x4096", "forward", "mmap", big[0], sae, cs.LAM, args.every))
-    for kind in kinds:
-        jobs.append(("384x4096", "certify", kind, small[kind == "shards"], sae, cs.LAM, args.every))
+    if args.only_wide:
+        old = json.loads((RESULTS / f"{args.name}.json").read_text())
+        res["runs"] = [r for r in old["runs"] if r["cell"] == "384x4096"]
+        res["command"] = old["command"] + "; " + res["command"]
+    else:
+        big, small = tiled(X, args.tokens, args.data), tiled(X, args.small, args.data)
+        for kind in kinds:
+            jobs.append(("384x4096", "certify", kind, big[kind == "shards"], sae, cs.LAM, args.every))
+        jobs.append(("384x4096", "forward", "mmap", big[0], sae, cs.LAM, args.every))
+        for kind in kinds:
+            jobs.append(("384x4096", "certify", kind, small[kind == "shards"], sae, cs.LAM, args.every))
     if args.wide_tokens:
-        for N in (args.wide_tokens, args.wide_tokens // 10):
+        for N in (args.wide_tokens, args.wide_small):
             npy, wsae, lam = wide_cell(N, args.data)
             for side in ("certify", "forward"):
-                jobs.append(("768x16384 L0~30", side, "mmap", npy, wsae, lam, max(1000, args.wide_tokens // 10)))
+                jobs.append(("768x16384 L0~30", side, "mmap", npy, wsae, lam, 1024))
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
@@ -302,10 +318,11 @@ def summary(res: dict, args) -> dict:
             out[f"{kind}: certify / forward+metrics, whole call (wall; per CPU second)"] = \
                 f"{a['seconds'] / fwd['seconds']:.2f}; {a['cpu_s'] / fwd['cpu_s']:.2f}"
     n = args.wide_tokens
-    wa, wb = by.get(("768x16384 L0~30", "certify", "mmap", n)), by.get(("768x16384 L0~30", "certify", "mmap", n // 10))
+    wa, wb = by.get(("768x16384 L0~30", "certify", "mmap", n)), by.get(("768x16384 L0~30", "certify", "mmap",
+                                                                        args.wide_small))
     wf = by.get(("768x16384 L0~30", "forward", "mmap", n))
     if wa and wb:
-        out[f"768x16384: peak RSS above baseline, {n:,} vs {n // 10:,} tokens (MB)"] = \
+        out[f"768x16384: peak RSS above baseline, {n:,} vs {args.wide_small:,} tokens (MB)"] = \
             f"{wa['peak_above_baseline_mb']:,.0f} vs {wb['peak_above_baseline_mb']:,.0f}"
         rate = wa["certify_pass_tokens_per_s"]
         out["768x16384: hours for 10^6 tokens at the certify pass's rate"] = f"{1e6 / rate / 3600:.1f}"
