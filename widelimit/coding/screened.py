@@ -105,12 +105,14 @@ class ScreenedCoder:
         gradient iteration (default), or by the gradient iteration alone.
     chunk : int
         Tokens whose atoms are gathered at once (memory ``chunk * S * n`` float64).
+    block_rows : int
+        Tokens coded at once (memory about ``20 * block_rows * k`` float64 at the peak of a round).
     U32 : tensor (k, n) float32, optional
         ``U`` in float32 on ``device`` when the caller holds it already (shared; default: a copy made here).
     """
 
     def __init__(self, U, *, lam, tol=1e-6, device="cpu", ws_extra=48, margin=0.25, max_rounds=30, newton_steps=8,
-                 inner_iter=2000, chunk=64, restricted="lawson_hanson", U32=None):
+                 inner_iter=2000, chunk=64, restricted="lawson_hanson", U32=None, block_rows=512):
         import torch
 
         self.dev = torch.device(device)
@@ -122,7 +124,7 @@ class ScreenedCoder:
         self.newton_steps = int(newton_steps)
         if restricted not in RESTRICTED:
             raise ValueError(f"restricted: expected one of {', '.join(RESTRICTED)}, got {restricted!r}")
-        self.restricted = restricted
+        self.restricted, self.block_rows = restricted, max(1, int(block_rows))
 
     # ---------------------------------------------------------------------------------
     def _working_sets(self, idx, val, C):
@@ -205,7 +207,27 @@ class ScreenedCoder:
         """Certified codes for ``xt`` (m, n) float64 tensor; warm start ``Y0`` (CSR, unit atoms), ``C0`` its correlations.
 
         Returns a :class:`~widelimit.coding.result.CodingResult` in unit-atom units with ``residuals`` (float64).
+        The tokens are coded ``block_rows`` at a time: the rounds hold about twenty ``(rows, k)`` matrices at
+        their peak (correlations, their float64 check, working-set selection): 5-6.7 GB for 2,000 tokens at
+        ``k = 16,384`` and optimal L0 190.
         """
+        m = xt.shape[0]
+        if m <= self.block_rows:
+            return self._solve(xt, Y0, C0)
+        parts = []
+        for r0 in range(0, m, self.block_rows):
+            r1 = min(m, r0 + self.block_rows)
+            parts.append(self._solve(xt[r0:r1], None if Y0 is None else sp.csr_array(Y0)[r0:r1],
+                                     None if C0 is None else C0[r0:r1]))
+        codes = sp.vstack([p.codes for p in parts], format="csr")
+        return CodingResult.from_points(codes, np.concatenate([p.point_values for p in parts]),
+                                        np.concatenate([p.point_gaps for p in parts]),
+                                        penalty_sum=2.0 * self.lam * float(codes.sum()),
+                                        n_iter=max(p.n_iter for p in parts), device=self.dev, lam=self.lam,
+                                        tol=self.tol, residuals=np.concatenate([p.residuals for p in parts]))
+
+    def _solve(self, xt, Y0=None, C0=None):
+        """:meth:`solve` on one block of rows."""
         import torch
 
         m, n = xt.shape
