@@ -16,9 +16,9 @@
   changed): the decoder-pair search (``decoder_pairs``), the objective resolution (``resolve_objective``:
   ``lam`` calibration when there is one), the Babel function of the sparsity bracket's lower bound
   (``babel``: its row sample, and the full pass where the sample cannot decide); the per-token cost is the slope of the remaining time between the two largest ``N``.
-* ``--diagnose standard``: the L1 optimal coding alone on the standard SAE (the screened coder from the
-  SAE's own codes, then the float64 FISTA that finishes uncertified tokens), to
-  ``results/certify_saelens16k_coder_standard.json``.
+* ``--diagnose standard``: the L1 optimal coding alone on the standard SAE: the screened coder from the SAE's
+  own codes and from zero codes, its restricted solves finished by Lawson-Hanson or by the gradient iteration
+  (then the float64 FISTA on tokens left uncertified), to ``results/certify_saelens16k_coder_standard.json``.
 * **Memory**: peak resident memory growth (``ru_maxrss``) of the child during forward+metrics and during
   the certifications.
 
@@ -174,9 +174,11 @@ def measure(cache: Path, arch: str, steps: int, batch: int, Ns: list[int], threa
 
 def coder_diagnosis(cache: Path, arch: str, steps: int, batch: int, tokens: int, threads: int, width: int = WIDTH,
                     fista_tokens: int = 3) -> dict:
-    """What the L1 optimal coding of ``certify_sae`` does on this SAE: the screened coder (its default above
-    d_sae 8,192) from the SAE's own codes on ``tokens`` tokens -- rounds, tokens left uncertified, largest
-    relative gap -- and the float64 FISTA that finishes the uncertified ones, on ``fista_tokens`` of them."""
+    """What the L1 optimal coding of ``certify_sae`` does on this SAE, per variant of the screened coder (its
+    default above d_sae 8,192) on ``tokens`` tokens: from the SAE's own codes or from zero codes, restricted
+    solves finished by Lawson-Hanson (the default) or by the gradient iteration alone (``"newton"``) -- time,
+    rounds, tokens left uncertified, largest relative gap, objective -- and the float64 FISTA that finishes
+    the uncertified ones, on ``fista_tokens`` of them (of the last variant that left any)."""
     import scipy.sparse as sp
     import torch
 
@@ -191,22 +193,27 @@ def coder_diagnosis(cache: Path, arch: str, steps: int, batch: int, tokens: int,
     lam = resolve_objective(sae, X).lam
     U, b = sae.unit_dictionary(), np.asarray(sae.b_dec, dtype=np.float64)
     f = sae.encode(X)
+    out = {"arch": arch, "lam": lam, "tokens": tokens, "sae_l0": float((f != 0).sum(1).mean()), "variants": []}
+    left = None
     with limit_threads(threads):
         torch.set_num_threads(threads)
-        t = time.perf_counter()
-        res = ScreenedCoder(U, lam=lam, tol=1e-6, device="cpu").solve(torch.as_tensor(X - b),
-                                                                      sp.csr_array(f * sae.decoder_norms()))
-        t_scr = time.perf_counter() - t
-        rows = res.unconverged_rows()
-        out = {"arch": arch, "lam": lam, "tokens": tokens, "sae_l0": float((f != 0).sum(1).mean()),
-               "screened_s": t_scr, "screened_rounds": int(res.n_iter), "screened_uncertified": int(rows.size),
-               "screened_l0": float(np.diff(res.codes.indptr).mean()),
-               "screened_max_rel_gap": float(np.max(res.point_gaps / np.maximum(res.point_values, 1e-300)))}
-        if rows.size:
-            r = rows[:fista_tokens]
+        for start in ("sae", "zero"):
+            for restricted in ("newton", "lawson_hanson"):
+                coder = ScreenedCoder(U, lam=lam, tol=1e-6, device="cpu", restricted=restricted)
+                Y0 = sp.csr_array(f * sae.decoder_norms()) if start == "sae" else None
+                t = time.perf_counter()
+                res = coder.solve(torch.as_tensor(X - b), Y0)
+                rows = res.unconverged_rows()
+                left = rows if rows.size else left
+                out["variants"].append({
+                    "start": start, "restricted": restricted, "screened_s": time.perf_counter() - t,
+                    "rounds": int(res.n_iter), "uncertified": int(rows.size), "objective": float(res.point_values.sum()),
+                    "optimal_l0": float(np.diff(res.codes.indptr).mean()),
+                    "max_rel_gap": float(np.max(res.point_gaps / np.maximum(res.point_values, 1e-300)))})
+        if left is not None:
+            r = left[:fista_tokens]
             t = time.perf_counter()
-            fr = fista_codes(X[r], U, b, lam=lam, tol=1e-6, Z0=res.codes[r], return_codes=True, dtype="float64",
-                             max_iter=20000)
+            fr = fista_codes(X[r], U, b, lam=lam, tol=1e-6, return_codes=True, dtype="float64", max_iter=20000)
             out.update(fista_tokens=int(r.size), fista_s=time.perf_counter() - t, fista_iterations=int(fr.n_iter),
                        fista_certified=bool(fr.certified), fista_l0=float(np.diff(fr.codes.indptr).mean()))
     return out

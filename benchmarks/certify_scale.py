@@ -5,11 +5,16 @@ on trained-looking SAEs (benchmarks/_scale_data.py: data from a sparse ground-tr
 perturbed copy, tied encoder with a realistic L0). Per cell, in one process and on the same tokens and
 threads: the SAE's forward pass + standard metrics (benchmarks/certify_speed.py's ``forward_metrics``), then
 ``certify_sae`` with default settings; the ratio, tokens/s, the coding gap, the peak resident memory
-(``ru_maxrss`` growth during the cell) and the time of each stage (:data:`TIMED`): the per-SAE one-off
-costs (decoder-pair search, ``d_sae^2 d_in / 2``; Babel function; spectral norm), reported apart as
-``one_off_s`` with ``ratio_per_token`` the ratio without them, and the per-token parts (coding, encoder,
-L0 bracket; ``ratio_without_l0_bracket`` leaves out the one-off costs and the bracket of
-``widelimit.sae.sparsity``, ``sparsity=SparsityOptions(enabled=False)``). ``--peers`` adds SPAMS
+(``peak_rss_mb``: ``VmHWM``, reset after making the data; ``peak_rss_growth_mb``: its growth during the
+forward pass and ``certify_sae``) and the time of each stage (:data:`TIMED`): the per-SAE one-off
+costs (decoder-pair search, ``d_sae^2 d_in / 2`` or its ``pair_budget``; Babel function; spectral norm),
+reported apart as ``one_off_s`` with ``ratio_per_token`` the ratio without them, and the per-token parts
+(coding, encoder, L0 bracket; ``ratio_without_l0_bracket`` leaves out the one-off costs and the bracket of
+``widelimit.sae.sparsity``, ``sparsity=SparsityOptions(enabled=False)``). The forward pass runs before and
+after ``certify_sae`` (the faster of the two counts); the ``*_cpu`` ratios divide process CPU seconds
+(``time.process_time``, one thread), which the load of other jobs on a shared machine does not change as it
+changes wall-clock time.
+``--peers`` adds SPAMS
 (``spams-bin``), scikit-learn (``sparse_encode`` LARS, and its coordinate descent, on a precomputed Gram) and
 celer on the same lasso (``pip install -e .[bench]``; :func:`peer_lam`), each tightened to ``certify_sae``'s
 certified gap, its codes certified by widelimit's own gap, and ``certify_sae`` rerun at each peer's gap
@@ -19,6 +24,8 @@ Usage::
 
     PYTHONPATH=. python3 benchmarks/certify_scale.py [--cells 768x16384x100,...] [--tokens 2000] [--device cpu]
     PYTHONPATH=. python3 benchmarks/certify_scale.py --dry-run      # one tiny cell: checks the script runs
+    PYTHONPATH=. python3 benchmarks/certify_scale.py --cells 768x131072x30 --tokens 1000 --name NAME --merge
+                                                         # one process per cell, rows gathered in NAME
 
 Writes ``benchmarks/results/certify_scale.json`` and ``.md`` (``_dry`` suffix with --dry-run). The machine
 is shared: ratios measured side by side in one run are the measurement, absolute times are not.
@@ -61,6 +68,30 @@ SKLEARN_CD_MAX_ITER = 10000
 CELER_TOL = (1e-6, 1e-8, 1e-10, 1e-12)
 #: A peer's ladder stops after a run longer than this (seconds): the next setting would only be slower.
 PEER_BUDGET_S = 300.0
+
+
+def _proc_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            return next(float(line.split()[1]) / 1024.0 for line in f if line.startswith(field + ":"))
+    except (OSError, StopIteration):
+        return None
+
+
+def _reset_peak() -> float:
+    """Reset the peak resident memory (Linux ``clear_refs`` 5) and return the resident memory now (MB): the peak
+    growth of the cell is then that of the SAE's forward pass and ``certify_sae``, not of making the data
+    (which for 65,536 x 2,304 held more than the certification). Elsewhere ``ru_maxrss`` as it is."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _proc_mb("VmRSS")
+    except OSError:
+        return _rss_mb()
+
+
+def _peak_mb() -> float:
+    return _proc_mb("VmHWM") or _rss_mb()
 
 
 def peer_lam(lam: float, d_in: int) -> dict:
@@ -228,6 +259,7 @@ class _Timers:
         import importlib
 
         self.s = {col: 0.0 for _, _, col in TIMED}
+        self.c = {col: 0.0 for _, _, col in TIMED}  # process CPU seconds (one thread: immune to other jobs' load)
         self._undo = []
         for mod, attr, col in TIMED:
             owner = importlib.import_module(mod)
@@ -240,11 +272,12 @@ class _Timers:
 
     def _wrap(self, f, col):
         def timed(*a, **kw):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             try:
                 return f(*a, **kw)
             finally:
                 self.s[col] += time.perf_counter() - t
+                self.c[col] += time.process_time() - c
         return timed
 
     def close(self):
@@ -307,29 +340,43 @@ def certify_timed(X, sae, lam, device, **kw):
 
     timers = _Timers()
     try:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         cert = certify_sae(X, sae, lam=lam, device=device, **kw)
-        t_cert = time.perf_counter() - t
+        t_cert, c_cert = time.perf_counter() - t, time.process_time() - c
     finally:
         timers.close()
-    return t_cert, timers.s, cert
+    # wall seconds per column, and the process CPU seconds (one thread: what other jobs' load does not change)
+    timed = {**timers.s, **{col[:-2] + "_cpu_s": v for col, v in timers.c.items()}, "certify_cpu_s": c_cert}
+    return t_cert, timed, cert
 
 
 def cell(n, k, L, N, device, with_peers):
-    rss0 = _rss_mb()
     D = dictionary(n, k)
     X = tokens(D, N, L)
     w = sae_weights(D, X[: min(N, 500)], L)
     lam = LAM.get(L, 0.7)
     sae = to_sae(w, lam)
+    del D
     forward_metrics(w, X[:64], device=device)  # warm-up (first torch call)
     if with_peers:  # the peers' runs are warm (imported, compiled): so is certify_sae's (numba, torch, caches)
         certify_timed(X[:16], sae, lam, device)
-    t = time.perf_counter()
+    rss0 = _reset_peak()
+    t, c = time.perf_counter(), time.process_time()
     fm = forward_metrics(w, X, device=device)
-    t_fwd = time.perf_counter() - t
+    t_fwd, c_fwd = time.perf_counter() - t, time.process_time() - c
     t_cert, timed, cert = certify_timed(X, sae, lam, device)
+    c_cert = timed["certify_cpu_s"]
+    t, c = time.perf_counter(), time.process_time()  # the forward pass again: its load may differ
+    forward_metrics(w, X, device=device)
+    t_fwd, c_fwd = min(t_fwd, time.perf_counter() - t), min(c_fwd, time.process_time() - c)
     one_off = sum(timed[c] for c in ONE_OFF)
+    tc = {col: timed[col[:-2] + "_cpu_s"] for _, _, col in TIMED}
+    one_off_c = sum(tc[c] for c in ONE_OFF)
+    # CPU-time ratios (process_time; one thread): what other jobs on a shared machine do not change
+    cpu = {"forward_metrics_cpu_s": c_fwd, "ratio_cpu": c_cert / c_fwd,
+           "ratio_per_token_cpu": (c_cert - one_off_c) / c_fwd, "coding_ratio_cpu": tc["coding_s"] / c_fwd,
+           "ratio_without_l0_bracket_cpu": (c_cert - tc["pair_search_s"] - tc["spectral_norm_s"]
+                                            - tc["sparsity_part_s"]) / c_fwd}
     row = {"d_in": n, "d_sae": k, "target_l0": L, "tokens": N, "lam": lam, "sae_l0": fm["l0"],
            "optimal_l0": cert.metrics["optimal_l0"], "forward_metrics_s": t_fwd, "certify_s": t_cert,
            "ratio": t_cert / t_fwd, **timed, "one_off_s": one_off,
@@ -340,7 +387,8 @@ def cell(n, k, L, N, device, with_peers):
                                         - timed["sparsity_part_s"]) / t_fwd,
            "tokens_per_s": N / t_cert, "coding_gap": cert.coding_gap,
            "optimal_code_objective": cert.optimal_code_objective, "coding_certified": cert.coding_certified,
-           "coding_iterations": cert.metrics["coding_iterations"], "peak_rss_growth_mb": _rss_mb() - rss0}
+           "coding_iterations": cert.metrics["coding_iterations"], "peak_rss_growth_mb": _peak_mb() - rss0,
+           "peak_rss_mb": _peak_mb(), **cpu}
     if with_peers:
         print(f"  certify_sae: {t_cert:.3g} s (coding {timed['coding_s']:.3g} s), optimal L0 "
               f"{row['optimal_l0']:.4g}, objective {row['optimal_code_objective']:.10g}, "
@@ -360,6 +408,8 @@ def main():
                     help=f"with --peers: comma-separated subset of {','.join(PEER_RUNS)}")
     ap.add_argument("--name", default="certify_scale", help="results file name in benchmarks/results/")
     ap.add_argument("--dry-run", action="store_true", help="one tiny cell (64 x 1024 x 8, 200 tokens)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows already in results/NAME.json of other cells (one process per cell)")
     args = ap.parse_args()
     if args.dry_run:
         cells, N = [(64, 1024, 8)], 200
@@ -373,13 +423,20 @@ def main():
         rows.append(row)
         print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in row.items()),
               flush=True)
-    write(args.name + ("_dry" if args.dry_run else ""), {"environment": environment(), "device": args.device,
-                                                          "rows": rows}, table(rows, PEER_COLS if args.peers else None))
+    name = args.name + ("_dry" if args.dry_run else "")
+    if args.merge and (HERE / "results" / f"{name}.json").exists():
+        import json
+
+        new = {(r["d_in"], r["d_sae"], r["target_l0"]) for r in rows}
+        old = json.loads((HERE / "results" / f"{name}.json").read_text())["rows"]
+        rows = [r for r in old if (r["d_in"], r["d_sae"], r["target_l0"]) not in new] + rows
+    write(name, {"environment": environment(), "device": args.device, "rows": rows},
+          table(rows, PEER_COLS if args.peers else None))
 
 
 COLS = ["d_in", "d_sae", "optimal_l0", "tokens", "tokens_per_s", "ratio", "ratio_per_token", "ratio_without_l0_bracket",
-        "coding_ratio", "pair_search_s", "babel_s", "one_off_s", "sparsity_part_s", "peak_rss_growth_mb", "coding_gap",
-        "speedup_vs_spams", "speedup_vs_sklearn", "speedup_vs_celer"]
+        "coding_ratio", "ratio_cpu", "ratio_per_token_cpu", "ratio_without_l0_bracket_cpu", "coding_ratio_cpu", "pair_search_s", "babel_s", "spectral_norm_s", "one_off_s", "sparsity_part_s", "encoder_part_s",
+        "peak_rss_growth_mb", "peak_rss_mb", "coding_gap", "speedup_vs_spams", "speedup_vs_sklearn", "speedup_vs_celer"]
 
 
 #: Columns of the ``--peers`` table: per peer its seconds (Gram included), its codes' mean certified gap, its

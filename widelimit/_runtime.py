@@ -91,9 +91,9 @@ def check_threads(threads, name: str = "threads") -> int:
 
 
 def default_threads() -> int:
-    """The thread count the solvers use: ``WIDELIMIT_THREADS`` if set, else the usable cores (at most 8),
-    or 1 when the 1-minute load average is at least twice the usable cores (other processes
-    already oversubscribe them).
+    """The thread count the solvers use: ``WIDELIMIT_THREADS`` if set, else ``OMP_NUM_THREADS`` if set (at most
+    the usable cores), else the usable cores (at most 8), or 1 when the 1-minute load average is at least the
+    usable cores plus one (other processes already hold the cores).
 
     One count for every pool (torch intra-op, numba, BLAS): the pools run one after the
     other, so each may use every core, but not more (measured in
@@ -110,14 +110,18 @@ def default_threads() -> int:
             raise ValueError(f"WIDELIMIT_THREADS must be a positive integer, got {env!r}")
         return check_threads(n, "WIDELIMIT_THREADS")
     cores = min(8, usable_cores())
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) >= 1:  # the user's (or a benchmark's) count for every OpenMP pool
+        return min(cores, int(omp))
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # not available
         load = 0.0
-    if cores > 1 and load >= 2 * cores:
-        # the cores are already oversubscribed by other processes: every barrier of a
-        # multi-threaded pool then waits for a descheduled thread (measured: one thread was
-        # 3x faster for certify_sae and the forward pass at a load of 16 on 2 cores)
+    if cores > 1 and load >= cores + 1:
+        # the cores are already held by other processes: every barrier of a multi-threaded pool
+        # then waits for a descheduled thread (measured: one thread was 3x faster for certify_sae and
+        # the forward pass at a load of 16 on 2 cores; at a load of 3.4-5 on 2 cores the screened
+        # coder's batched small solves took 26 s on two threads against 4.8 s on one, 768 x 16,384)
         return 1
     return cores
 

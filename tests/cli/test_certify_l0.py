@@ -75,7 +75,8 @@ def test_progress_lines_on_a_non_terminal_stderr(tmp_path, capsys):
     assert main(["certify", str(tmp_path / "acts.npy"), str(tmp_path / "tk"), "--json", "--batch-size", "64"]) == 0
     err = capsys.readouterr().err
     first = [ln for ln in err.splitlines() if ln.startswith("certify: ")]
-    assert first and first[0].startswith("certify: 64/200 (32%)") and "s left" in first[0]
+    assert first and first[0].startswith("certify: 64/200 tokens (32%), ") and "tokens/s" in first[0]
+    assert "s left" in first[0]
 
 
 def test_sweep_of_a_folder_of_saes(tmp_path, capsys):

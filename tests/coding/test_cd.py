@@ -185,6 +185,7 @@ def test_thread_limiter_sets_and_restores_all_pools(monkeypatch):
     with pytest.raises(ValueError, match="WIDELIMIT_THREADS"):
         default_threads()
     monkeypatch.delenv("WIDELIMIT_THREADS")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     import os
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
@@ -192,6 +193,15 @@ def test_thread_limiter_sets_and_restores_all_pools(monkeypatch):
     assert default_threads() == 2
     monkeypatch.setattr(os, "getloadavg", lambda: (16.0, 16.0, 16.0))  # overloaded by other processes
     assert default_threads() == 1
+    # three runnable processes on two cores: two threads made the screened coder 5x slower (a load of 3.4-5)
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    assert default_threads() == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.9, 2.9, 2.9))  # one of our own runs on both cores
+    assert default_threads() == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's count for the OpenMP pools is kept
+    assert default_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "64")
+    assert default_threads() == 2
 
 
 def test_blas_threads_override_only_numpys_blas(monkeypatch):

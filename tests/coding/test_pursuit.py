@@ -250,3 +250,18 @@ def test_a_token_bound_above_its_witness_is_an_error_not_clipped(monkeypatch):
     with pytest.raises(InconsistentBound, match=r"^inconsistent result at entry 3: the sparse lower bound .* is "
                                                 r"above the witness MSE of that token"):
         sparse_codes(X, U, np.zeros(4), budget=2, device="cpu")
+
+
+def test_spectral_norm_sq_is_an_upper_estimate_on_a_gapless_spectrum():
+    """Random unit atoms: the top of ``U^T U``'s spectrum is a Marchenko-Pastur edge with no gap, where power
+    iteration stops low by more than its 1 % padding; the estimate must be the SVD's value to ~1e-5, padded."""
+    from widelimit.coding.pursuit import spectral_norm_sq
+
+    rng = np.random.default_rng(0)
+    for k, n in ((20000, 256), (300, 40), (5, 8)):
+        U = rng.standard_normal((k, n))
+        U /= np.linalg.norm(U, axis=1, keepdims=True)
+        true = np.linalg.norm(U, 2) ** 2
+        est = spectral_norm_sq(torch.as_tensor(U))
+        assert abs(est / 1.01 / true - 1.0) < 1e-5, (k, n, est / 1.01 / true)
+    assert spectral_norm_sq(torch.zeros(4, 3, dtype=torch.float64)) == 1.0

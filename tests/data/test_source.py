@@ -1,6 +1,7 @@
 """Activation sources (widelimit.data.source): rows across shard boundaries, safetensors and Arrow shards,
 and corrupted or truncated shards named in one line."""
 
+import os
 import struct
 
 import numpy as np
@@ -137,3 +138,57 @@ def test_nonfinite_row_is_reported_with_its_shard(tmp_path, rng):
         wl.huber_median(S, lam=1.0)
     with pytest.raises(ValueError, match="row 2345"):
         wl.geometric_median(S)
+
+
+def _mapped_kb(path) -> int:
+    """Resident kB of this process's maps of ``path`` (/proc/self/smaps): the pages a memory map keeps."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:  # a mapping's first line: address range ... [path]
+                inside = len(head) >= 6 and head[5] == os.path.realpath(path)
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux /proc")
+def test_certify_sae_reads_a_memory_map_through_its_file(tmp_path):
+    """Issue 31 item 5: a pass over ``np.load(mmap_mode="r")`` kept every page it touched resident (a 10^6-token
+    stream grew by the whole 1.5 GB file); the file is read with positional reads instead, so none of the
+    map's pages become resident (the kernel's own count of the map's resident pages, /proc/self/smaps)."""
+    from fixtures.saes import orthogonal_rays_sae
+    from widelimit import certify_sae
+
+    X, sae = orthogonal_rays_sae(0.5, dim=256, points_per_ray=40, seed=3)  # 320 x 256 float64: 160 pages
+    path = tmp_path / "acts.npy"
+    np.save(path, X)
+    mm = np.load(path, mmap_mode="r")
+    ref = certify_sae(X, sae, lam=0.5, device="cpu")
+    cert = certify_sae(mm, sae, lam=0.5, device="cpu")
+    assert cert.sae_objective == pytest.approx(ref.sae_objective, rel=1e-12)
+    assert cert.lower_bound == pytest.approx(ref.lower_bound, rel=1e-12)
+    assert _mapped_kb(path) == 0
+    np.asarray(mm).sum()  # the same map, read through it: its pages are resident (the measurement sees them)
+    assert _mapped_kb(path) >= X.nbytes // 1024
+
+
+@pytest.mark.parametrize("mode", ["r", "r+"])
+def test_unmapped_reads_the_rows_of_the_map(tmp_path, mode):
+    """Rows of a memory map, and of a row slice of one (its first row at a file offset of its own), read back
+    through the file; a copy-on-write map (its writes are not in the file) and arrays are left as they are."""
+    from widelimit.data.source import unmapped
+
+    X = np.random.default_rng(0).standard_normal((300, 7)).astype(np.float32)
+    path = tmp_path / "a.npy"
+    np.save(path, X)
+    mm = np.load(path, mmap_mode=mode)
+    for view, ref in ((mm, X), (mm[123:250], X[123:250])):
+        src = unmapped(view)
+        assert isinstance(src, ActivationSource) and src.shape == ref.shape
+        np.testing.assert_array_equal(src[0 : ref.shape[0]], ref)
+    cow = np.load(path, mmap_mode="c")
+    cow[0, 0] = 42.0
+    assert unmapped(cow) is cow and unmapped(X) is X and unmapped(mm[:, :3]) is not None
+    assert not isinstance(unmapped(mm[:, :3]), ActivationSource)  # not C-contiguous: the map itself

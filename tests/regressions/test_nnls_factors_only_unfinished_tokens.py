@@ -47,3 +47,24 @@ def test_easy_tokens_are_factorised_once_beside_a_hard_one(monkeypatch):
     assert sum(rows) == alone + 19  # before the fix: alone * 20 rows
     for i in range(20):
         np.testing.assert_allclose(y[i], nnls(U.T, X[i])[0], atol=1e-10)
+
+
+def test_factorisations_are_the_size_of_the_passive_sets(monkeypatch):
+    # the screened coder's working sets hold up to a few hundred slots where the solution uses tens: each
+    # Cholesky factorisation was of the whole padded block (s^3), now of the largest passive set of the batch
+    rng = np.random.default_rng(5)
+    n, s, B = 150, 120, 6
+    U = rng.standard_normal((s, n))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    X = np.stack([rng.uniform(1, 2, 4) @ U[rng.choice(s, 4, replace=False)] for _ in range(B)])
+    Ut = torch.as_tensor(U)
+    valid = torch.ones(B, s, dtype=torch.bool)
+    G, q = N.gram_batch(Ut.expand(B, s, n), torch.as_tensor(X), valid)
+    sizes = []
+    orig = N._solve_block
+    monkeypatch.setattr(N, "_solve_block", lambda G_, q_, P_: sizes.append(G_.shape[1]) or orig(G_, q_, P_))
+    y = N.nnls_batch(G, q, valid, start=torch.zeros(B, s, dtype=torch.bool)).numpy()
+    for i in range(B):
+        np.testing.assert_allclose(y[i], nnls(U.T, X[i])[0], atol=1e-9)
+    support = int((y > 0).sum(1).max())
+    assert max(sizes) <= support + 1 < s  # (a step may hold one variable it then drops)

@@ -394,3 +394,24 @@ def test_numba_kernels_and_torch_products_give_the_same_certificate():
         assert b.metrics[key] == pytest.approx(a.metrics[key], rel=1e-10), key
     for col in ("max_violation_firing", "max_violation_silent", "tangent_grad_norm", "tangent_grad_norm_optimal_codes"):
         np.testing.assert_allclose(b.features[col], a.features[col], rtol=1e-8, atol=1e-10, err_msg=col)
+
+
+def test_progress_events_carry_the_rate_and_the_time_left(monkeypatch):
+    """Issue 31 item 5: the certify pass stamps each batch's event with its time since the pass began, on the
+    engine's clock (here a fake one that ticks 0.5 s per reading), so the rate and time left are exact."""
+    import widelimit.engine.local as local
+
+    X, sae = orthogonal_rays_sae(LAM, seed=4, n_core=2)  # 122 tokens
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(local, "clock", lambda: 0.5 * next(ticks))
+    events = []
+    certify_sae(X, sae, lam=LAM, device="cpu", batch_size=50, progress=events.append)
+    ev = [e for e in events if e.stage == "certify"]
+    N = X.shape[0]
+    assert [e.rows_done for e in ev] == [50, 100, N]
+    assert [e.time_s for e in ev] == [0.5, 1.0, 1.5]  # one reading at the start, one per batch
+    assert [e.rows_per_s for e in ev] == [100.0, 100.0, N / 1.5]
+    assert [e.time_left_s for e in ev] == [(N - 50) / 100.0, (N - 100) / 100.0, 0.0]
+    assert ev[-1].done and not ev[0].done
+    # the engine's passes (the wide-limit bound's) are timed the same way
+    assert all(e.time_s is not None for e in events if e.stage != "certify" and e.value is None and e.rows_total)

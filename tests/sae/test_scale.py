@@ -13,7 +13,8 @@ from fixtures.saes import orthogonal_rays_sae
 
 from widelimit import certify_sae
 from widelimit.data.source import open_activations
-from widelimit.sae._pairs import decoder_pairs
+from widelimit.sae import _pairs
+from widelimit.sae._pairs import decoder_pairs, pair_rows
 from widelimit.sae._util import violation_tolerance
 from widelimit.sae.certify import _setup, run_parts
 from widelimit.sae.model import SAE
@@ -70,10 +71,50 @@ def test_blocked_pair_search_matches_the_full_gram_and_keeps_the_most_extreme():
     assert decoder_pairs(U, lo, hi, max_pairs=0)[0].size == 0
 
 
+def test_pair_search_within_a_budget_finds_every_extreme_pair_of_the_sampled_atoms():
+    rng = np.random.default_rng(1)
+    k, n = 300, 16
+    U = rng.standard_normal((k, n))
+    U[10] = -U[3] + 0.01 * rng.standard_normal(n)
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    lo, hi = -0.6, 0.6
+    want, G = _brute_pairs(U, lo, hi)
+    assert pair_rows(k, n, None) is None and pair_rows(k, n, 1e3) is None  # small: the full search, any budget
+    for R in (np.array([3]), np.array([0, 3, 10, 299]), np.arange(0, k, 7), np.arange(k)):
+        sub = {(a, b) for a, b in want if a in set(R.tolist()) or b in set(R.tolist())}
+        for rows in (1, 5, 1000):
+            a, b, c = decoder_pairs(U, lo, hi, max_pairs=10**6, block_rows=rows, rows=R)
+            got = list(zip(a.tolist(), b.tolist()))
+            assert len(got) == len(set(got)) and set(got) == sub  # each pair once per order, no (a, a)
+            np.testing.assert_allclose(c, G[a, b], rtol=0, atol=1e-15)
+    assert (3, 10) in set(zip(*decoder_pairs(U, lo, hi, 10**6, rows=np.array([10]))[:2]))
+
+
+def test_pair_rows_sample_fits_the_budget(monkeypatch):
+    monkeypatch.setattr(_pairs, "PAIR_FULL_MADDS", 0)
+    k, n = 1000, 8
+    assert pair_rows(k, n, 0.5 * k * k * n) is None  # the full search fits
+    R = pair_rows(k, n, 37.5 * k * n, seed=3)
+    assert R.size == 37 and np.all(np.diff(R) > 0) and R.max() < k
+    np.testing.assert_array_equal(R, pair_rows(k, n, 37.5 * k * n, seed=3))
+    assert pair_rows(k, n, 0.0).size == 1
+
+
+def test_certify_sae_notes_a_partial_pair_search(monkeypatch):
+    monkeypatch.setattr(_pairs, "PAIR_FULL_MADDS", 0)
+    X, sae = _random_sae(N=40)  # 40 tokens x 40 atoms: budget 40 k n of the 20 k n of the full search
+    full = certify_sae(X, sae, lam=0.4, device="cpu", pair_budget=None)
+    assert not any("pair search" in s for s in full.notes)
+    assert not any("pair search" in s for s in certify_sae(X, sae, lam=0.4, device="cpu").notes)
+    part = certify_sae(X, sae, lam=0.4, device="cpu", pair_budget=0.1)  # 4 of 40 atoms
+    assert any("the pairs of 4 of 40 atoms" in s for s in part.notes)
+
+
 def test_bad_options_fail_in_one_line_naming_the_option():
     X, sae = _random_sae()
     for kw, name in ((dict(containment=1.5), "containment"), (dict(antipodal_cosine=-2.0), "antipodal_cosine"),
                      (dict(batch_size=0), "batch_size"), (dict(max_pairs=-1), "max_pairs"),
+                     (dict(pair_budget=-1.0), "pair_budget"),
                      (dict(backend="gpu"), "backend"), (dict(coding_algorithm="lars"), "coding_algorithm"),
                      (dict(kkt_tol=-1.0), "kkt_tol"), (dict(dense_threshold=float("nan")), "dense_threshold")):
         with pytest.raises(ValueError, match=name) as e:
@@ -207,3 +248,46 @@ def test_screened_coder_matches_the_gram_coder_and_its_gap_is_certified():
         np.testing.assert_allclose(res.point_values, P, rtol=1e-11)
         np.testing.assert_allclose(res.point_values, ref.point_values, rtol=2e-9)
         np.testing.assert_allclose(res.residuals, X - Y @ U, rtol=0, atol=1e-12)
+
+
+def test_pair_co_firing_counts_from_bits_equal_the_boolean_counts():
+    # the CPU counts pairs' co-firing tokens as popcounts of packed bits (the bool gathers took 6.3 s per
+    # 2,000 tokens at d_sae 16,384); the counts must equal a direct count, across the byte padding (m = 1,003)
+    from types import SimpleNamespace
+
+    from widelimit.sae.parts import PairPart
+
+    rng = np.random.default_rng(3)
+    m, k = 1003, 300
+    f = torch.as_tensor(rng.random((m, k)) < rng.uniform(0.01, 0.9, k))
+    f = torch.where(f, torch.as_tensor(rng.uniform(0.1, 1.0, (m, k))), 0.0)
+    qa, qb = rng.integers(0, k, 20_000), rng.integers(0, k, 20_000)
+    setup = SimpleNamespace(dev=torch.device("cpu"))
+    part = PairPart(setup, qa, qb)
+    part.update(SimpleNamespace(f=f))
+    part.update(SimpleNamespace(f=f[:517]))
+    act = (f > 0).numpy()
+    want = (act[:, qa] & act[:, qb]).sum(0) + (act[:517, qa] & act[:517, qb]).sum(0)
+    np.testing.assert_array_equal(np.asarray(part.result()["co"]), want)
+
+
+def test_unit_dictionary_holds_one_float64_copy_of_the_decoder():
+    """Unit rows (zero rows stay zero) equal to the division by numpy's norms, with at most the result and a chunk
+    allocated: the masked division held four ``d_sae x d_in`` float64 arrays (4.8 GB at 65,536 x 2,304)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    k, n = 40000, 64
+    W = rng.standard_normal((k, n)).astype(np.float32) * rng.uniform(0.5, 2.0, (k, 1)).astype(np.float32)
+    W[7] = 0.0
+    sae = SAE(W_dec=W, b_dec=np.zeros(n, np.float32), architecture="decoder_only")
+    W64 = W.astype(np.float64)
+    nrm = np.linalg.norm(W64, axis=1)
+    tracemalloc.start()
+    U = sae.unit_dictionary()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    np.testing.assert_allclose(U[nrm > 0], W64[nrm > 0] / nrm[nrm > 0, None], rtol=1e-15, atol=0)
+    assert not U[7].any() and U.dtype == np.float64
+    np.testing.assert_allclose(sae.decoder_norms(), nrm, rtol=1e-15)
+    assert peak < 1.5 * k * n * 8, peak / (k * n * 8)

@@ -77,3 +77,53 @@ def test_dead_jumprelu_with_a_recorded_l0_coefficient(tmp_path):
     assert pen["lower_bound"] == pytest.approx(np.minimum(xx, 0.05).mean(), rel=1e-12)
     assert pen["lower_bound"] <= pen["value"] <= pen["sae_value"] * (1 + 1e-12)
     assert any(n.startswith("the SAE is dead") for n in cert.notes)
+
+
+def test_default_time_share_is_the_whole_rest_for_l0_saes_and_a_quarter_for_l1_saes():
+    # the bracket ran as long as the rest of a certification (its allowance) on a SAELens ReLU SAE at d_sae
+    # 16,384, doubling it, though an L1 SAE's own objective is the rest; its default share there is now 1/4
+    from functools import partial
+
+    from widelimit.sae.certify import _setup
+    from widelimit.sae.model import SAE
+    from widelimit.sae.options import CodingOptions, RunOptions
+    from widelimit.sae.parts import default_parts
+
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((20, 8))
+    sae = SAE(W_dec=W, b_dec=np.zeros(8), W_enc=W.T.copy(), b_enc=np.zeros(20), architecture="standard")
+    X = rng.standard_normal((30, 8))
+    setup, _, _ = _setup(sae, X, 0.2, None, 0, CodingOptions(), RunOptions(device="cpu"))
+    make = partial(default_parts, setup, pairs=(np.zeros(0), np.zeros(0)), sparsity=SparsityOptions())
+    l1, l0 = make(coding=CodingOptions())["sparsity"], make(coding=None)["sparsity"]
+    for part, share in ((l1, 0.25), (l0, 1.0)):
+        part.sums.update(rest_s=8.0, own_s=1.0)
+        assert part._deadline(100.0) == 100.0 + share * 8.0 - 1.0
+    mine = make(coding=CodingOptions(), sparsity=SparsityOptions(time_share=0.5))["sparsity"]
+    mine.sums.update(rest_s=8.0, own_s=1.0)
+    assert mine._deadline(100.0) == 103.0
+    with pytest.raises(ValueError, match="time_share"):
+        SparsityOptions(time_share=-0.5)
+
+
+def test_the_pursuit_step_uses_the_float32_atoms_and_stays_an_upper_estimate(monkeypatch):
+    """The step's ``||U||_2^2`` comes from the float32 atoms, one copy shared with the screened coder (half the memory
+    traffic of the float64 atoms: 8 s, a forward pass, at 65,536 x 2,304; two float32 copies were 1.2 GB there),
+    and is still the SVD's value, padded by 1 %."""
+    import widelimit.sae.sparsity as S
+    from widelimit.coding.pursuit import spectral_norm_sq
+    from widelimit.sae.parts import Setup
+
+    seen = []
+    monkeypatch.setattr(S, "spectral_norm_sq", lambda U: seen.append(U.dtype) or spectral_norm_sq(U))
+    rng = np.random.default_rng(0)
+    U = rng.standard_normal((3000, 64))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    sae = wl.SAE(W_dec=U, b_dec=np.zeros(64), W_enc=U.T.copy(), b_enc=-np.ones(3000), architecture="standard")
+    setup = Setup(sae=sae, lam=0.1, dev=torch.device("cpu"), numba=True, coding_algorithm="screened",
+                  coding_tol=1e-6, U=U, norms=np.ones(3000), b=np.zeros(64))
+    part = S.SparsityPart(setup)
+    assert seen == [torch.float32]
+    assert abs(part._Lsq / 1.01 / np.linalg.norm(U, 2) ** 2 - 1.0) < 1e-5
+    assert part._atoms.U32 is setup.coder.U32  # one float32 copy
+    np.testing.assert_array_equal(part._atoms.U32.numpy(), U.astype(np.float32))

@@ -18,6 +18,7 @@ from ..data.source import check_values, open_activations
 from ..exact.gap import allowed_gap
 from ..finite import FiniteSolution
 from ..plot import plot_solution
+from ._guard import rate_text
 from ._output import atomic_outputs, check_out_dir, check_out_file, moved  # noqa: F401 (the subcommands' imports)
 
 
@@ -183,13 +184,14 @@ def _write_solution(out: Path, X, sol, geo=None, stem="solution") -> list[Path]:
     return [npz, js, png]
 
 
-def progress_display(console=None, enabled: bool = True):
+def progress_display(console=None, enabled: bool = True, unit: str = "rows"):
     """A context manager yielding ``(callback, None)``: a rich progress bar driven by solver events.
 
     The callback accepts :class:`widelimit.engine.local.Progress` events (rows of
     the current pass; value and certified bound after each iteration; ``rows_total = 0``: a count).
+    Events of a pass over rows show its rate in ``unit`` per second and the time left
+    (:func:`widelimit.cli._guard.rate_text`).
     """
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     @contextlib.contextmanager
@@ -198,9 +200,10 @@ def progress_display(console=None, enabled: bool = True):
             yield None
             return
         bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TextColumn("{task.fields[status]}"), console=console, transient=True)
+                       TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[status]}"), console=console,
+                       transient=True)
         with bar:
-            task = bar.add_task("pass 0", total=None, status="")
+            task = bar.add_task("pass 0", total=None, status="", rate="")
             state = {"status": ""}
 
             def cb(ev):
@@ -212,9 +215,10 @@ def progress_display(console=None, enabled: bool = True):
                     state["status"] = f"value {ev.value:.10g}  bound {ev.lower_bound:.10g}  gap {gap:.2e} (relative {rel})"
                 if ev.rows_total > 0:  # a pass over rows, or an iteration budget
                     bar.update(task, description=f"pass {ev.pass_index} ({ev.stage})", completed=ev.rows_done,
-                               total=ev.rows_total, status=state["status"])
+                               total=ev.rows_total, status=state["status"], rate=rate_text(ev, unit))
                 else:  # open-ended work (the branch and bound's nodes): a count, no bar
-                    bar.update(task, description=f"{ev.stage}: {ev.rows_done}", total=None, status=state["status"])
+                    bar.update(task, description=f"{ev.stage}: {ev.rows_done}", total=None, status=state["status"],
+                               rate="")
 
             yield cb
 

@@ -127,8 +127,8 @@ def _progress(args, err):
     if args.no_progress:
         return contextlib.nullcontext(None)
     if err.is_terminal:
-        return progress_display(err, enabled=True)
-    return contextlib.nullcontext(line_progress())
+        return progress_display(err, enabled=True, unit="tokens")
+    return contextlib.nullcontext(line_progress(unit="tokens"))
 
 
 def _certify_one(args, path, acts, cb, model=None):

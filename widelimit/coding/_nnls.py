@@ -31,7 +31,25 @@ def gram_batch(Us: torch.Tensor, xt: torch.Tensor, valid: torch.Tensor):
 
 
 def _solve(G, q, P):
-    """Least squares on the passive sets ``P`` (B, s): ``G_PP z_P = q_P``, ``z = 0`` off ``P``."""
+    """Least squares on the passive sets ``P`` (B, s): ``G_PP z_P = q_P``, ``z = 0`` off ``P``.
+
+    The passive slots are gathered first into blocks of the largest ``|P|`` of the batch (the rest padded
+    with the identity), so a factorisation costs ``|P|^3``, not ``s^3``: the working sets of
+    :class:`widelimit.coding.screened.ScreenedCoder` hold a few hundred slots where the solution uses tens."""
+    B, s = P.shape
+    a = int(P.sum(1).max()) if B else 0
+    if a == 0:
+        return torch.zeros_like(q)
+    if a < s:
+        order = torch.argsort((~P).to(torch.int8), dim=1, stable=True)[:, :a]  # the passive slots first
+        Gc = G.gather(1, order[:, :, None].expand(B, a, s)).gather(2, order[:, None, :].expand(B, a, a))
+        zc = _solve_block(Gc, q.gather(1, order), P.gather(1, order))
+        return torch.zeros_like(q).scatter_(1, order, zc)
+    return _solve_block(G, q, P)
+
+
+def _solve_block(G, q, P):
+    """:func:`_solve` on blocks as given (``P`` may fill them)."""
     m = P.to(G.dtype)
     A = G * (m[:, :, None] * m[:, None, :])
     eye = torch.eye(G.shape[1], dtype=G.dtype, device=G.device)
@@ -46,7 +64,8 @@ def _solve(G, q, P):
     return z * m
 
 
-def nnls_batch(G: torch.Tensor, q: torch.Tensor, valid: torch.Tensor, max_iter: int | None = None) -> torch.Tensor:
+def nnls_batch(G: torch.Tensor, q: torch.Tensor, valid: torch.Tensor, max_iter: int | None = None,
+               start: torch.Tensor | None = None) -> torch.Tensor:
     r"""Nonnegative least squares ``min_{y >= 0} y^T G y - 2 q^T y`` per token on the ``valid`` slots.
 
     Parameters
@@ -60,6 +79,10 @@ def nnls_batch(G: torch.Tensor, q: torch.Tensor, valid: torch.Tensor, max_iter: 
     max_iter : int, optional
         Outer (add-a-variable) steps; default ``2 s + 2``. The result is nonnegative and zero off
         ``valid`` however early it stops (the witness is evaluated from it, never trusted).
+    start : bool tensor (B, s), optional
+        The first passive set (within ``valid``); default all of ``valid``. The start is the least-squares
+        fit on it with the negative entries dropped until none is left; an empty start is Lawson and
+        Hanson's own (from ``y = 0``, one variable added per outer step).
 
     Returns
     -------
@@ -69,7 +92,7 @@ def nnls_batch(G: torch.Tensor, q: torch.Tensor, valid: torch.Tensor, max_iter: 
     B, s = q.shape
     if s == 0 or B == 0:
         return torch.zeros_like(q)
-    P = valid.clone()
+    P = valid.clone() if start is None else (valid & start)
     y = torch.zeros_like(q)
     todo = torch.arange(B, device=q.device)
     # every factorisation is of the tokens still at work only (a batch's few hard tokens used to

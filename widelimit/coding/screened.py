@@ -3,13 +3,11 @@ r"""Certified optimal codes for wide dictionaries (16k-1M atoms) without a Gram 
 The problem and the certificate of :mod:`widelimit.coding` (theory.md §8.6): per token, on unit
 atoms ``u_d`` and ``xt = x - b``, ``P(y) = ||xt - y U||^2 + 2 lam sum_d y_d`` over ``y >= 0``,
 certified by the dual point ``s r`` (``gap = P - D(s r) >= P - min P``). Built for the SAE
-regime -- many atoms, few active per token, a warm start (the SAE's own codes). (Measured, one thread, the
-same tokens to the same objective: where an SAE's support is far wider than the optimum's, the warm start
-costs: a SAELens ReLU SAE of 16,384 features on MiniLM, SAE L0 150, optimal L0 7.6, 100 tokens: 16.7 s from
-the SAE's codes, 1.3 s from zero codes; the synthetic 768 x 16,384 cells of ``benchmarks/certify_scale.py``,
-200 tokens: 0.54 s vs 0.48 s at optimal L0 29, 6.8 s vs 4.0 s at optimal L0 190. But from zero codes the
-optimal-L0-190 cell at 2,000 tokens met batched LU calls that MKL refused (invalid pivots), so
-:class:`widelimit.sae.parts.CodingPart` still starts from the SAE's codes; see docs/sae_certification.md.)
+regime -- many atoms, few active per token. (Measured, one thread, the same tokens to the same objective:
+:class:`widelimit.sae.parts.CodingPart` starts it from zero codes, not the SAE's: a SAELens ReLU SAE of
+16,384 features on MiniLM has L0 150 where the optimum has 8, and the restricted solves on its support cost
+4-12x more than growing the working sets from zero; on the synthetic cells of
+``benchmarks/certify_scale.py`` the zero start is as fast or faster; docs/sae_certification.md.)
 
 1. **Working set per token**: the support of the current codes plus the ``ws_extra`` atoms most
    correlated with the residual among those with ``c_d > (1 - margin) lam`` (the candidates of
@@ -20,10 +18,17 @@ optimal-L0-190 cell at 2,000 tokens met batched LU calls that MKL refused (inval
    a batched matrix product) and ``q_W = U_W xt``; ``newton_steps`` active-set Newton
    (primal-dual active-set) steps, each an exact solve on the predicted support, kept only where it
    lowers the restricted objective (else a projected gradient step: on ill-conditioned blocks the
-   predicted supports can cycle, singular blocks have no solution) (:func:`widelimit.coding.working_set._pdas`),
-   then projected accelerated gradient until the restricted gap is ``tol / 10``
-   (:func:`widelimit.coding.working_set._inner`); a token whose support has not settled goes on
-   in the next round from where it is (the certificate below decides, not this solve).
+   predicted supports can cycle, singular blocks have no solution) (:func:`widelimit.coding.working_set._pdas`);
+   where they have not reached the restricted gap ``tol / 10``, Lawson and Hanson's active set
+   (``restricted="lawson_hanson"``, :func:`widelimit.coding._nnls.nnls_batch` on ``min y^T G y - 2 (q -
+   lam) y``, from the support the round started from; finite, exact to the Cholesky's rounding, each
+   factorisation the size of the passive set); then projected accelerated gradient, only where the gap is
+   still not met (:func:`widelimit.coding.working_set._inner`; ``restricted="newton"``: directly after the
+   Newton steps, the former coder). On the coherent decoders of trained SAEs (cosines up to 0.997) the
+   Newton steps from zero predict nearly the whole working set active and cycle, and the gradient
+   iteration took ~1,700 steps per chunk; the active set solves those blocks in as many steps as atoms
+   enter. A token whose support has not settled goes on in the next round from where it is (the
+   certificate below decides, not this solve).
    No ``k x k`` matrix: memory ``O(m k + chunk S n)``.
 3. **Certificate, float64**: residuals ``r = xt - y_W U_W`` in float64; correlations for the whole
    batch as one matrix product ``R U^T`` in float32 (the one ``O(n k)`` cost per token and round);
@@ -48,11 +53,14 @@ import scipy.sparse as sp
 
 from .lasso import gap_floor, lasso_gap
 from .result import CodingResult
-from .working_set import _inner
+from ._nnls import nnls_batch
+from .working_set import _inner, _pdas, _restricted_gap
 
 __all__ = ["ScreenedCoder", "exact_max"]
 
 _U32 = 2.0 ** -24  # float32 unit roundoff
+#: The restricted solvers (:meth:`ScreenedCoder._restricted`).
+RESTRICTED = ("lawson_hanson", "newton")
 
 
 def exact_max(R, U64, U32):
@@ -92,21 +100,29 @@ class ScreenedCoder:
         Working-set rounds.
     newton_steps, inner_iter : int
         Active-set (Newton) steps, then most projected accelerated gradient steps, of one restricted solve.
+    restricted : {"lawson_hanson", "newton"}
+        Finish the restricted solves the Newton steps leave by Lawson and Hanson's active set, then the
+        gradient iteration (default), or by the gradient iteration alone.
     chunk : int
         Tokens whose atoms are gathered at once (memory ``chunk * S * n`` float64).
+    U32 : tensor (k, n) float32, optional
+        ``U`` in float32 on ``device`` when the caller holds it already (shared; default: a copy made here).
     """
 
     def __init__(self, U, *, lam, tol=1e-6, device="cpu", ws_extra=48, margin=0.25, max_rounds=30, newton_steps=8,
-                 inner_iter=2000, chunk=64):
+                 inner_iter=2000, chunk=64, restricted="lawson_hanson", U32=None):
         import torch
 
         self.dev = torch.device(device)
         self.U64 = torch.as_tensor(np.ascontiguousarray(U, dtype=np.float64), device=self.dev)
-        self.U32 = self.U64.to(torch.float32)
+        self.U32 = self.U64.to(torch.float32) if U32 is None else U32  # (given: a float32 copy shared with others)
         self.lam, self.tol = float(lam), float(tol)
         self.ws_extra, self.margin = int(ws_extra), float(margin)
         self.max_rounds, self.inner_iter, self.chunk = int(max_rounds), int(inner_iter), int(chunk)
         self.newton_steps = int(newton_steps)
+        if restricted not in RESTRICTED:
+            raise ValueError(f"restricted: expected one of {', '.join(RESTRICTED)}, got {restricted!r}")
+        self.restricted = restricted
 
     # ---------------------------------------------------------------------------------
     def _working_sets(self, idx, val, C):
@@ -158,8 +174,15 @@ class ScreenedCoder:
             G += eye[:w, :w] * (1.0 - mask)[:, :, None]
             q = (Uw @ xc[:, :, None]).squeeze(-1) * mask
             out[s:e, w:] = 0.0
-            out[s:e, :w] = _inner((xc * xc).sum(1), q, G, y[s:e, :w] * mask, self.lam, 0.1 * self.tol, floor,
-                                  self.inner_iter, newton_steps=self.newton_steps) * mask
+            y0, xx = y[s:e, :w] * mask, (xc * xc).sum(1)
+            y1 = _pdas(q, G, y0, self.lam, self.newton_steps)
+            if self.restricted == "lawson_hanson":  # where the Newton steps did not settle: exact active set
+                Pr, gr = _restricted_gap(xx, q, G, y1, self.lam)
+                bad = torch.nonzero(gr > 0.1 * self.tol * Pr.clamp(min=floor)).flatten()
+                if bad.numel():
+                    y1[bad] = nnls_batch(G[bad], q[bad] - self.lam, ok[s:e, :w][bad], start=y0[bad] > 0)
+            out[s:e, :w] = _inner(xx, q, G, y1, self.lam, 0.1 * self.tol, floor, self.inner_iter,
+                                  newton_steps=0) * mask
             R[s:e] = xc - (out[s:e, None, :w] @ Uw).squeeze(1)  # float64 residuals, from the gathered atoms
             del Uw
         return out, R

@@ -9,6 +9,7 @@ raises :class:`DataError` (a ``ValueError``) in one line naming the file.
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +19,9 @@ from .._validation import bad_row, chunk_rows, exact_float64, to_numpy, too_larg
 from . import readers
 from .arrow import ArrowShard, arrow_files
 from .csv import TableShard, read_table_shard
-from .shards import ArrayShard, DataError, FileShard, Shard, check_path, natural_key, show
+from .shards import KIND_OF_ITEMSIZE, ArrayShard, DataError, FileShard, Shard, check_path, natural_key, show
 
-__all__ = ["ActivationSource", "DataError", "open_activations", "check_values"]
+__all__ = ["ActivationSource", "DataError", "open_activations", "check_values", "unmapped"]
 
 _NP_FLOATS = {np.dtype("float16"), np.dtype("float32"), np.dtype("float64")}
 _FILE_EXTS = (".npy", ".npz", ".safetensors", ".csv", ".txt", ".pt", ".pth", ".arrow")
@@ -305,6 +306,28 @@ def same_tensor(p: Path, shards: list[Shard]) -> None:
         listed = ", ".join(f"{t!r} (e.g. {show(Path(f).name)})" for t, f in names.items())
         raise DataError(f"{show(p)}: its shards hold tensors of different names: {listed}; name the one to read "
                         "with key=... (every shard must hold it)")
+
+
+def unmapped(X):
+    """``X`` read through its file when it is a memory map of a file: an :class:`ActivationSource` whose rows
+    are read with ``os.pread`` (:class:`~widelimit.data.shards.FileShard`); ``X`` itself otherwise.
+
+    A pass over a memory map keeps every page it touched resident in the process: streaming a 1.5 GB
+    ``np.load(..., mmap_mode="r")`` of 10^6 tokens grew the resident memory by 1.5 GB, where positional
+    reads keep one chunk. Applies to a 2-D, C-contiguous float32 / float64 ``np.memmap`` (or a row slice of
+    one) in native byte order that shares its file (modes ``r``, ``r+``, ``w+``: reads of the file see
+    its writes); a copy-on-write map (mode ``c``) is not its file and stays as it is.
+    """
+    mm = getattr(X, "_mmap", None)
+    if (not isinstance(X, np.memmap) or mm is None or getattr(X, "mode", None) not in ("r", "r+", "w+")
+            or X.filename is None or X.ndim != 2 or not X.flags.c_contiguous or not X.dtype.isnative
+            or X.dtype not in (np.dtype(np.float32), np.dtype(np.float64)) or X.shape[0] == 0):
+        return X
+    # the file offset of X's first row: the map starts at the offset rounded down to the allocation granularity
+    start = X.offset - X.offset % mmap.ALLOCATIONGRANULARITY
+    at = start + X.__array_interface__["data"][0] - np.frombuffer(mm, np.uint8).__array_interface__["data"][0]
+    shard = FileShard(Path(X.filename), at, X.shape[0], X.shape[1], X.dtype, KIND_OF_ITEMSIZE[X.dtype.itemsize])
+    return ActivationSource([shard], str(X.filename))
 
 
 @validate_params({"path": PathLike(), "key": [String(), None], "column": [String(), None], "header": [Boolean(), None]},

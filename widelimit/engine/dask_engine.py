@@ -37,7 +37,7 @@ import copy
 
 import numpy as np
 
-from .local import LocalEngine, NonFiniteRow, _batches, Progress, chunk_rows, data_fingerprint, is_dask_array, nonfinite_error
+from .local import LocalEngine, NonFiniteRow, _batches, Progress, chunk_rows, pass_timer, data_fingerprint, is_dask_array, nonfinite_error
 from .fingerprint import finish, hashed
 
 __all__ = ["DaskEngine", "from_source", "known_chunks", "PERSIST", "BLOCK_BYTES"]
@@ -215,6 +215,7 @@ class DaskEngine:
             self.fingerprint = finish(lanes, (self.N, self.n))
             return out
         self.passes += 1
+        since = pass_timer()
         args = self._shared(args)
         ex = [self._extra_blocks(x) for x in extras]
         app = dask.delayed(_apply, pure=True)
@@ -225,7 +226,7 @@ class DaskEngine:
             parts = [mrg(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
         out = self._compute(parts[0])
         if self.progress is not None:
-            self.progress(Progress(stage or self.stage, self.passes, self.N, self.N, done=True))
+            self.progress(Progress(stage or self.stage, self.passes, self.N, self.N, done=True, time_s=since()))
         return out
 
     def map_rows(self, fn, *args, cols: int | None = None, stage: str | None = None) -> np.ndarray:

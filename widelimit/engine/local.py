@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -42,7 +43,7 @@ from .fingerprint import _lanes
 
 __all__ = [
     "CHUNK_BYTES", "chunk_rows",
-    "Progress", "LocalEngine", "NonFiniteRow", "is_dask_array", "save_checkpoint",
+    "Progress", "pass_timer", "LocalEngine", "NonFiniteRow", "is_dask_array", "save_checkpoint",
     "load_checkpoint", "data_fingerprint", "raise_nonfinite", "nonfinite_error",
 ]
 
@@ -84,6 +85,10 @@ class Progress:
     done : bool
         ``True`` for the engine's event that closes a pass, and for the solver's
         event after each iteration (which carries ``value`` and ``lower_bound``).
+    time_s : float or None
+        Seconds since the pass started (:func:`pass_timer`), in the events of a pass over
+        rows (the engine's passes, ``certify_sae``'s batches); ``None`` in iteration events.
+        With it, :attr:`rows_per_s` and :attr:`time_left_s`.
     """
 
     stage: str
@@ -93,9 +98,37 @@ class Progress:
     value: float | None = None
     lower_bound: float | None = None
     done: bool = False
+    time_s: float | None = None
+
+    @property
+    def rows_per_s(self) -> float | None:
+        """Rows (tokens) per second over the pass so far, ``rows_done / time_s``; ``None`` without ``time_s``
+        or before a row is done."""
+        if self.time_s is None or self.rows_done <= 0 or self.time_s <= 0:
+            return None
+        return self.rows_done / self.time_s
+
+    @property
+    def time_left_s(self) -> float | None:
+        """Seconds to the end of the pass at its rate so far, ``(rows_total - rows_done) / rows_per_s``
+        (0 when done); ``None`` without a rate or a total."""
+        rate = self.rows_per_s
+        if rate is None or self.rows_total <= 0:
+            return None
+        return max(0, self.rows_total - self.rows_done) / rate
 
 
 ProgressFn = Callable[[Progress], None]
+
+#: The monotonic clock of :func:`pass_timer` (tests replace it, so that rates and times left are exact).
+clock = time.perf_counter
+
+
+def pass_timer() -> Callable[[], float]:
+    """A function returning the seconds since this call on :data:`clock`: the ``time_s`` of a pass's
+    :class:`Progress` events (started when the pass starts, before its first read)."""
+    t0 = clock()
+    return lambda: clock() - t0
 
 
 class NonFiniteRow(ValueError):
@@ -319,6 +352,7 @@ class LocalEngine:
             return fn(c, off + s, *args, *[None if x is None else x[s:e] for x in extras])
 
         acc = None
+        since = pass_timer()
         try:
             if not self.parallel:
                 for s, c in self._chunks():
@@ -326,7 +360,7 @@ class LocalEngine:
                     acc = p if acc is None else merge(acc, p)
                     if self.progress is not None:
                         e = s + c.shape[0]
-                        self.progress(Progress(stage, self.passes, e, self.N, done=e == self.N))
+                        self.progress(Progress(stage, self.passes, e, self.N, done=e == self.N, time_s=since()))
                 return acc
 
             def work(s0, e0):
@@ -339,7 +373,7 @@ class LocalEngine:
             for e, p in self._tasks(work):
                 acc = p if acc is None else merge(acc, p)
                 if self.progress is not None:
-                    self.progress(Progress(stage, self.passes, e, self.N, done=e == self.N))
+                    self.progress(Progress(stage, self.passes, e, self.N, done=e == self.N, time_s=since()))
         except NonFiniteRow as err:
             if self.offset:  # one block of a larger matrix: the caller knows where the row lives
                 raise

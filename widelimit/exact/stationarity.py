@@ -129,11 +129,31 @@ def first_order_chunk(E, Zc, Wu, lam):
                 rsum=E.sum(axis=0))
 
 
+#: Entries of ``Z^T E`` per block of :func:`tangent_norms` (2 MiB of float64: the block's temporaries stay in cache).
+TANGENT_BLOCK = 1 << 18
+
+
 def tangent_norms(EtZ, Wu):
     r"""``||g_d||`` with ``g_d = (Z^T E)_d - <(Z^T E)_d, w_d> w_d``: the atom gradient projected on the sphere's
-    tangent space at ``w_d``, up to the factor ``-2/N`` (module docstring). numpy arrays or torch tensors."""
-    g = EtZ - (EtZ * Wu).sum(1)[:, None] * Wu
-    return ((g * g).sum(1)) ** 0.5
+    tangent space at ``w_d``, up to the factor ``-2/N`` (module docstring). numpy arrays or torch tensors.
+
+    In blocks of rows (:data:`TANGENT_BLOCK` entries): the temporaries are a block, not ``d_sae x d_in``
+    (three of them were 2.4 GB at 131,072 x 768 float64, and 3x slower out of cache); the same arithmetic per row.
+    """
+    k = EtZ.shape[0]
+    step = max(1, TANGENT_BLOCK // max(1, EtZ.shape[1]))
+    out = []
+    for s in range(0, max(k, 1), step):
+        e, w = EtZ[s : s + step], Wu[s : s + step]
+        g = e - (e * w).sum(1)[:, None] * w
+        out.append(((g * g).sum(1)) ** 0.5)
+    if len(out) == 1:
+        return out[0]
+    if isinstance(out[0], np.ndarray):
+        return np.concatenate(out)
+    import torch
+
+    return torch.cat(out)
 
 
 @validate_params({"X": ArrayLike(), "W": ArrayLike(), "Z": ArrayLike(), "b": ArrayLike(), "lam": LAM})

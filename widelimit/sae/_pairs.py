@@ -14,16 +14,48 @@ thresholds widened by a bound on its rounding (``2 n eps32``, ``|<u_a, u_b>| <= 
 beyond a threshold in float64 is missed. Memory: ``O(block * d_sae + max_pairs)``;
 ``d_sae^2 d_in / 2`` multiply-adds (the upper triangle: the one quadratic cost of the certification,
 a property of the decoder, computed once per SAE; docs/sae_certification.md gives its share).
+
+At the widths SAEs are trained at the full search can cost more than the rest of a certification on a few
+thousand tokens (131,072 x 768: 6.6e12 multiply-adds, ~30 forward passes over 2,000 tokens). Given a budget
+of multiply-adds, :func:`pair_rows` picks a seeded random subset of ``m`` atoms whose rows ``U_R U^T``
+(``m d_sae d_in`` multiply-adds) fit it; :func:`decoder_pairs` with ``rows`` then finds every extreme pair
+with at least one atom in that subset (each pair once, both orders), so the flags are complete for those
+atoms and a uniform sample of the rest.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["decoder_pairs", "PAIR_BLOCK_BYTES"]
+__all__ = ["decoder_pairs", "pair_rows", "PAIR_BLOCK_BYTES", "PAIR_FULL_MADDS"]
 
 #: Most bytes of one block of cosines (float32) in the blocked search.
 PAIR_BLOCK_BYTES = 1 << 26  # 64 MiB
+
+#: Multiply-adds the full search may always take, whatever the budget (6.9e10: 16,384 x 512, ~1-2 s on one core).
+PAIR_FULL_MADDS = 1 << 36
+
+
+def pair_rows(k: int, n: int, budget: float | None, seed: int = 0):
+    """The atoms whose pairs a search within ``budget`` multiply-adds covers: ``None`` (all) or sorted indices.
+
+    Parameters
+    ----------
+    k, n : int
+        Atoms and their dimension.
+    budget : float or None
+        Most multiply-adds; ``None``: no bound. The full search (``k^2 n / 2``) runs when it fits the
+        budget or :data:`PAIR_FULL_MADDS`; else ``m = budget / (k n)`` atoms (at least 1), drawn with ``seed``.
+
+    Returns
+    -------
+    None or int64 array
+    """
+    full = 0.5 * k * k * n
+    if budget is None or full <= max(float(budget), float(PAIR_FULL_MADDS)):
+        return None
+    m = max(1, min(k, int(float(budget) // (k * n))))
+    return np.sort(np.random.default_rng(seed).choice(k, m, replace=False)).astype(np.int64)
 
 
 def _top(a, b, c, max_pairs, k):
@@ -36,7 +68,8 @@ def _top(a, b, c, max_pairs, k):
     return a[order], b[order], c[order]
 
 
-def decoder_pairs(U, lo: float, hi: float, max_pairs: int, device="cpu", *, block_rows: int | None = None):
+def decoder_pairs(U, lo: float, hi: float, max_pairs: int, device="cpu", *, block_rows: int | None = None,
+                  rows=None):
     """Pairs ``(a, b)``, ``a != b``, with ``cos(u_a, u_b) >= hi`` or ``<= lo`` (both orders), most extreme first kept.
 
     Parameters
@@ -51,6 +84,9 @@ def decoder_pairs(U, lo: float, hi: float, max_pairs: int, device="cpu", *, bloc
         Where the block products run.
     block_rows : int, optional
         Rows per block (default: :data:`PAIR_BLOCK_BYTES` of float32 cosines).
+    rows : int array, optional
+        Search only the pairs with at least one atom among these (sorted, distinct; :func:`pair_rows`):
+        ``len(rows) d_sae d_in`` multiply-adds. Default: all pairs.
 
     Returns
     -------
@@ -63,18 +99,31 @@ def decoder_pairs(U, lo: float, hi: float, max_pairs: int, device="cpu", *, bloc
     empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
     if max_pairs <= 0 or k < 2:
         return empty
-    rows = int(block_rows or max(1, PAIR_BLOCK_BYTES // (4 * k)))
+    step = int(block_rows or max(1, PAIR_BLOCK_BYTES // (4 * k)))
     slack = 2.0 * n * float(np.finfo(np.float32).eps) + 1e-6  # float32 rounding of a unit-vector dot product
     Ut = torch.as_tensor(U, dtype=torch.float32, device=device)
+    if rows is not None:
+        rows = np.asarray(rows, dtype=np.int64)
+        chosen = torch.zeros(k, dtype=torch.bool, device=device)
+        chosen[torch.as_tensor(rows, device=device)] = True
     sa, sb, sc = empty
-    for s in range(0, k, rows):
-        Gb = Ut[s : s + rows] @ Ut[s:].T  # rows s.., columns s..: the upper triangle (and the diagonal block)
-        m = (Gb >= hi - slack) | (Gb <= lo + slack)
-        m = torch.triu(m, diagonal=1)  # b > a only: not (a, a), and each pair once
+    for s in range(0, k if rows is None else rows.size, step):
+        if rows is None:
+            Gb = Ut[s : s + step] @ Ut[s:].T  # rows s.., columns s..: the upper triangle (and the diagonal block)
+            m = (Gb >= hi - slack) | (Gb <= lo + slack)
+            m = torch.triu(m, diagonal=1)  # b > a only: not (a, a), and each pair once
+        else:  # rows R[s:s+step] against every atom; a pair inside R once (from its smaller atom), not (a, a)
+            r = torch.as_tensor(rows[s : s + step], device=device)
+            Gb = Ut[r] @ Ut.T
+            m = (Gb >= hi - slack) | (Gb <= lo + slack)
+            m &= ~(chosen[None, :] & (torch.arange(k, device=device)[None, :] <= r[:, None]))
         i, j = torch.nonzero(m, as_tuple=True)
         if not i.numel():
             continue
-        a, b = (i + s).cpu().numpy().astype(np.int64), (j + s).cpu().numpy().astype(np.int64)
+        if rows is None:
+            a, b = (i + s).cpu().numpy().astype(np.int64), (j + s).cpu().numpy().astype(np.int64)
+        else:
+            a, b = rows[s : s + step][i.cpu().numpy()], j.cpu().numpy().astype(np.int64)
         c = np.concatenate([np.einsum("ij,ij->i", U[a[q : q + 8192]], U[b[q : q + 8192]])  # exact, float64
                             for q in range(0, a.size, 8192)])
         ok = (c >= hi) | (c <= lo)

@@ -6,6 +6,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._validation import to_numpy
+from ..data.source import unmapped
 import warnings
 from ..coding.fista import finish_rows
 from ..exact.stability import stability_rows
@@ -111,7 +112,7 @@ def check_acts(acts, sae):
     kind = np.dtype(getattr(acts, "dtype", np.float64)).kind
     if kind not in "fiu":
         raise ValueError(f"activations must be numeric, got dtype {acts.dtype}")
-    return acts
+    return unmapped(acts)  # a memory map is read through its file: resident memory stays one batch
 
 
 def stability_columns(X, U, codes, b, lam, max_witnesses, feats) -> dict:

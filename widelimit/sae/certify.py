@@ -82,12 +82,12 @@ from .._params import validate_params
 from ..coding import choose_algorithm
 from ..engine import engine_for
 from ..engine.dask_engine import DaskEngine, _client
-from ..engine.local import Progress, raise_nonfinite
+from ..engine.local import Progress, pass_timer, raise_nonfinite
 from ..exact.gap import relative_gap
 from ..exact.median import huber_median, huber_value
 from .formats import as_sae
 from ._assemble import assemble, storage_dtypes
-from ._pairs import decoder_pairs
+from ._pairs import decoder_pairs, pair_rows
 from ._util import Rows as _Rows, check_acts as _check_acts, sample_rows, violation_tolerance
 from .objective import resolve_lam, resolve_objective
 from .options import CERTIFY_CONSTRAINTS, CodingOptions, FlagOptions, RunOptions
@@ -233,7 +233,8 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
                 batch_size: int = 4096, device="auto", optimal_codes_diagnostics: bool = True,
                 dead_threshold: float = 0.0, dense_threshold: float = 0.5, antipodal_cosine: float = -0.99,
                 absorb_cosine: float = 0.5, containment: float = 0.9, kkt_tol: float = 1e-6,
-                max_pairs: int = 200_000, coding_algorithm: str = "auto", threads: int | None = None, backend="auto",
+                max_pairs: int = 200_000, pair_budget: float | None = 2.0, coding_algorithm: str = "auto",
+                threads: int | None = None, backend="auto",
                 progress: Callable[[Progress], None] | None = None, stability: bool = False,
                 stability_witnesses: int = 8, same_width_steps: int = 0, objective: str = "auto",
                 sparsity=None, calibration_time: float | None = 60.0) -> SAECertificate:
@@ -286,6 +287,12 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
     max_pairs : int
         Most decoder pairs examined for antipodal / absorption patterns (the most extreme cosines, from
         the blocked search :func:`widelimit.sae._pairs.decoder_pairs`; 0 skips the search).
+    pair_budget : float or None
+        Most multiply-adds of that search, in encoder products over the certified tokens (``N d_sae d_in``
+        each; the default 2.0 is one forward pass). A wider decoder than fits is searched for the pairs
+        of a seeded random sample of its atoms (``seed``; :func:`widelimit.sae._pairs.pair_rows`), and
+        ``notes`` says so; decoders up to :data:`widelimit.sae._pairs.PAIR_FULL_MADDS` multiply-adds are
+        always searched in full. ``None``: the full search (``d_sae^2 d_in / 2``) at any width.
     coding_algorithm : {"auto", "cd", "working_set", "fista"}
         Algorithm of the optimal coding (:func:`widelimit.coding.optimal_codes`); ``"auto"``
         takes working-set coordinate descent on the CPU and FISTA batches on a GPU. Every
@@ -296,7 +303,8 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
         default :func:`widelimit._runtime.default_threads`.
     progress : callable(Progress), optional
         Receives :class:`widelimit.engine.local.Progress` events: ``stage="certify"`` after each
-        batch (``rows_done`` of ``rows_total`` tokens), then the events of the wide-limit bound
+        batch (``rows_done`` of ``rows_total`` tokens, ``time_s`` since the pass began: ``rows_per_s``
+        tokens/s and ``time_left_s``), then the events of the wide-limit bound
         (:func:`widelimit.huber_median`). Cheap enough to drive a progress bar or a training-loop log.
     stability, stability_witnesses : bool, int
         Also run :func:`widelimit.feature_stability` (theory.md §5.3-§5.5) on the decoder with its
@@ -325,7 +333,7 @@ def certify_sae(acts, sae, *, lam=None, l1_coefficient=None, architecture: str |
     """
     coding = CodingOptions(coding_tol, coding_algorithm, optimal_codes_diagnostics, keep_codes=bool(stability))
     flags = FlagOptions(kkt_tol, dead_threshold, dense_threshold, antipodal_cosine, absorb_cosine, containment,
-                        max_pairs)
+                        max_pairs, pair_budget)
     run = RunOptions(batch_size, device, backend)
     with limit_threads(threads, blas_threads=1):  # products in torch; numpy's BLAS idle (limit_threads)
         return _certify(acts, sae, lam, l1_coefficient, architecture=architecture, max_tokens=max_tokens, seed=seed,
@@ -395,6 +403,7 @@ def run_parts(acts, make, setup: Setup, batch_size: int, progress=None) -> dict:
     """
     engine = engine_for(acts)
     N = engine.N
+    since = pass_timer()
     if isinstance(engine, DaskEngine):
         import dask
 
@@ -409,14 +418,15 @@ def run_parts(acts, make, setup: Setup, batch_size: int, progress=None) -> dict:
         for part in out.values():
             part.s = setup
         if progress is not None:
-            progress(Progress(stage="certify", pass_index=1, rows_done=N, rows_total=N, done=True))
+            progress(Progress(stage="certify", pass_index=1, rows_done=N, rows_total=N, done=True, time_s=since()))
         return out
     parts = make(setup)
     for start, raw in engine.batches(batch_size, name="activations"):
         update_parts(parts, Batch(start, raw, setup))
         if progress is not None:
             e = start + raw.shape[0]
-            progress(Progress(stage="certify", pass_index=1, rows_done=e, rows_total=N, done=e >= N))
+            progress(Progress(stage="certify", pass_index=1, rows_done=e, rows_total=N, done=e >= N,
+                              time_s=since()))
     return parts
 
 
@@ -459,8 +469,15 @@ def _certify(acts, sae, lam, l1_coefficient, *, architecture, max_tokens, seed, 
         notes.append(f"activations normalised per token ({sae.normalize_activations}) as the SAE does; "
                      "all numbers are in that normalised space")
     # decoder-pair candidates for antipodal / absorption patterns (blocked search, bounded memory)
+    k_, n_ = setup.U.shape
+    rows = pair_rows(k_, n_, None if flags.pair_budget is None else flags.pair_budget * int(acts.shape[0]) * k_ * n_,
+                     seed) if flags.max_pairs else None
+    if rows is not None:
+        notes.append(f"decoder-pair search (antipodal / absorbed flags) partial: the pairs of {rows.size} of {k_} "
+                     f"atoms (a seeded random sample, {rows.size * k_ * n_:.3g} of {0.5 * k_ * k_ * n_:.3g} "
+                     "multiply-adds; pair_budget=None searches all)")
     pa, pb, pc = decoder_pairs(setup.U, flags.antipodal_cosine, flags.absorb_cosine, flags.max_pairs, setup.dev,
-                               block_rows=None)
+                               block_rows=None, rows=rows)
     absorb = pc >= flags.absorb_cosine
     l1 = choice.lam is not None  # else the SAE's own sparsity alone: no optimal L1 coding, no wide limit
     make = partial(default_parts, coding=coding if l1 else None, pairs=(pa[absorb], pb[absorb]), sparsity=sparsity)

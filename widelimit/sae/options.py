@@ -32,6 +32,7 @@ CERTIFY_CONSTRAINTS = {
     "dead_threshold": Interval("real", 0, 1), "dense_threshold": Interval("real", 0, 1),
     "antipodal_cosine": Interval("real", -1, 1), "absorb_cosine": Interval("real", -1, 1),
     "containment": Interval("real", 0, 1), "kkt_tol": TOL, "max_pairs": NONNEG_INT,
+    "pair_budget": [Interval("real", 0, None), None],
     "coding_algorithm": StrOptions(CODING_ALGORITHMS), "threads": THREADS, "backend": StrOptions(BACKENDS),
     "progress": PROGRESS, "stability": Boolean(), "stability_witnesses": NONNEG_INT,
     "same_width_steps": NONNEG_INT,
@@ -91,6 +92,11 @@ class FlagOptions:
         Absorbed-looking: ``cos >= absorb_cosine`` and the firing set contained to ``containment``.
     max_pairs : int
         Most decoder pairs examined (the most extreme cosines first).
+    pair_budget : float or None
+        Most multiply-adds of the decoder-pair search, in encoder products over the certified tokens
+        (``N d_sae d_in`` each); the full search runs when it fits (or is below
+        :data:`widelimit.sae._pairs.PAIR_FULL_MADDS`), else the pairs of a seeded sample of atoms
+        (:func:`widelimit.sae._pairs.pair_rows`). ``None``: always the full search.
     """
 
     kkt_tol: float = 1e-6
@@ -100,10 +106,11 @@ class FlagOptions:
     absorb_cosine: float = 0.5
     containment: float = 0.9
     max_pairs: int = 200_000
+    pair_budget: float | None = 2.0
 
     def __post_init__(self):
         _check(self, ("kkt_tol", "dead_threshold", "dense_threshold", "antipodal_cosine", "absorb_cosine",
-                      "containment", "max_pairs"))
+                      "containment", "max_pairs", "pair_budget"))
 
 
 @dataclass(frozen=True)
