@@ -111,15 +111,13 @@ def _active_solve(G, c, A):
     # ("Parameter 6 was incorrect on entry to DLASWP", invalid pivots) and twice hung after that; a
     # factorisation without pivoting has no such step, and a block that is not positive definite (duplicate
     # atoms) reports it in ``info``: its rows take the gradient step
-    fin = torch.isfinite(M).flatten(1).all(1) & torch.isfinite(rhs).flatten(1).all(1)
-    M = torch.where(fin[:, None, None], M, eye)
     try:
         L, info = torch.linalg.cholesky_ex(M)
         sol = torch.cholesky_solve(rhs, L)
     except RuntimeError:  # a factorisation the library refused: the rows take the gradient step
         sol, info = torch.zeros_like(rhs), torch.ones(B, dtype=torch.int32, device=c.device)
     sol = sol.squeeze(-1)
-    ok = (info == 0) & fin & torch.isfinite(sol).all(-1)
+    ok = (info == 0) & torch.isfinite(sol).all(-1)
     return torch.zeros_like(c).scatter_(1, P, torch.where(ok[:, None], sol * v, 0.0)), ok
 
 
