@@ -107,10 +107,8 @@ def test_screened_coder_grows_small_working_sets_to_a_large_support():
     # optimal supports of ~47 atoms (n = 48) reached 8 atoms a round from a cold start: a round whose codes lower
     # the objective but not (yet) the gap was dropped, and the next round rebuilt the same working set (30 rounds,
     # not certified). The working sets now grow from the codes of lower objective.
-    rng = np.random.default_rng(0)
     k, n, m, lam = 400, 48, 8, 0.05
-    U = _unit_rows(rng.standard_normal((k, n)))
-    X = _tokens(U, m, 30, rng)
+    U, X = _random_problem(0, k, n, m, 30)
     res = ScreenedCoder(U, lam=lam, tol=1e-9, ws_extra=8).solve(torch.as_tensor(X))
     _check(U, X, lam, res)
     assert res.codes.nnz / m > 40
@@ -118,6 +116,13 @@ def test_screened_coder_grows_small_working_sets_to_a_large_support():
 
 def _unit_rows(U):
     return U / np.linalg.norm(U, axis=1, keepdims=True)
+
+
+def _random_problem(seed, k, n, m, L):
+    """``k`` random unit atoms in ``n`` dimensions and ``m`` tokens of ``L`` atoms each (plus noise)."""
+    rng = np.random.default_rng(seed)
+    U = _unit_rows(rng.standard_normal((k, n)))
+    return U, _tokens(U, m, L, rng)
 
 
 def test_lawson_hanson_solves_coherent_blocks_exactly_without_gradient_steps(monkeypatch):
@@ -155,10 +160,8 @@ def test_restricted_solver_is_checked():
 def test_blocks_coded_in_row_blocks_equal_one_block():
     # 2,000 tokens at once held 5-6.7 GB at d_sae 16,384 (optimal L0 190); the coder now takes block_rows at a
     # time: the same certified codes, objective and gaps as one block, rows in order
-    rng = np.random.default_rng(2)
     n, k, m, lam = 16, 90, 70, 0.05
-    U = _unit_rows(rng.standard_normal((k, n)))
-    X = _tokens(U, m, 4, rng)
+    U, X = _random_problem(2, k, n, m, 4)
     one = ScreenedCoder(U, lam=lam, tol=1e-9, block_rows=1000).solve(torch.as_tensor(X))
     blocks = ScreenedCoder(U, lam=lam, tol=1e-9, block_rows=16).solve(torch.as_tensor(X))
     _check(U, X, lam, blocks)
