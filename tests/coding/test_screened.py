@@ -153,7 +153,7 @@ def test_lawson_hanson_solves_coherent_blocks_exactly_without_gradient_steps(mon
 
 
 def test_restricted_solver_is_checked():
-    with pytest.raises(ValueError, match="restricted: expected one of lawson_hanson, newton, got 'pdas'"):
+    with pytest.raises(ValueError, match="restricted must be one of 'lawson_hanson', 'newton', got str 'pdas'"):
         ScreenedCoder(np.eye(3), lam=0.1, restricted="pdas")
 
 

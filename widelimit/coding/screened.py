@@ -51,6 +51,7 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
+from .._params import StrOptions, check_value
 from .lasso import gap_floor, lasso_gap
 from .result import CodingResult
 from ._nnls import nnls_batch
@@ -122,8 +123,7 @@ class ScreenedCoder:
         self.ws_extra, self.margin = int(ws_extra), float(margin)
         self.max_rounds, self.inner_iter, self.chunk = int(max_rounds), int(inner_iter), int(chunk)
         self.newton_steps = int(newton_steps)
-        if restricted not in RESTRICTED:
-            raise ValueError(f"restricted: expected one of {', '.join(RESTRICTED)}, got {restricted!r}")
+        check_value(restricted, StrOptions(RESTRICTED), "restricted")
         self.restricted, self.block_rows = restricted, max(1, int(block_rows))
 
     # ---------------------------------------------------------------------------------
