@@ -291,3 +291,30 @@ def test_unit_dictionary_holds_one_float64_copy_of_the_decoder():
     assert not U[7].any() and U.dtype == np.float64
     np.testing.assert_allclose(sae.decoder_norms(), nrm, rtol=1e-15)
     assert peak < 1.5 * k * n * 8, peak / (k * n * 8)
+
+
+def test_code_conditions_from_a_float32_product_are_the_float64_ones():
+    # the KKT statistics of a wide SAE came from a float64 (m, d_sae) product; now one float32 product, every
+    # entry that could be a column's maximum recomputed in float64. Near-ties (pairs of atoms at cosine
+    # 1 - 1e-7, whose float32 correlations coincide) and columns whose entries all fire are the hard cases
+    from widelimit.exact.stationarity import code_conditions
+    from widelimit.sae.parts import code_conditions_f32
+
+    rng = np.random.default_rng(11)
+    m, k, n, lam = 300, 64, 48, 0.3
+    U = rng.standard_normal((k, n))
+    U[1::2] = U[0::2] + 1e-7 * rng.standard_normal((k // 2, n))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    R = rng.standard_normal((m, n)) * rng.uniform(0.1, 5.0, (m, 1))
+    F = rng.random((m, k)) < 0.1
+    F[:, 5] = True  # a feature firing on every token: no inactive entry
+    rows, cols = (torch.as_tensor(a) for a in np.nonzero(F))
+    Rt, Ut = torch.as_tensor(R), torch.as_tensor(U)
+    act, inact = code_conditions_f32(Rt, rows, cols, Ut, Ut.to(torch.float32), lam)
+    want_act, want_inact = code_conditions(R @ U.T, rows.numpy(), cols.numpy(), lam)
+    np.testing.assert_allclose(act.numpy(), want_act, rtol=1e-13, atol=1e-13)
+    assert inact[5].item() == -np.inf and want_inact[5] == -np.inf
+    np.testing.assert_allclose(inact.numpy(), want_inact, rtol=1e-13, atol=1e-13)
+    C32 = (Rt.to(torch.float32) @ Ut.to(torch.float32).T).double().numpy()
+    C32[F] = -np.inf
+    assert np.abs(C32.max(0)[np.arange(k) != 5] - want_inact[np.arange(k) != 5]).max() > 1e-8  # float32 alone is not enough

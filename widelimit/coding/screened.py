@@ -57,21 +57,29 @@ from .result import CodingResult
 from ._nnls import nnls_batch
 from .working_set import _inner, _pdas, _restricted_gap
 
-__all__ = ["ScreenedCoder", "exact_max"]
+__all__ = ["ScreenedCoder", "exact_max", "product_error"]
 
 _U32 = 2.0 ** -24  # float32 unit roundoff
 #: The restricted solvers (:meth:`ScreenedCoder._restricted`).
 RESTRICTED = ("lawson_hanson", "newton")
 
 
+def product_error(R):
+    """Per row, a bound on the error of every float32 correlation ``<u_d, r_i>`` (``||u_d|| = 1``): ``e_i = 1.01
+    gamma_{n+3} ||r_i||``, ``gamma_m = m u / (1 - m u)``, ``u = 2^-24`` (inputs rounded to float32, any summation
+    order; docs/theory.md §8.6)."""
+    import torch
+
+    n = R.shape[1]
+    return 1.01 * (n + 3) * _U32 / (1.0 - (n + 3) * _U32) * torch.linalg.norm(R, dim=1)
+
+
 def exact_max(R, U64, U32):
     """``(max_d <u_d, r_i>`` exact to float64 rounding, float32 correlations ``C32``) for residuals ``R`` (m, n) f64."""
     import torch
 
-    n = R.shape[1]
     C32 = R.to(torch.float32) @ U32.T
-    g = 1.01 * (n + 3) * _U32 / (1.0 - (n + 3) * _U32)  # docs/theory.md §8.6
-    e = g * torch.linalg.norm(R, dim=1)
+    e = product_error(R)
     m32 = C32.amax(1).to(torch.float64)
     ri, di = torch.nonzero(C32.to(torch.float64) >= (m32 - 2.0 * e - 1e-300)[:, None], as_tuple=True)
     exact = (R[ri] * U64[di]).sum(1)

@@ -37,7 +37,7 @@ import scipy.sparse as sp
 from ..coding import optimal_codes
 from ..coding.cd import GramCoder
 from ..coding.lasso import gap_floor
-from ..coding.screened import ScreenedCoder
+from ..coding.screened import ScreenedCoder, product_error
 from ..exact.stationarity import code_conditions
 from . import _kernels
 from ._util import _DENSE_K, csr_pair, diag, finish_codes
@@ -189,7 +189,8 @@ class EncoderPart:
                 bt.Zs, bt.ZsT = csr_pair(rows, cols, zv, m, k)
             bt.R = bt.xt - bt.Zs @ s.Ut
             bt.tok = _kernels.token_sums(bt.x, bt.xt, bt.R)
-        bt.C = bt.R @ s.Ut.T
+        if s.coding_algorithm == "cd":  # (the Gram coder's workspace too)
+            bt.C = bt.R @ s.Ut.T
         self.sum_x2 += float(bt.tok[:, 0].sum())
         self.rec += float(bt.tok[:, 3].sum())
         self.pen += float(zv.sum())
@@ -237,6 +238,32 @@ class _Firing:
         self.l0 += o.l0
 
 
+def code_conditions_f32(R, rows, cols, U64, U32, lam):
+    r""":func:`widelimit.exact.stationarity.code_conditions` of ``C = R U^T`` from one float32 product, exact to
+    float64 rounding: the active entries in float64 (``O(L0 n)`` per token), and per column every inactive
+    entry that could be the maximum recomputed in float64. With ``e_i`` the float32 error bound of row ``i``
+    (:func:`widelimit.coding.screened.product_error`) and ``E = max_i e_i``, the column's float32 maximum
+    ``m_d`` is within ``E`` of a true entry, so no entry below ``m_d - 2 E`` in float32 can be the true maximum.
+    Half the multiply-add cost of the float64 product and half its memory (theory.md §5, §8.6)."""
+    import torch
+
+    k = U64.shape[0]
+    cz = (R[rows] * U64[cols]).sum(1)
+    act = torch.zeros(k, dtype=R.dtype, device=R.device).scatter_reduce(0, cols, (cz - lam).abs(), reduce="amax")
+    inact = torch.full((k,), -math.inf, dtype=R.dtype, device=R.device)
+    if not R.shape[0]:
+        return act, inact
+    C32 = R.to(torch.float32) @ U32.T
+    C32[rows, cols] = -math.inf
+    m32 = C32.amax(0).to(torch.float64)
+    thr = m32 - 2.0 * float(product_error(R).max()) * 1.001 - 1e-300
+    thr32 = thr.to(torch.float32).nextafter(torch.tensor(-math.inf, dtype=torch.float32, device=R.device))
+    ri, di = torch.nonzero((C32 >= thr32) & (C32 > -math.inf), as_tuple=True)  # (not the masked active entries)
+    del C32
+    exact = (R[ri] * U64[di]).sum(1)
+    return act, inact.scatter_reduce(0, di, exact, reduce="amax")
+
+
 class KKTPart:
     """First-order statistics at the SAE's codes (theory.md §5): code conditions, ``Z^T R``, firing counts."""
 
@@ -261,7 +288,10 @@ class KKTPart:
             _kernels.add_codes_t_residuals(bt.Y0, bt.R0, self.ZR.numpy())
         else:
             self.ZR += bt.ZsT @ bt.R
-        on_err, off_max = code_conditions(bt.C, bt.rows, bt.cols, lam)  # the first-order kernel (exact/stationarity)
+        if bt.C is not None:
+            on_err, off_max = code_conditions(bt.C, bt.rows, bt.cols, lam)  # the first-order kernel (exact/stationarity)
+        else:
+            on_err, off_max = code_conditions_f32(bt.R, bt.rows, bt.cols, s.Ut, s.U32, lam)
         self.viol_on = torch.maximum(self.viol_on, on_err)
         self.viol_off = torch.maximum(self.viol_off, torch.relu(off_max - lam))
         self.firing.add(bt.cols, bt.zv, bt.R, math.sqrt(float(bt.tok[:, 3].max())))
