@@ -305,8 +305,10 @@ def test_code_conditions_from_a_float32_product_are_the_float64_ones():
     U = rng.standard_normal((k, n))
     U[1::2] = U[0::2] + 1e-7 * rng.standard_normal((k // 2, n))
     U /= np.linalg.norm(U, axis=1, keepdims=True)
+    U[7] = 0.0  # a dead feature's zero decoder row: a column of exact ties, every token a candidate
     R = rng.standard_normal((m, n)) * rng.uniform(0.1, 5.0, (m, 1))
     F = rng.random((m, k)) < 0.1
+    F[:, 7] = False
     F[:, 5] = True  # a feature firing on every token: no inactive entry
     rows, cols = (torch.as_tensor(a) for a in np.nonzero(F))
     Rt, Ut = torch.as_tensor(R), torch.as_tensor(U)
@@ -317,4 +319,5 @@ def test_code_conditions_from_a_float32_product_are_the_float64_ones():
     np.testing.assert_allclose(inact.numpy(), want_inact, rtol=1e-13, atol=1e-13)
     C32 = (Rt.to(torch.float32) @ Ut.to(torch.float32).T).double().numpy()
     C32[F] = -np.inf
+    assert inact[7].item() == 0.0
     assert np.abs(C32.max(0)[np.arange(k) != 5] - want_inact[np.arange(k) != 5]).max() > 1e-8  # float32 alone is not enough

@@ -260,8 +260,13 @@ def code_conditions_f32(R, rows, cols, U64, U32, lam):
     thr32 = thr.to(torch.float32).nextafter(torch.tensor(-math.inf, dtype=torch.float32, device=R.device))
     ri, di = torch.nonzero((C32 >= thr32) & (C32 > -math.inf), as_tuple=True)  # (not the masked active entries)
     del C32
-    exact = (R[ri] * U64[di]).sum(1)
-    return act, inact.scatter_reduce(0, di, exact, reduce="amax")
+    # in chunks of 128 MiB of gathered rows: a column of ties (a dead feature's zero decoder row: all its
+    # correlations are 0) makes every token a candidate
+    step = max(1, (1 << 24) // R.shape[1])
+    for c0 in range(0, ri.numel(), step):
+        r_, d_ = ri[c0 : c0 + step], di[c0 : c0 + step]
+        inact.scatter_reduce_(0, d_, (R[r_] * U64[d_]).sum(1), reduce="amax")
+    return act, inact
 
 
 class KKTPart:
