@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .working_set import gather_block
+
 __all__ = ["nnls_batch", "gram_batch"]
 
 #: Ridge added to the diagonal of a Gram block before its Cholesky factorisation (unit atoms: diagonal 1).
@@ -36,16 +38,12 @@ def _solve(G, q, P):
     The passive slots are gathered first into blocks of the largest ``|P|`` of the batch (the rest padded
     with the identity), so a factorisation costs ``|P|^3``, not ``s^3``: the working sets of
     :class:`widelimit.coding.screened.ScreenedCoder` hold a few hundred slots where the solution uses tens."""
-    B, s = P.shape
-    a = int(P.sum(1).max()) if B else 0
-    if a == 0:
+    if not P.shape[0] or not bool(P.any()):
         return torch.zeros_like(q)
-    if a < s:
-        order = torch.argsort((~P).to(torch.int8), dim=1, stable=True)[:, :a]  # the passive slots first
-        Gc = G.gather(1, order[:, :, None].expand(B, a, s)).gather(2, order[:, None, :].expand(B, a, a))
-        zc = _solve_block(Gc, q.gather(1, order), P.gather(1, order))
-        return torch.zeros_like(q).scatter_(1, order, zc)
-    return _solve_block(G, q, P)
+    if bool(P.all()):
+        return _solve_block(G, q, P)
+    order, Gc, qc, Pc = gather_block(G, q, P)
+    return torch.zeros_like(q).scatter_(1, order, _solve_block(Gc, qc, Pc))
 
 
 def _solve_block(G, q, P):

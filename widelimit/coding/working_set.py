@@ -90,23 +90,35 @@ def _pdas(q, G, y, lam, iters):
     return y
 
 
+def gather_block(G, q, P):
+    """``(order, G_c, q_c, P_c)``: per row, the slots of ``P`` (B, s) moved first and the blocks cut to the largest
+    ``|P|`` of the batch, ``a``: ``order`` (B, a) the slots taken, ``G_c`` (B, a, a), ``q_c`` and ``P_c`` (B, a)
+    (``P_c`` false on the padding). A factorisation of ``G_c`` costs ``a^3``, not ``s^3`` (used by the Lawson-Hanson
+    solves of :mod:`widelimit.coding._nnls` too)."""
+    import torch
+
+    B, s = P.shape
+    a = max(1, int(P.sum(1).max()))
+    order = torch.argsort((~P).to(torch.int8), dim=1, stable=True)[:, :a]  # the slots of P first
+    Gc = G.gather(1, order[:, :, None].expand(B, a, s)).gather(2, order[:, None, :].expand(B, a, a))
+    return order, Gc, q.gather(1, order), P.gather(1, order)
+
+
 def _active_solve(G, c, A):
     """Per row, ``y_A = G_AA^{-1} c_A`` (0 off ``A``) and whether the solve succeeded (valid pivots, finite).
 
     The active entries are gathered first into blocks of the largest ``|A|`` in the batch (padded with the
-    identity), so the LU costs ``|A|^3``, not ``S^3``."""
+    identity, :func:`gather_block`), so the factorisation costs ``|A|^3``, not ``S^3``."""
     import torch
 
-    B, S = A.shape
-    a = int(A.sum(1).max()) if B else 0
-    if a == 0:
+    B = A.shape[0]
+    if not B or not bool(A.any()):
         return torch.zeros_like(c), torch.ones(B, dtype=torch.bool, device=c.device)
-    P = torch.argsort((~A).to(torch.int8), dim=1, stable=True)[:, :a]  # the active slots first
-    v = A.gather(1, P).to(G.dtype)
-    eye = torch.eye(a, dtype=G.dtype, device=G.device)
-    M = G.gather(1, P[:, :, None].expand(B, a, S)).gather(2, P[:, None, :].expand(B, a, a))
+    P, M, cA, v = gather_block(G, c, A)  # the active slots first, blocks of the largest |A|
+    v = v.to(G.dtype)
+    eye = torch.eye(M.shape[1], dtype=G.dtype, device=G.device)
     M = M * (v[:, :, None] * v[:, None, :]) + eye * (1.0 - v)[:, :, None]
-    rhs = (c.gather(1, P) * v).unsqueeze(-1)
+    rhs = (cA * v).unsqueeze(-1)
     # Cholesky, not LU: G_AA is a Gram block (positive semidefinite). MKL's batched LU refused some blocks
     # ("Parameter 6 was incorrect on entry to DLASWP", invalid pivots) and twice hung after that; a
     # factorisation without pivoting has no such step, and a block that is not positive definite (duplicate
