@@ -182,3 +182,30 @@ def test_an_empty_working_directory_is_filled_not_replaced(tmp_path, capsys, mon
     assert rc == 0, err
     assert os.stat(here).st_ino == inode and os.path.samefile(".", here)
     assert sorted(p.name for p in here.iterdir()) == ["demo.json", "demo.npz", "demo.png"]
+
+
+@pytest.mark.parametrize("target", ["new", "existing"])
+def test_ctrl_c_right_after_a_probe_or_staging_folder_is_made_leaves_nothing(tmp_path, monkeypatch, target):
+    # a fresh clone's suite saw `.widelimit-probe.*` left after a Ctrl-C: the folder was made (mkdtemp) before the
+    # `try` whose `finally` removes it. Now each name is chosen first and made inside that `try`; here the
+    # interrupt lands right after each folder is made
+    from widelimit.cli._output import atomic_outputs, check_out_dir
+
+    out = tmp_path / "res"
+    if target == "existing":
+        out.mkdir()
+    real_mkdir = os.mkdir
+
+    def interrupted(path, *a, **kw):
+        real_mkdir(path, *a, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "mkdir", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        check_out_dir(out)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_outputs(out):
+            pass
+    monkeypatch.setattr(os, "mkdir", real_mkdir)
+    left = sorted(p.name for p in tmp_path.rglob("*"))
+    assert left == ([] if target == "new" else ["res"])

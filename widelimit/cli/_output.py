@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 
 from ..data.shards import first_line, show
@@ -87,22 +87,25 @@ def check_out_dir(out, flag: str = "--out"):
         raise ValueError(f"{flag} {show(out)}: {show(probe)} is not writable")
     real = Path(os.path.realpath(out))
     try:  # permissions do not tell everything (/proc, read-only mounts, other filesystems): do the renames
+        # every name is chosen before anything is made, and made inside the ``try`` whose ``finally`` removes
+        # it: a Ctrl-C between making the probe and entering the ``try`` left a ``.widelimit-probe.*`` folder
+        token = f".widelimit-probe.{os.getpid()}.{secrets.token_hex(6)}"
         if real.is_dir():
             stage, _ = _staging(real)
-            tmp = tempfile.mkdtemp(prefix=".widelimit-probe.", dir=stage)
+            tmp, dest = Path(stage) / token, real / token
             try:
-                fd, name = tempfile.mkstemp(prefix=".probe.", dir=tmp)
-                os.close(fd)
-                dest = real / f".widelimit-probe.{Path(tmp).name}"
-                os.rename(name, dest)
-                os.unlink(dest)
+                os.mkdir(tmp)
+                (tmp / "probe").touch()
+                os.rename(tmp / "probe", dest)
             finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(dest)
                 shutil.rmtree(tmp, ignore_errors=True)
         else:
-            base = Path(os.path.realpath(_nearest_existing(real)))
-            tmp = tempfile.mkdtemp(prefix=".widelimit-probe.", dir=base)
-            moved_to = tmp + ".renamed"
+            tmp = Path(os.path.realpath(_nearest_existing(real))) / token
+            moved_to = tmp.with_name(token + ".renamed")
             try:
+                os.mkdir(tmp)
                 os.rename(tmp, moved_to)
             finally:
                 for p in (tmp, moved_to):
@@ -130,14 +133,15 @@ def check_out_file(path, flag: str):
         raise ValueError(f"{flag} {show(path)}: its parent {show(probe)} is a file, not a folder")
     if not parent.exists():
         raise ValueError(f"{flag} {show(path)}: cannot write here (its folder {show(parent)} does not exist)")
+    name = str(parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.probe")
     try:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
-        os.close(fd)
-        try:
+        try:  # (made inside the ``try`` that removes it, as check_out_dir's probe)
+            os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
             os.rename(name, name + ".renamed")
-            name += ".renamed"
         finally:
-            os.unlink(name)
+            for p in (name, name + ".renamed"):
+                with contextlib.suppress(OSError):
+                    os.unlink(p)
     except OSError as e:
         raise cannot_write(flag, path, e) from None
     return path
@@ -165,10 +169,19 @@ def atomic_outputs(out, flag: str = "--out"):
         if not real.is_dir():
             real.parent.mkdir(parents=True, exist_ok=True)
         stage, beside = _staging(real)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{real.name}.", suffix=".tmp", dir=stage))
     except OSError as e:
         raise cannot_write(flag, given, e) from None
+    # the name first, the folder made inside the ``try`` that removes it: a Ctrl-C between making it and
+    # entering the ``try`` left it behind
+    tmp = Path(stage) / f".{real.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
     try:
+        try:
+            os.mkdir(tmp, 0o700)
+        except FileExistsError as e:  # not ours: left alone
+            tmp = None
+            raise cannot_write(flag, given, e) from None
+        except OSError as e:
+            raise cannot_write(flag, given, e) from None
         yield tmp
         try:
             if beside and _install_folder(tmp, real):
@@ -182,7 +195,8 @@ def atomic_outputs(out, flag: str = "--out"):
         except OSError as e:
             raise cannot_write(flag, given, e) from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _install_folder(tmp: Path, real: Path) -> bool:
@@ -191,7 +205,7 @@ def _install_folder(tmp: Path, real: Path) -> bool:
     folder is never replaced, even an empty one: it may be someone's working directory."""
     if real.exists() or real.is_symlink():
         return False
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp made it private; the results get the usual permissions
+    os.chmod(tmp, 0o777 & ~_umask())  # made private (0o700); the results get the usual permissions
     try:
         os.rename(tmp, real)
     except OSError:
