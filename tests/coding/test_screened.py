@@ -3,6 +3,8 @@ active blocks. Checked against coordinate descent on the full Gram (an independe
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import scipy.optimize
@@ -39,7 +41,8 @@ def _check(U, X, lam, res):
     np.testing.assert_allclose(res.point_values, ((X - Y @ U) ** 2).sum(1) + 2 * lam * Y.sum(1), rtol=1e-11)
 
 
-def test_screened_coder_certifies_tokens_whose_newton_steps_cycle():
+@pytest.mark.parametrize("restricted", ["coordinate_descent", "lawson_hanson"])
+def test_screened_coder_certifies_tokens_whose_newton_steps_cycle(restricted):
     # pairs of atoms at cosine ~0.999 (cond(G) ~ 8e4): the active-set Newton iteration alternates between two
     # supports for ever on most tokens. The former coder kept the Newton points regardless and repeated the same
     # round until max_rounds: 30 rounds, not certified. Newton points are now kept only where they lower the
@@ -53,12 +56,13 @@ def test_screened_coder_certifies_tokens_whose_newton_steps_cycle():
     G = U @ U.T
     cycling = sum(len(set(_pdas_supports(G, U @ x - lam)[10:])) > 1 for x in X)
     assert cycling >= m // 2
-    res = ScreenedCoder(U, lam=lam, tol=1e-9, ws_extra=k).solve(torch.as_tensor(X))
+    res = ScreenedCoder(U, lam=lam, tol=1e-9, ws_extra=k, restricted=restricted).solve(torch.as_tensor(X))
     _check(U, X, lam, res)
     assert res.n_iter <= 4
 
 
-def test_screened_coder_survives_singular_active_blocks():
+@pytest.mark.parametrize("restricted", ["coordinate_descent", "lawson_hanson"])
+def test_screened_coder_survives_singular_active_blocks(restricted):
     # every atom twice (u_{d + 20} = u_d) and more atoms than dimensions: the working sets hold both copies, the
     # active blocks are singular. The batched LU met zero pivots and the former coder gave up on the whole chunk's
     # Newton steps (the warm start stayed: 30 rounds, not certified); now only the failed tokens take a gradient step
@@ -68,7 +72,7 @@ def test_screened_coder_survives_singular_active_blocks():
     U = np.concatenate([V, V])
     U /= np.linalg.norm(U, axis=1, keepdims=True)
     X = _tokens(U, m, 5, rng)
-    res = ScreenedCoder(U, lam=lam, tol=1e-9).solve(torch.as_tensor(X))
+    res = ScreenedCoder(U, lam=lam, tol=1e-9, restricted=restricted).solve(torch.as_tensor(X))
     _check(U, X, lam, res)
     # the Newton steps themselves, per token: a batch of one singular block (atom 0 twice) and one regular block;
     # the regular token gets its exact solution (scipy's NNLS on the Cholesky factor), the singular one descends
@@ -144,8 +148,12 @@ def test_lawson_hanson_solves_coherent_blocks_exactly_without_gradient_steps(mon
         return orig(*a, **kw)
 
     monkeypatch.setattr(torch.linalg, "eigvalsh", counted)
-    res = ScreenedCoder(U, lam=lam, tol=1e-9, ws_extra=24).solve(torch.as_tensor(X))
+    res = ScreenedCoder(U, lam=lam, tol=1e-9, ws_extra=24, restricted="lawson_hanson").solve(torch.as_tensor(X))
     _check(U, X, lam, res)
+    assert calls == []
+    # coordinate descent with Newton steps per token (the CPU default) settles the same blocks by itself too
+    cd = ScreenedCoder(U, lam=lam, tol=1e-9, ws_extra=24, restricted="coordinate_descent").solve(torch.as_tensor(X))
+    _check(U, X, lam, cd)
     assert calls == []
     newton = ScreenedCoder(U, lam=lam, tol=1e-9, ws_extra=24, restricted="newton").solve(torch.as_tensor(X))
     _check(U, X, lam, newton)
@@ -153,7 +161,7 @@ def test_lawson_hanson_solves_coherent_blocks_exactly_without_gradient_steps(mon
 
 
 def test_restricted_solver_is_checked():
-    with pytest.raises(ValueError, match="restricted must be one of 'lawson_hanson', 'newton', got str 'pdas'"):
+    with pytest.raises(ValueError, match="restricted must be one of 'auto', 'coordinate_descent', 'lawson_hanson', 'newton', got str 'pdas'"):
         ScreenedCoder(np.eye(3), lam=0.1, restricted="pdas")
 
 
@@ -168,3 +176,51 @@ def test_blocks_coded_in_row_blocks_equal_one_block():
     np.testing.assert_allclose(blocks.point_values, one.point_values, rtol=1e-10)
     np.testing.assert_allclose(blocks.codes.toarray(), one.codes.toarray(), atol=1e-9)
     np.testing.assert_allclose(blocks.residuals, X - blocks.codes.toarray() @ U, atol=1e-12)
+
+
+def test_solve_blocks_match_scipy_nnls_on_padded_blocks():
+    # the per-token restricted solves of the CPU default (numba coordinate descent + Newton steps on the support)
+    # on a batch of blocks of different widths, each the first slots of a padded (B, w, w) array whose padding is
+    # garbage: every token's codes are scipy's NNLS solution of its own block (independent: an active-set method
+    # on the Cholesky factor), to the restricted gap asked for, and the padding is never read
+    from widelimit.coding._restricted import solve_blocks
+
+    rng = np.random.default_rng(11)
+    B, w_max, n, lam = 7, 20, 30, 0.2
+    widths = np.array([20, 1, 7, 13, 0, 20, 4])
+    G = rng.standard_normal((B, w_max, w_max)) * 50.0  # garbage outside each token's block
+    q = rng.standard_normal((B, w_max)) * 50.0
+    xx = np.empty(B)
+    want = np.zeros((B, w_max))
+    for t, w in enumerate(widths):
+        Uw = _unit_rows(rng.standard_normal((w, n)))
+        x = rng.standard_normal(n) * 2.0 + (Uw[: min(w, 3)].sum(0) if w else 0.0)
+        G[t, :w, :w], q[t, :w], xx[t] = Uw @ Uw.T, Uw @ x, x @ x
+        if w:
+            L = np.linalg.cholesky(G[t, :w, :w])
+            want[t, :w] = scipy.optimize.nnls(L.T, np.linalg.solve(L, q[t, :w] - lam))[0]
+    y = np.zeros((B, w_max))
+    y[:, w_max - 1] = 5.0  # a start entry outside every narrower block: must be left alone
+    used = solve_blocks(G, q, xx, y, widths.astype(np.int64), lam, 1e-13, 1e-12, 400, 6)
+    assert np.all(used < 400)
+    for t, w in enumerate(widths):
+        np.testing.assert_allclose(y[t, :w], want[t, :w], rtol=1e-6, atol=1e-9)
+        if w < w_max:
+            assert y[t, w_max - 1] == 5.0
+
+
+def test_exact_max_picks_the_float64_maximum_among_near_ties():
+    # atoms 1e-9 apart: the float32 product orders them wrongly, the window recomputed in float64 does not (the CPU
+    # path recomputes the window in numba: at the optimum every active atom ties at lam, the whole support is in it)
+    from widelimit.coding.screened import exact_max
+
+    rng = np.random.default_rng(7)
+    U = _unit_rows(rng.standard_normal((500, 64)))
+    U[1:6] = U[0] + 1e-9 * rng.standard_normal((5, 64))
+    U = _unit_rows(U)
+    R = rng.standard_normal((30, 64)) + 3.0 * U[0]
+    Ut = torch.as_tensor(U)
+    mx, C32 = exact_max(torch.as_tensor(R), Ut, Ut.to(torch.float32))
+    exact = np.array([max(math.fsum(R[i] * U[d]) for d in range(500)) for i in range(30)])
+    np.testing.assert_allclose(mx.numpy(), exact, rtol=1e-14)
+    assert not np.allclose(C32.numpy().max(1).astype(np.float64), exact, rtol=1e-12)

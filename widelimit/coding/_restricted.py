@@ -17,7 +17,7 @@ import numpy as np
 
 from .lasso import token_gap
 
-__all__ = ["solve_token"]
+__all__ = ["solve_token", "solve_blocks"]
 
 _JIT = dict(nogil=True, cache=True)
 
@@ -187,3 +187,32 @@ def _newton_step(Gw, q, c, y, xx, gap, lam, tol, floor):  # pragma: no cover - c
         y[a] = y2[a]
         c[a] = c2[a]
     return gap2 <= tol * max(P2, floor)
+
+
+@nb.njit(parallel=True, **_JIT)
+def solve_blocks(G, q, xx, y, width, lam, tol, floor, max_sweeps, newton_every):  # pragma: no cover - compiled
+    r""":func:`solve_token` on a batch of per-token Gram blocks (the wide coder's restricted solves).
+
+    Token ``t`` has ``width[t]`` working atoms, the first slots of ``G[t]`` (its block ``G_WW``, (w, w)) and
+    ``q[t] = U_W xt`` (float64); its codes ``y[t]`` (the start, updated in place) solve
+    ``min_{y >= 0} y^T G_WW y - 2 (q - lam)^T y`` to the restricted gap ``tol`` (relative, as
+    :func:`solve_token`). Returns the sweeps each token used (``max_sweeps``: not settled). Tokens run in
+    parallel (numba ``prange``).
+    """
+    used = np.zeros(G.shape[0], np.int64)
+    for t in nb.prange(G.shape[0]):
+        w = width[t]
+        if w == 0:
+            continue
+        Gt = G[t]
+        yt = y[t, :w].copy()
+        c = q[t, :w].copy()  # c = q - G y: the correlations of the start's residual
+        for a in range(w):
+            ya = yt[a]
+            if ya != 0.0:
+                for b in range(w):
+                    c[b] -= ya * Gt[a, b]
+        used[t] = solve_token(Gt, c, xx[t], np.arange(w), yt, lam, tol, floor, max_sweeps, newton_every)
+        for a in range(w):
+            y[t, a] = yt[a]
+    return used

@@ -46,6 +46,7 @@ from ..engine.local import Progress
 from ..results import ordered_bound
 from ._grad_pursuit import grad_pursuit_supports
 from ._nnls import gram_batch, nnls_batch
+from .working_set import gather_rows
 from .sparse_bound import METHODS, babel, babel_s_min, sparse_lower_bound
 
 __all__ = ["PursuitOptions", "pursue_batch", "spectral_norm_sq", "residuals", "Atoms"]
@@ -137,13 +138,15 @@ class Atoms:
         evaluated in float64)."""
         return (R.to(torch.float32) @ self.U32.T).to(R.dtype)
 
-    def gram(self, S, valid):
-        """``G_SS`` per token (B, s, s), zero outside ``valid``."""
+    def gram(self, S, valid, xt=None):
+        """``G_SS`` per token (B, s, s), zero outside ``valid``; with ``xt`` (B, n) also ``q = U_S x_t`` (B, s)."""
         if self.G is None:
-            return gram_batch(self.U[S], torch.zeros(S.shape[0], self.U.shape[1], dtype=self.U.dtype,
-                                                     device=self.U.device), valid)[0]
+            G, q = gram_batch(gather_rows(self.U, S), torch.zeros(S.shape[0], self.U.shape[1], dtype=self.U.dtype,
+                                                                  device=self.U.device) if xt is None else xt, valid)
+            return G if xt is None else (G, q)
         m = valid.to(self.G.dtype)
-        return self.G[S[:, :, None], S[:, None, :]] * (m[:, :, None] * m[:, None, :])
+        G = self.G[S[:, :, None], S[:, None, :]] * (m[:, :, None] * m[:, None, :])
+        return G if xt is None else (G, torch.einsum("bsn,bn->bs", gather_rows(self.U, S), xt) * m)
 
     def rows(self, j):
         """``<u_j, u_d>`` for every atom ``d`` (B, k), one row per entry of ``j``."""
@@ -164,7 +167,7 @@ def residuals(A: Atoms, xt: torch.Tensor, S: torch.Tensor, y: torch.Tensor, vali
     yv = y if valid is None else y * valid
     step = max(1, (1 << 22) // max(1, S.shape[1] * A.U.shape[1]))
     for b0 in range(0, S.shape[0], step):
-        R[b0 : b0 + step] -= torch.einsum("bs,bsn->bn", yv[b0 : b0 + step], A.U[S[b0 : b0 + step]])
+        R[b0 : b0 + step] -= torch.einsum("bs,bsn->bn", yv[b0 : b0 + step], gather_rows(A.U, S[b0 : b0 + step]))
     return R
 
 
@@ -185,8 +188,11 @@ def _refit(A, xt, S, valid, Cx, q=None, deadline: float = math.inf):
         if time.perf_counter() > deadline:
             break
         Sc, vc = S[r0 : r0 + step], valid[r0 : r0 + step]
-        qc = Cx[r0 : r0 + step].gather(1, Sc) if q is None else q[r0 : r0 + step]
-        y[r0 : r0 + step] = nnls_batch(A.gram(Sc, vc), qc * vc, vc)
+        if q is None and Cx is None:  # the right-hand side from the gathered atoms (no x_t U^T product)
+            Gc, qc = A.gram(Sc, vc, xt[r0 : r0 + step])
+        else:
+            Gc, qc = A.gram(Sc, vc), Cx[r0 : r0 + step].gather(1, Sc) if q is None else q[r0 : r0 + step]
+        y[r0 : r0 + step] = nnls_batch(Gc, qc * vc, vc)
         done = min(S.shape[0], r0 + step)
     R = xt.clone()  # (rows not reached: zero codes, residual xt)
     if done:
@@ -359,7 +365,8 @@ def _better(best, cand):
 
 def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=None, *,
                  opts: PursuitOptions = PursuitOptions(), deadline: float = math.inf, Lsq: float | None = None,
-                 atoms: Atoms | None = None, scale: torch.Tensor | None = None) -> dict:
+                 atoms: Atoms | None = None, scale: torch.Tensor | None = None,
+                 start_mse: torch.Tensor | None = None) -> dict:
     r"""The pursuit of the module docstring on one batch.
 
     Parameters
@@ -383,34 +390,41 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
     scale : tensor (k,), optional
         The decoder's row norms (``W = diag(scale) U``), which the gradient-pursuit start uses as the
         decoder's own rows weigh its choices; default ones.
+    start_mse : tensor (B,), optional
+        ``||x_t - start U||^2`` per token when the caller has it (certify_sae's encoder part does), float64;
+        default computed here from ``start``.
 
     Returns
     -------
     dict
         ``codes`` (CSR (B, k), unit-atom codes), ``mse`` (per token, float64 numpy, evaluated from the
         codes), ``l0`` (per token), ``start_mse`` (per token, the start's own MSE, or its refit where
-        lower; ``None`` without a start), ``residuals`` (B, n), ``rounds``, ``correlations`` (``x_t U^T``) and
+        lower; ``None`` without a start), ``residuals`` (B, n), ``rounds`` and
         ``stopped`` (``"converged"``: no token improved in the last round, ``"max_iter"`` or ``"time_limit"``).
     """
     A = Atoms(U) if atoms is None else atoms
     Lsq = spectral_norm_sq(U) if Lsq is None else Lsq
-    Cx = xt @ U.T
-    best, start_mse = None, None
+    Cx = None  # x_t U^T, float64 (B, k): formed when a step needs it (the start's refit gathers its atoms instead)
+    best, m0 = None, None
     if start is not None:
         S, valid, y0 = _support_of(start, xt.device, xt.dtype)
         if bool((valid.sum(1) > budget).any()):
             raise ValueError("pursue_batch: the start codes fire more atoms than the budget on some token")
-        y, _, m = _refit(A, xt, S, valid, Cx, deadline=deadline)  # (rows past the deadline: the start's codes)
-        R0 = residuals(A, xt, S, y0, valid)
-        m0 = (R0 * R0).sum(1)
+        y, _, m = _refit(A, xt, S, valid, None, deadline=deadline)  # (rows past the deadline: the start's codes)
+        if start_mse is None:
+            R0 = residuals(A, xt, S, y0, valid)
+            m0 = (R0 * R0).sum(1)
+        else:
+            m0 = torch.as_tensor(start_mse, dtype=xt.dtype, device=xt.device)
         keep0 = m0 <= m  # the refit is a least-squares optimum on the support: worse only by rounding
-        best, start_mse = (S, valid, torch.where(keep0[:, None], y0, y), torch.minimum(m, m0)), m0
+        best = (S, valid, torch.where(keep0[:, None], y0, y), torch.minimum(m, m0))
     if (opts.cold_start or best is None) and time.perf_counter() <= deadline:
+        Cx = xt @ U.T
         best = _better(best, _omp(A, xt, Cx, budget, deadline))
     if opts.grad_start and time.perf_counter() <= deadline:
         w = torch.ones(A.k, dtype=xt.dtype, device=xt.device) if scale is None else scale
         S, valid = grad_pursuit_supports(A.U, w, xt, budget, lambda: time.perf_counter() <= deadline)
-        best = _better(best, (S, valid) + _refit(A, xt, S, valid, Cx, deadline=deadline)[::2])
+        best = _better(best, (S, valid) + _refit(A, xt, S, valid, None, deadline=deadline)[::2])
     S, valid, y = _compact(*best[:3])
     mse = best[3]
     rounds, stopped = 0, "converged"
@@ -422,6 +436,8 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
         rounds += 1
         # only the tokens that moved in the last round: the others' trials are the same and fail again
         idx = torch.nonzero(active)[:, 0]
+        if Cx is None:
+            Cx = xt @ U.T
         sub = _round(A, xt[idx], Cx[idx], S[idx], valid[idx], y[idx], mse[idx], budget[idx], opts, Lsq)
         w = sub[0].shape[1] - S.shape[1]
         if w > 0:
@@ -436,8 +452,8 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
     R = residuals(A, xt, S, y, valid)
     codes = _to_csr(S, valid, y, A.k)
     return {"codes": codes, "mse": (R * R).sum(1).cpu().numpy(), "l0": np.diff(codes.indptr),  # the witness
-            "start_mse": None if start_mse is None else start_mse.cpu().numpy(), "residuals": R, "rounds": rounds,
-            "correlations": Cx, "stopped": stopped}
+            "start_mse": None if m0 is None else m0.cpu().numpy(), "residuals": R, "rounds": rounds,
+            "stopped": stopped}
 
 
 def _support_of(Z, device, dtype):

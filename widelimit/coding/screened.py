@@ -55,13 +55,15 @@ from .._params import StrOptions, check_value
 from .lasso import gap_floor, lasso_gap
 from .result import CodingResult
 from ._nnls import nnls_batch
-from .working_set import _inner, _pdas, _restricted_gap
+from .cd import _exact_max as _exact_max_cpu
+from ._restricted import solve_blocks
+from .working_set import _inner, _pdas, _restricted_gap, gather_rows
 
 __all__ = ["ScreenedCoder", "exact_max", "product_error"]
 
 _U32 = 2.0 ** -24  # float32 unit roundoff
 #: The restricted solvers (:meth:`ScreenedCoder._restricted`).
-RESTRICTED = ("lawson_hanson", "newton")
+RESTRICTED = ("auto", "coordinate_descent", "lawson_hanson", "newton")
 
 
 def product_error(R):
@@ -75,13 +77,29 @@ def product_error(R):
 
 
 def exact_max(R, U64, U32):
-    """``(max_d <u_d, r_i>`` exact to float64 rounding, float32 correlations ``C32``) for residuals ``R`` (m, n) f64."""
+    """``(max_d <u_d, r_i>`` exact to float64 rounding, float32 correlations ``C32``) for residuals ``R`` (m, n) f64.
+
+    On the CPU the window's entries are recomputed by :func:`widelimit.coding.cd._exact_max` (numba, a loop per
+    entry): at the optimum every active atom of a token ties at the maximum ``lam``, so the window holds the whole
+    support (55,000 entries for 512 tokens at L0 108), whose gathered ``(entries, n)`` copies took 5x the float32
+    product itself."""
     import torch
 
     C32 = R.to(torch.float32) @ U32.T
+    if R.device.type == "cpu":
+        n = R.shape[1]
+        out = np.empty(R.shape[0])
+        _exact_max_cpu(C32.numpy(), np.ascontiguousarray(R.numpy()), U64.numpy(), np.arange(R.shape[0]),
+                       1.01 * (n + 3) * _U32 / (1.0 - (n + 3) * _U32), out)
+        return torch.from_numpy(out), C32
     e = product_error(R)
     m32 = C32.amax(1).to(torch.float64)
-    ri, di = torch.nonzero(C32.to(torch.float64) >= (m32 - 2.0 * e - 1e-300)[:, None], as_tuple=True)
+    # the window's lower end rounded down to float32, so the comparison runs on C32 itself (a float64 copy of the
+    # (m, k) correlations cost a third of the product): fl32(t) <= t keeps every entry the float64 test keeps
+    t64 = m32 - 2.0 * e
+    t32 = t64.to(torch.float32)
+    t32 = torch.where(t32.to(torch.float64) > t64, torch.nextafter(t32, torch.tensor(-math.inf)), t32)
+    ri, di = torch.nonzero(C32 >= t32[:, None], as_tuple=True)
     exact = (R[ri] * U64[di]).sum(1)
     mx = torch.full((R.shape[0],), -math.inf, dtype=torch.float64, device=R.device)
     return mx.scatter_reduce(0, ri, exact, reduce="amax"), C32
@@ -109,9 +127,13 @@ class ScreenedCoder:
         Working-set rounds.
     newton_steps, inner_iter : int
         Active-set (Newton) steps, then most projected accelerated gradient steps, of one restricted solve.
-    restricted : {"lawson_hanson", "newton"}
-        Finish the restricted solves the Newton steps leave by Lawson and Hanson's active set, then the
-        gradient iteration (default), or by the gradient iteration alone.
+    restricted : {"auto", "coordinate_descent", "lawson_hanson", "newton"}
+        The restricted solves: ``"coordinate_descent"``, per token in numba (coordinate descent with Newton
+        steps on the support, :func:`widelimit.coding._restricted.solve_blocks`; the CPU default of
+        ``"auto"``); ``"lawson_hanson"``, batched torch Newton steps finished by Lawson and Hanson's active set
+        (the CUDA default); ``"newton"``, the Newton steps finished by the gradient iteration alone. Tokens
+        a solve leaves above the restricted gap go on to the Lawson-Hanson active set and then the gradient
+        iteration, whichever is chosen (except ``"newton"``: the gradient iteration).
     chunk : int
         Tokens whose atoms are gathered at once (memory ``chunk * S * n`` float64).
     block_rows : int
@@ -121,7 +143,7 @@ class ScreenedCoder:
     """
 
     def __init__(self, U, *, lam, tol=1e-6, device="cpu", ws_extra=48, margin=0.25, max_rounds=30, newton_steps=8,
-                 inner_iter=2000, chunk=64, restricted="lawson_hanson", U32=None, block_rows=512):
+                 inner_iter=2000, chunk=64, restricted="auto", U32=None, block_rows=512, max_sweeps=400):
         import torch
 
         self.dev = torch.device(device)
@@ -132,7 +154,12 @@ class ScreenedCoder:
         self.max_rounds, self.inner_iter, self.chunk = int(max_rounds), int(inner_iter), int(chunk)
         self.newton_steps = int(newton_steps)
         check_value(restricted, StrOptions(RESTRICTED), "restricted")
+        if restricted == "auto":  # measured: docs/sae_certification.md (the screened coder's restricted solves)
+            restricted = "coordinate_descent" if self.dev.type == "cpu" else "lawson_hanson"
+        if restricted == "coordinate_descent" and self.dev.type != "cpu":
+            raise ValueError(f"restricted='coordinate_descent' runs on the CPU only, not on {self.dev}")
         self.restricted, self.block_rows = restricted, max(1, int(block_rows))
+        self.max_sweeps = int(max_sweeps)
 
     # ---------------------------------------------------------------------------------
     def _working_sets(self, idx, val, C):
@@ -171,29 +198,37 @@ class ScreenedCoder:
         """
         import torch
 
-        out, R = torch.empty_like(y), torch.empty_like(xt)
+        out, R = torch.zeros_like(y), torch.empty_like(xt)
         eye = torch.eye(W.shape[1], dtype=torch.float64, device=xt.device)
         floor = gap_floor(self.lam)
+        cnt = ok.sum(1)
+        # tokens in the order of their working-set sizes: a chunk's blocks are padded to its widest token (the
+        # Gram blocks cost w^2 n each), and working sets of one round range over 2x in size
+        perm = torch.argsort(cnt, stable=True)
         for s in range(0, W.shape[0], self.chunk):
-            e = min(W.shape[0], s + self.chunk)
-            w = max(1, int(ok[s:e].sum(1).max()))  # (valid slots first: the chunk's width)
-            Wc, xc = W[s:e, :w], xt[s:e]
-            mask = ok[s:e, :w].to(torch.float64)
-            Uw = self.U64[Wc]  # (c, w, n) float64
+            rows = perm[s : s + self.chunk]
+            w = max(1, int(cnt[rows].max()))  # (valid slots first: the chunk's width)
+            Wc, xc, okc = W[rows, :w], xt[rows], ok[rows, :w]
+            mask = okc.to(torch.float64)
+            Uw = gather_rows(self.U64, Wc)  # (c, w, n) float64
             G = (Uw @ Uw.transpose(1, 2)) * (mask[:, :, None] * mask[:, None, :])
             G += eye[:w, :w] * (1.0 - mask)[:, :, None]
             q = (Uw @ xc[:, :, None]).squeeze(-1) * mask
-            out[s:e, w:] = 0.0
-            y0, xx = y[s:e, :w] * mask, (xc * xc).sum(1)
-            y1 = _pdas(q, G, y0, self.lam, self.newton_steps)
-            if self.restricted == "lawson_hanson":  # where the Newton steps did not settle: exact active set
+            y0, xx = y[rows, :w] * mask, (xc * xc).sum(1)
+            if self.restricted == "coordinate_descent":  # per token, numba (valid slots first: width = count)
+                y1 = y0.clone()
+                solve_blocks(G.numpy(), q.numpy(), xx.numpy(), y1.numpy(), cnt[rows].numpy(), self.lam,
+                             0.1 * self.tol, floor, self.max_sweeps, 6)
+            else:
+                y1 = _pdas(q, G, y0, self.lam, self.newton_steps)
+            if self.restricted != "newton":  # where the solve did not settle: exact active set
                 Pr, gr = _restricted_gap(xx, q, G, y1, self.lam)
                 bad = torch.nonzero(gr > 0.1 * self.tol * Pr.clamp(min=floor)).flatten()
                 if bad.numel():
-                    y1[bad] = nnls_batch(G[bad], q[bad] - self.lam, ok[s:e, :w][bad], start=y0[bad] > 0)
-            out[s:e, :w] = _inner(xx, q, G, y1, self.lam, 0.1 * self.tol, floor, self.inner_iter,
-                                  newton_steps=0) * mask
-            R[s:e] = xc - (out[s:e, None, :w] @ Uw).squeeze(1)  # float64 residuals, from the gathered atoms
+                    y1[bad] = nnls_batch(G[bad], q[bad] - self.lam, okc[bad], start=y0[bad] > 0)
+            yc = _inner(xx, q, G, y1, self.lam, 0.1 * self.tol, floor, self.inner_iter, newton_steps=0) * mask
+            out[rows, :w] = yc
+            R[rows] = xc - (yc[:, None, :] @ Uw).squeeze(1)  # float64 residuals, from the gathered atoms
             del Uw
         return out, R
 

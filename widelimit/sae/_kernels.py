@@ -7,6 +7,8 @@ matrix product:
 * :func:`residuals`: ``r_i = x_i - b - sum_d z_id u_d`` and, in the same pass, the per-token
   sums the metrics and the coding certificate need (``||x||^2``, ``||x_hat||^2``,
   ``<x, x_hat>``, ``||r||^2``, ``<r, x - b>`` with ``x_hat = x - r``);
+* :func:`entry_dots`: the entries ``<r_i, u_d>`` of ``R U^T`` at given positions (the active codes'
+  correlations and the candidates of a float32 product's column maxima), without gathering rows;
 * :func:`add_codes_t_residuals`: ``out += Z^T R`` (per feature ``sum_i z_id r_i``, the
   atom gradient of theory.md §5.2), the tokens split between threads with private accumulators.
 
@@ -19,7 +21,7 @@ import numba as nb
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["residuals", "add_codes_t_residuals", "token_sums"]
+__all__ = ["residuals", "add_codes_t_residuals", "token_sums", "entry_dots"]
 
 _JIT = dict(nogil=True, cache=True)
 
@@ -107,3 +109,26 @@ def token_sums(x, xt, R):
 
     xh = x - R
     return torch.stack([(x * x).sum(1), (xh * xh).sum(1), (x * xh).sum(1), (R * R).sum(1), (R * xt).sum(1)], 1)
+
+
+@nb.njit(parallel=True, **_JIT)
+def _entry_dots(R, U, rows, cols, out):  # pragma: no cover - compiled
+    n = R.shape[1]
+    for j in nb.prange(rows.shape[0]):
+        r, d = rows[j], cols[j]
+        acc = 0.0
+        for p in range(n):
+            acc += R[r, p] * U[d, p]
+        out[j] = acc
+
+
+def entry_dots(R, U, rows, cols):
+    """``<R[rows[j]], U[cols[j]]>`` for every ``j``: the entries of ``R U^T`` at ``(rows, cols)`` (float64 numpy).
+
+    A plain float64 loop per entry (``O(n)``), no gathered ``(len(rows), n)`` copies: for the active entries of
+    1,000 tokens at L0 100 and d_in 768 those were 2 x 614 MB, and the exact part of the float32 KKT product
+    (:func:`widelimit.sae.parts.code_conditions_f32`) took 5x the product itself."""
+    out = np.empty(len(rows))
+    _entry_dots(np.ascontiguousarray(R, dtype=np.float64), np.ascontiguousarray(U, dtype=np.float64),
+                np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64), out)
+    return out

@@ -248,7 +248,13 @@ def code_conditions_f32(R, rows, cols, U64, U32, lam):
     import torch
 
     k = U64.shape[0]
-    cz = (R[rows] * U64[cols]).sum(1)
+
+    def entry_dots(r_, d_):  # <r_i, u_d> at (r_, d_), float64: on the CPU a loop per entry, no gathered copies
+        if R.device.type == "cpu":
+            return torch.from_numpy(_kernels.entry_dots(R.numpy(), U64.numpy(), r_.numpy(), d_.numpy()))
+        return (R[r_] * U64[d_]).sum(1)
+
+    cz = entry_dots(rows, cols)
     act = torch.zeros(k, dtype=R.dtype, device=R.device).scatter_reduce(0, cols, (cz - lam).abs(), reduce="amax")
     inact = torch.full((k,), -math.inf, dtype=R.dtype, device=R.device)
     if not R.shape[0]:
@@ -265,7 +271,7 @@ def code_conditions_f32(R, rows, cols, U64, U32, lam):
     step = max(1, (1 << 24) // R.shape[1])
     for c0 in range(0, ri.numel(), step):
         r_, d_ = ri[c0 : c0 + step], di[c0 : c0 + step]
-        inact.scatter_reduce_(0, d_, (R[r_] * U64[d_]).sum(1), reduce="amax")
+        inact.scatter_reduce_(0, d_, entry_dots(r_, d_), reduce="amax")
     return act, inact
 
 
