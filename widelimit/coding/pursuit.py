@@ -365,8 +365,7 @@ def _better(best, cand):
 
 def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=None, *,
                  opts: PursuitOptions = PursuitOptions(), deadline: float = math.inf, Lsq: float | None = None,
-                 atoms: Atoms | None = None, scale: torch.Tensor | None = None,
-                 start_mse: torch.Tensor | None = None) -> dict:
+                 atoms: Atoms | None = None, scale: torch.Tensor | None = None) -> dict:
     r"""The pursuit of the module docstring on one batch.
 
     Parameters
@@ -390,9 +389,6 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
     scale : tensor (k,), optional
         The decoder's row norms (``W = diag(scale) U``), which the gradient-pursuit start uses as the
         decoder's own rows weigh its choices; default ones.
-    start_mse : tensor (B,), optional
-        ``||x_t - start U||^2`` per token when the caller has it (certify_sae's encoder part does), float64;
-        default computed here from ``start``.
 
     Returns
     -------
@@ -411,11 +407,10 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
         if bool((valid.sum(1) > budget).any()):
             raise ValueError("pursue_batch: the start codes fire more atoms than the budget on some token")
         y, _, m = _refit(A, xt, S, valid, None, deadline=deadline)  # (rows past the deadline: the start's codes)
-        if start_mse is None:
-            R0 = residuals(A, xt, S, y0, valid)
-            m0 = (R0 * R0).sum(1)
-        else:
-            m0 = torch.as_tensor(start_mse, dtype=xt.dtype, device=xt.device)
+        # (from the start codes, as the witness's MSE is evaluated from its codes: equal codes give an equal MSE, the
+        # encoder's own residual norms differ from it by rounding, and an unchanged SAE would show a gain of 4e-15)
+        R0 = residuals(A, xt, S, y0, valid)
+        m0 = (R0 * R0).sum(1)
         keep0 = m0 <= m  # the refit is a least-squares optimum on the support: worse only by rounding
         best = (S, valid, torch.where(keep0[:, None], y0, y), torch.minimum(m, m0))
     if (opts.cold_start or best is None) and time.perf_counter() <= deadline:

@@ -154,8 +154,7 @@ class SparsityPart:
         bud = torch.as_tensor(np.maximum(budget, own), device=s.dev)
         xt = bt.xt.to(torch.float64)
         out = pursue_batch(self._atoms.U, xt, bud, Y0, opts=self.popts, deadline=self._deadline(now),
-                           Lsq=self._Lsq, atoms=self._atoms, scale=self._scale,
-                           start_mse=None if bt.tok is None else bt.tok[:, 3])  # (the encoder part's ||r||^2)
+                           Lsq=self._Lsq, atoms=self._atoms, scale=self._scale)
         s_need, s_top = babel_s_min(bud, s.k, self.o.max_subsets), (int(bud.max()) if bud.numel() else 0)
         if self._mu is None or len(self._mu) <= s_top or (s_need <= s_top and np.isnan(self._mu[s_need])):
             self._babel_s_min = min(s_need, self._babel_s_min)  # (NaN below it: not computed, babel's s_min)
