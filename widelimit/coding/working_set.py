@@ -65,6 +65,8 @@ def _pdas(q, G, y, lam, iters):
     """
     import torch
 
+    if iters <= 0:  # (the Gershgorin bound below reads every block: nothing to do without steps)
+        return y.clone()
     c = q - lam
     idx = torch.arange(y.shape[0], device=y.device)
     y = y.clone()
