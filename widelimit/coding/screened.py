@@ -187,7 +187,7 @@ class ScreenedCoder:
         W, y, ok, src = W.gather(1, order), y.gather(1, order), ok.gather(1, order), src.gather(1, order)
         return torch.where(ok, W, 0), y, ok, src
 
-    def _restricted(self, xt, W, y, ok, src=None, Gprev=None):
+    def _restricted(self, xt, W, y, ok, src=None, Gprev=None, gpos=None):
         """Solve the lasso on each token's working set (chunks of tokens); returns the new codes on ``W`` and their
         float64 residuals.
 
@@ -197,16 +197,19 @@ class ScreenedCoder:
         gradient step: ill-conditioned blocks whose supports cycle, singular blocks), then projected
         accelerated gradient until the restricted gap is ``tol / 10`` (at most ``inner_iter`` steps).
 
-        ``Gprev`` (t, w', w'): each token's Gram block of the last round (NaN on the first entry where none), and
+        ``Gprev`` (t', w', w'): the Gram blocks of the last round, token ``i``'s at row ``gpos[i]`` (NaN on its first
+        entry where none), and
         ``src`` (t, w): the former slot of each slot of ``W`` (-1: a new atom). The working sets are the last
         round's supports plus new atoms, so the support's block is taken from ``Gprev`` and only the new atoms'
         columns are formed: ``w (w - s) n`` multiply-adds instead of ``w^2 n`` (the rounds re-formed the whole block
-        each time). Returns the codes, their residuals and this round's blocks (for the next round).
+        each time). Returns the codes, their residuals, this round's blocks (in the order the chunks ran: each chunk's
+        blocks one contiguous copy, not a scatter) and each token's row among them.
         """
         import torch
 
         out, R = torch.zeros_like(y), torch.empty_like(xt)
         Gout = torch.empty((W.shape[0], W.shape[1], W.shape[1]), dtype=torch.float64, device=xt.device)
+        pos = torch.empty(W.shape[0], dtype=torch.int64, device=xt.device)
         eye = torch.eye(W.shape[1], dtype=torch.float64, device=xt.device)
         floor = gap_floor(self.lam)
         cnt = ok.sum(1)
@@ -223,20 +226,20 @@ class ScreenedCoder:
             p = 0
             if Gprev is not None:
                 sc = src[rows, :w]
-                known = (sc >= 0) & ~torch.isnan(Gprev[rows, 0, 0])[:, None]
+                gr = gpos[rows]
+                known = (sc >= 0) & ~torch.isnan(Gprev[gr, 0, 0])[:, None]
                 p = int(known.to(torch.int8).cumprod(1).sum(1).min())
             if p:
-                gp = Gprev[rows]
                 ix = sc[:, :p]
                 G = torch.empty((len(rows), w, w), dtype=torch.float64, device=xt.device)
-                G[:, :p, :p] = gp.gather(1, ix[:, :, None].expand(-1, -1, gp.shape[2])).gather(
-                    2, ix[:, None, :].expand(-1, p, -1))
+                G[:, :p, :p] = Gprev[gr[:, None, None], ix[:, :, None], ix[:, None, :]]  # (one gather, (c, p, p))
                 Xn = Uw @ Uw[:, p:].transpose(1, 2)  # (c, w, w - p): the new atoms' columns
                 G[:, :, p:] = Xn
                 G[:, p:, :p] = Xn[:, :p].transpose(1, 2)
             else:
                 G = Uw @ Uw.transpose(1, 2)
-            Gout[rows, :w, :w] = G  # (the padding slots hold anything: only former support slots are read back)
+            Gout[s : s + len(rows), :w, :w] = G  # (padding slots hold anything: only former support slots are read)
+            pos[rows] = torch.arange(s, s + len(rows), device=xt.device)
             q = (Uw @ xc[:, :, None]).squeeze(-1)
             y0, xx = y[rows, :w] * mask, (xc * xc).sum(1)
             if self.restricted == "coordinate_descent":  # per token, numba: reads the first cnt slots only
@@ -266,7 +269,7 @@ class ScreenedCoder:
             out[rows, :w] = yc
             R[rows] = xc - (yc[:, None, :] @ Uw).squeeze(1)  # float64 residuals, from the gathered atoms
             del Uw
-        return out, R, Gout
+        return out, R, Gout, pos
 
     def _certify(self, xt, W, y, R=None):
         """float64 residuals (``R`` when given), ``P``, certified gaps and float32 correlations of the codes ``y``
@@ -331,11 +334,11 @@ class ScreenedCoder:
         todo = torch.nonzero(gap > self.tol * _scale(P, self.lam)).flatten()
         C = C[todo]  # row t: token todo[t]
         rounds = 0
-        Gprev = None  # per token of todo, the Gram block of its state's slots (NaN at [0, 0]: none)
+        Gprev = gpos = None  # token todo[i]'s Gram block of its state's slots: Gprev[gpos[i]] (NaN at [0, 0]: none)
         while todo.numel() and rounds < self.max_rounds:
             rounds += 1
             W, y, ok, src = self._working_sets(idx[todo], val[todo], C)
-            y, Rt, Gprev = self._restricted(xt[todo], W, y, ok, src, Gprev)
+            y, Rt, Gprev, gpos = self._restricted(xt[todo], W, y, ok, src, Gprev, gpos)
             Rt, Pt, gt, Ct = self._certify(xt[todo], W, y, Rt)
             # a token moves on to codes with a lower objective (or, equal to rounding, a lower gap): the working
             # sets then grow from the latest solution. (Keeping the lowest gap instead stalled: codes of a
@@ -353,8 +356,8 @@ class ScreenedCoder:
             val[keep, : W.shape[1]] = y[better]
             R[keep], P[keep], gap[keep] = Rt[better], Pt[better], gt[better]
             bad = gap[todo] > self.tol * _scale(P[todo], self.lam)
-            Gprev[~better, 0, 0] = math.nan  # (these tokens keep their former state: their blocks are not these)
-            Gprev = Gprev[bad]
+            Gprev[gpos[~better], 0, 0] = math.nan  # (these tokens keep their former state: not these blocks)
+            gpos = gpos[bad]
             C = Ct[bad]
             todo = todo[bad]
         nz = val > 0
