@@ -209,7 +209,8 @@ def test_solve_blocks_match_scipy_nnls_on_padded_blocks():
             assert y[t, w_max - 1] == 5.0
 
 
-def test_exact_max_picks_the_float64_maximum_among_near_ties():
+@pytest.mark.parametrize("numba", [True, False])  # the CPU's loops per entry, and the torch code a GPU runs
+def test_exact_max_picks_the_float64_maximum_among_near_ties(numba):
     # atoms 1e-9 apart: the float32 product orders them wrongly, the window recomputed in float64 does not (the CPU
     # path recomputes the window in numba: at the optimum every active atom ties at lam, the whole support is in it)
     from widelimit.coding.screened import exact_max
@@ -220,7 +221,21 @@ def test_exact_max_picks_the_float64_maximum_among_near_ties():
     U = _unit_rows(U)
     R = rng.standard_normal((30, 64)) + 3.0 * U[0]
     Ut = torch.as_tensor(U)
-    mx, C32 = exact_max(torch.as_tensor(R), Ut, Ut.to(torch.float32))
+    mx, C32 = exact_max(torch.as_tensor(R), Ut, Ut.to(torch.float32), numba=numba)
     exact = np.array([max(math.fsum(R[i] * U[d]) for d in range(500)) for i in range(30)])
     np.testing.assert_allclose(mx.numpy(), exact, rtol=1e-14)
     assert not np.allclose(C32.numpy().max(1).astype(np.float64), exact, rtol=1e-12)
+
+
+def test_torch_code_path_on_the_cpu_gives_the_numba_path_certificate():
+    # numba=False runs on the CPU the code a GPU runs (batched Newton + Lawson-Hanson restricted solves, torch
+    # gathers, torch exact maxima): the same certified optimum as the CPU kernels, token by token
+    U, X = _random_problem(3, 300, 24, 40, 6)
+    lam = 0.1
+    a = ScreenedCoder(U, lam=lam, tol=1e-9, ws_extra=12).solve(torch.as_tensor(X))
+    b = ScreenedCoder(U, lam=lam, tol=1e-9, ws_extra=12, numba=False).solve(torch.as_tensor(X))
+    assert a.certified and b.certified
+    np.testing.assert_allclose(a.point_values, b.point_values, rtol=1e-9)
+    _check(U, X, lam, b)
+    with pytest.raises(ValueError, match="runs on the CPU only"):
+        ScreenedCoder(U, lam=lam, restricted="coordinate_descent", numba=False, device="meta")

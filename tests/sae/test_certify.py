@@ -396,6 +396,25 @@ def test_numba_kernels_and_torch_products_give_the_same_certificate():
         np.testing.assert_allclose(b.features[col], a.features[col], rtol=1e-8, atol=1e-10, err_msg=col)
 
 
+def test_screened_coder_and_float32_kkt_same_certificate_in_numba_and_torch():
+    # the wide-SAE path (screened coder, float32 KKT product made exact) forced on a small SAE: the CPU kernels
+    # (numba restricted solves, loops per entry) against the torch code a GPU runs (backend="torch" on the CPU)
+    rng = np.random.default_rng(9)
+    n, k, N = 16, 60, 200
+    W_dec = rng.standard_normal((k, n)) * rng.uniform(0.5, 2.0, (k, 1))
+    sae = SAE(W_dec=W_dec, b_dec=0.1 * rng.standard_normal(n), W_enc=0.3 * rng.standard_normal((n, k)),
+              b_enc=-0.2 + 0.1 * rng.standard_normal(k), architecture="standard")
+    X = 2.0 * rng.standard_normal((N, n))
+    a, b = (certify_sae(X, sae, lam=0.4, device="cpu", batch_size=70, coding_tol=1e-10, coding_algorithm="screened",
+                        backend=bk) for bk in ("numba", "torch"))
+    ref = certify_sae(X, sae, lam=0.4, device="cpu", batch_size=70, coding_tol=1e-10)  # the Gram coder, float64 KKT
+    assert 0 < a.metrics["l0"] < k
+    for c in (a, b):
+        assert c.optimal_code_objective == pytest.approx(ref.optimal_code_objective, rel=1e-9)
+        for col in ("max_violation_firing", "max_violation_silent"):
+            np.testing.assert_allclose(c.features[col], ref.features[col], rtol=1e-9, atol=1e-11, err_msg=col)
+
+
 def test_progress_events_carry_the_rate_and_the_time_left(monkeypatch):
     """Issue 31 item 5: the certify pass stamps each batch's event with its time since the pass began, on the
     engine's clock (here a fake one that ticks 0.5 s per reading), so the rate and time left are exact."""

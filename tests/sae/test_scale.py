@@ -293,7 +293,8 @@ def test_unit_dictionary_holds_one_float64_copy_of_the_decoder():
     assert peak < 1.5 * k * n * 8, peak / (k * n * 8)
 
 
-def test_code_conditions_from_a_float32_product_are_the_float64_ones():
+@pytest.mark.parametrize("numba", [True, False])  # the CPU's loops per entry, and the torch code a GPU runs
+def test_code_conditions_from_a_float32_product_are_the_float64_ones(numba):
     # the KKT statistics of a wide SAE came from a float64 (m, d_sae) product; now one float32 product, every
     # entry that could be a column's maximum recomputed in float64. Near-ties (pairs of atoms at cosine
     # 1 - 1e-7, whose float32 correlations coincide) and columns whose entries all fire are the hard cases
@@ -312,7 +313,7 @@ def test_code_conditions_from_a_float32_product_are_the_float64_ones():
     F[:, 5] = True  # a feature firing on every token: no inactive entry
     rows, cols = (torch.as_tensor(a) for a in np.nonzero(F))
     Rt, Ut = torch.as_tensor(R), torch.as_tensor(U)
-    act, inact = code_conditions_f32(Rt, rows, cols, Ut, Ut.to(torch.float32), lam)
+    act, inact = code_conditions_f32(Rt, rows, cols, Ut, Ut.to(torch.float32), lam, numba=numba)
     want_act, want_inact = code_conditions(R @ U.T, rows.numpy(), cols.numpy(), lam)
     np.testing.assert_allclose(act.numpy(), want_act, rtol=1e-13, atol=1e-13)
     assert inact[5].item() == -np.inf and want_inact[5] == -np.inf

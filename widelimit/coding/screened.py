@@ -76,17 +76,17 @@ def product_error(R):
     return 1.01 * (n + 3) * _U32 / (1.0 - (n + 3) * _U32) * torch.linalg.norm(R, dim=1)
 
 
-def exact_max(R, U64, U32):
+def exact_max(R, U64, U32, numba=None):
     """``(max_d <u_d, r_i>`` exact to float64 rounding, float32 correlations ``C32``) for residuals ``R`` (m, n) f64.
 
-    On the CPU the window's entries are recomputed by :func:`widelimit.coding.cd._exact_max` (numba, a loop per
+    With ``numba`` (default: ``R`` on the CPU; ``False`` runs the torch code a GPU runs) the window's entries are recomputed by :func:`widelimit.coding.cd._exact_max` (numba, a loop per
     entry): at the optimum every active atom of a token ties at the maximum ``lam``, so the window holds the whole
     support (55,000 entries for 512 tokens at L0 108), whose gathered ``(entries, n)`` copies took 5x the float32
     product itself."""
     import torch
 
     C32 = R.to(torch.float32) @ U32.T
-    if R.device.type == "cpu":
+    if R.device.type == "cpu" if numba is None else numba:
         n = R.shape[1]
         out = np.empty(R.shape[0])
         _exact_max_cpu(C32.numpy(), np.ascontiguousarray(R.numpy()), U64.numpy(), np.arange(R.shape[0]),
@@ -140,10 +140,15 @@ class ScreenedCoder:
         Tokens coded at once (memory about ``20 * block_rows * k`` float64 at the peak of a round).
     U32 : tensor (k, n) float32, optional
         ``U`` in float32 on ``device`` when the caller holds it already (shared; default: a copy made here).
+    max_sweeps : int
+        Coordinate-descent sweeps of one restricted solve (``"coordinate_descent"``).
+    numba : bool, optional
+        The CPU kernels (numba restricted solves and exact maxima, numpy row gathers); default: on the CPU.
+        ``False`` runs the torch code a GPU runs, on any device (``certify_sae(backend="torch")``).
     """
 
     def __init__(self, U, *, lam, tol=1e-6, device="cpu", ws_extra=48, margin=0.25, max_rounds=30, newton_steps=8,
-                 inner_iter=2000, chunk=64, restricted="auto", U32=None, block_rows=512, max_sweeps=400):
+                 inner_iter=2000, chunk=64, restricted="auto", U32=None, block_rows=512, max_sweeps=400, numba=None):
         import torch
 
         self.dev = torch.device(device)
@@ -154,8 +159,11 @@ class ScreenedCoder:
         self.max_rounds, self.inner_iter, self.chunk = int(max_rounds), int(inner_iter), int(chunk)
         self.newton_steps = int(newton_steps)
         check_value(restricted, StrOptions(RESTRICTED), "restricted")
+        self.numba = self.dev.type == "cpu" if numba is None else bool(numba)
+        if self.numba and self.dev.type != "cpu":
+            raise ValueError(f"numba=True runs on the CPU only, not on {self.dev}")
         if restricted == "auto":  # measured: docs/sae_certification.md (the screened coder's restricted solves)
-            restricted = "coordinate_descent" if self.dev.type == "cpu" else "lawson_hanson"
+            restricted = "coordinate_descent" if self.numba else "lawson_hanson"
         if restricted == "coordinate_descent" and self.dev.type != "cpu":
             raise ValueError(f"restricted='coordinate_descent' runs on the CPU only, not on {self.dev}")
         self.restricted, self.block_rows = restricted, max(1, int(block_rows))
@@ -221,7 +229,7 @@ class ScreenedCoder:
             w = max(1, int(cnt[rows].max()))  # (valid slots first: the chunk's width)
             Wc, xc, okc = W[rows, :w], xt[rows], ok[rows, :w]
             mask = okc.to(torch.float64)
-            Uw = gather_rows(self.U64, Wc)  # (c, w, n) float64
+            Uw = gather_rows(self.U64, Wc, numpy=self.numba)  # (c, w, n) float64
             # p: the leading slots that are former support slots with a cached block on every token of the chunk
             p = 0
             if Gprev is not None:
@@ -279,7 +287,7 @@ class ScreenedCoder:
             for s in range(0, W.shape[0], self.chunk):
                 e = min(W.shape[0], s + self.chunk)
                 R[s:e] -= (y[s:e, None, :] @ self.U64[W[s:e]]).squeeze(1)
-        mx, C32 = exact_max(R, self.U64, self.U32)
+        mx, C32 = exact_max(R, self.U64, self.U32, numba=self.numba)
         rr = (R * R).sum(1)
         rx = (R * xt).sum(1)
         P, gap = lasso_gap(rr, rx, mx, y.sum(1), self.lam)

@@ -121,7 +121,8 @@ class Setup:
     def coder(self):
         """The Gram coder (``"cd"``) or the screened coder (``"screened"``), made once where the setup lives."""
         if self._coder is None and self.coding_algorithm == "screened":
-            self._coder = ScreenedCoder(self.U, lam=self.lam, tol=self.coding_tol, device=self.dev, U32=self.U32)
+            self._coder = ScreenedCoder(self.U, lam=self.lam, tol=self.coding_tol, device=self.dev, U32=self.U32,
+                                        numba=self.numba)
         if self._coder is None and self.coding_algorithm == "cd":
             # forms G = U U^T once (float64); float32 products (made exact) pay off for wide dictionaries
             self._coder = GramCoder(self.U, lam=self.lam, tol=self.coding_tol, fast_products=self.k > _DENSE_K)
@@ -238,19 +239,20 @@ class _Firing:
         self.l0 += o.l0
 
 
-def code_conditions_f32(R, rows, cols, U64, U32, lam):
+def code_conditions_f32(R, rows, cols, U64, U32, lam, numba=None):
     r""":func:`widelimit.exact.stationarity.code_conditions` of ``C = R U^T`` from one float32 product, exact to
     float64 rounding: the active entries in float64 (``O(L0 n)`` per token), and per column every inactive
     entry that could be the maximum recomputed in float64. With ``e_i`` the float32 error bound of row ``i``
     (:func:`widelimit.coding.screened.product_error`) and ``E = max_i e_i``, the column's float32 maximum
     ``m_d`` is within ``E`` of a true entry, so no entry below ``m_d - 2 E`` in float32 can be the true maximum.
-    Half the multiply-add cost of the float64 product and half its memory (theory.md §5, §8.6)."""
+    Half the multiply-add cost of the float64 product and half its memory (theory.md §5, §8.6). ``numba`` (default:
+    ``R`` on the CPU; ``False``: the torch code a GPU runs) recomputes the entries by a loop each."""
     import torch
 
     k = U64.shape[0]
 
     def entry_dots(r_, d_):  # <r_i, u_d> at (r_, d_), float64: on the CPU a loop per entry, no gathered copies
-        if R.device.type == "cpu":
+        if R.device.type == "cpu" if numba is None else numba:
             return torch.from_numpy(_kernels.entry_dots(R.numpy(), U64.numpy(), r_.numpy(), d_.numpy()))
         return (R[r_] * U64[d_]).sum(1)
 
@@ -302,7 +304,7 @@ class KKTPart:
         if bt.C is not None:
             on_err, off_max = code_conditions(bt.C, bt.rows, bt.cols, lam)  # the first-order kernel (exact/stationarity)
         else:
-            on_err, off_max = code_conditions_f32(bt.R, bt.rows, bt.cols, s.Ut, s.U32, lam)
+            on_err, off_max = code_conditions_f32(bt.R, bt.rows, bt.cols, s.Ut, s.U32, lam, numba=s.numba)
         self.viol_on = torch.maximum(self.viol_on, on_err)
         self.viol_off = torch.maximum(self.viol_off, torch.relu(off_max - lam))
         self.firing.add(bt.cols, bt.zv, bt.R, math.sqrt(float(bt.tok[:, 3].max())))
