@@ -266,3 +266,20 @@ def test_spectral_norm_sq_is_an_upper_estimate_on_a_gapless_spectrum():
         assert abs(est / 1.01 / true - 1.0) < 1e-5, (k, n, est / 1.01 / true)
     assert spectral_norm_sq(torch.zeros(4, 3, dtype=torch.float64)) == 1.0
 
+
+
+@pytest.mark.parametrize("max_iter", [0, 1, 3])
+def test_witness_residuals_are_those_of_its_codes(max_iter, monkeypatch):
+    # the witness's residuals are the start's or its refit's where no round reached a token (not recomputed), and
+    # recomputed where one did (rounds in chunks of ROUND_ROWS tokens, here 7): either way those of the codes
+    # returned, and its MSE their squared norm
+    import widelimit.coding.pursuit as pursuit
+
+    monkeypatch.setattr(pursuit, "ROUND_ROWS", 7)
+    U, X, Z0, n, s = _random_start(9, 30)
+    out = pursuit.pursue_batch(torch.as_tensor(U), torch.as_tensor(X), torch.full((30,), s), sp.csr_array(Z0),
+                               opts=PursuitOptions(max_iter=max_iter, cold_start=False, grad_start=False))
+    R = X - out["codes"].toarray() @ U
+    np.testing.assert_allclose(out["residuals"].numpy(), R, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(out["mse"], (R * R).sum(1), rtol=1e-12)
+    assert (out["rounds"] == 0) if max_iter == 0 else (1 <= out["rounds"] <= max_iter)

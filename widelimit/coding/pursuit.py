@@ -171,6 +171,10 @@ def residuals(A: Atoms, xt: torch.Tensor, S: torch.Tensor, y: torch.Tensor, vali
     return R
 
 
+#: Tokens a pursuit round handles at once: the grain of its deadline (a round over a batch of 2,000 tokens at L0
+#: 100 ran ~0.7 s past the L0 bracket's allowance), and of ``x_t U^T``, formed for the tokens a round reaches.
+ROUND_ROWS = 256
+
 #: Most entries of the Gram blocks one NNLS refit holds at once (``rows * s * s``; 4 Mi float64 = 32 MiB: also
 #: the grain of the refit's deadline, ~190 tokens at the 150-atom supports of a ReLU SAE).
 REFIT_ENTRIES = 1 << 22
@@ -402,24 +406,28 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
     Lsq = spectral_norm_sq(U) if Lsq is None else Lsq
     Cx = None  # x_t U^T, float64 (B, k): formed when a step needs it (the start's refit gathers its atoms instead)
     best, m0 = None, None
+    R_best = None  # the residuals of best's codes, while only the start and its refit made them
     if start is not None:
         S, valid, y0 = _support_of(start, xt.device, xt.dtype)
         if bool((valid.sum(1) > budget).any()):
             raise ValueError("pursue_batch: the start codes fire more atoms than the budget on some token")
-        y, _, m = _refit(A, xt, S, valid, None, deadline=deadline)  # (rows past the deadline: the start's codes)
+        y, Ry, m = _refit(A, xt, S, valid, None, deadline=deadline)  # (rows past the deadline: the start's codes)
         # (from the start codes, as the witness's MSE is evaluated from its codes: equal codes give an equal MSE, the
         # encoder's own residual norms differ from it by rounding, and an unchanged SAE would show a gain of 4e-15)
         R0 = residuals(A, xt, S, y0, valid)
         m0 = (R0 * R0).sum(1)
         keep0 = m0 <= m  # the refit is a least-squares optimum on the support: worse only by rounding
         best = (S, valid, torch.where(keep0[:, None], y0, y), torch.minimum(m, m0))
+        R_best = torch.where(keep0[:, None], R0, Ry)
+    have_cx = torch.zeros(xt.shape[0], dtype=torch.bool, device=xt.device)  # the rows of Cx formed
     if (opts.cold_start or best is None) and time.perf_counter() <= deadline:
         Cx = xt @ U.T
-        best = _better(best, _omp(A, xt, Cx, budget, deadline))
+        have_cx[:] = True
+        best, R_best = _better(best, _omp(A, xt, Cx, budget, deadline)), None
     if opts.grad_start and time.perf_counter() <= deadline:
         w = torch.ones(A.k, dtype=xt.dtype, device=xt.device) if scale is None else scale
         S, valid = grad_pursuit_supports(A.U, w, xt, budget, lambda: time.perf_counter() <= deadline)
-        best = _better(best, (S, valid) + _refit(A, xt, S, valid, None, deadline=deadline)[::2])
+        best, R_best = _better(best, (S, valid) + _refit(A, xt, S, valid, None, deadline=deadline)[::2]), None
     S, valid, y = _compact(*best[:3])
     mse = best[3]
     rounds, stopped = 0, "converged"
@@ -430,21 +438,37 @@ def pursue_batch(U: torch.Tensor, xt: torch.Tensor, budget: torch.Tensor, start=
             break
         rounds += 1
         # only the tokens that moved in the last round: the others' trials are the same and fail again
-        idx = torch.nonzero(active)[:, 0]
-        if Cx is None:
-            Cx = xt @ U.T
-        sub = _round(A, xt[idx], Cx[idx], S[idx], valid[idx], y[idx], mse[idx], budget[idx], opts, Lsq)
-        w = sub[0].shape[1] - S.shape[1]
-        if w > 0:
-            S, valid, y = (torch.cat([a, a.new_zeros((a.shape[0], w))], 1) for a in (S, valid, y))
-        S, valid, y, mse = S.clone(), valid.clone(), y.clone(), mse.clone()
-        for full, part in zip((S, valid, y), sub[:3]):
-            full[idx] = torch.cat([part, part.new_zeros((part.shape[0], full.shape[1] - part.shape[1]))], 1)
-        mse[idx] = sub[3]
+        todo = torch.nonzero(active)[:, 0]
         active = torch.zeros_like(active)
-        active[idx] = sub[4]
+        for c0 in range(0, todo.numel(), ROUND_ROWS):  # (no chunk starts after the deadline: they keep their codes)
+            if c0 and time.perf_counter() > deadline:
+                stopped = "time_limit"
+                break
+            idx = todo[c0 : c0 + ROUND_ROWS]
+            if Cx is None:
+                Cx = torch.empty((xt.shape[0], A.k), dtype=xt.dtype, device=xt.device)
+            new = idx[~have_cx[idx]]  # x_t U^T for the tokens a round reaches, when it first does
+            if new.numel():
+                Cx[new], have_cx[new] = xt[new] @ U.T, True
+            sub = _round(A, xt[idx], Cx[idx], S[idx], valid[idx], y[idx], mse[idx], budget[idx], opts, Lsq)
+            w = sub[0].shape[1] - S.shape[1]
+            if w > 0:
+                S, valid, y = (torch.cat([a, a.new_zeros((a.shape[0], w))], 1) for a in (S, valid, y))
+            S, valid, y, mse = S.clone(), valid.clone(), y.clone(), mse.clone()
+            for full, part in zip((S, valid, y), sub[:3]):
+                full[idx] = torch.cat([part, part.new_zeros((part.shape[0], full.shape[1] - part.shape[1]))], 1)
+            mse[idx] = sub[3]
+            active[idx] = sub[4]
         S, valid, y = _compact(S, valid, y)
-    R = residuals(A, xt, S, y, valid)
+        if stopped == "time_limit":
+            break
+    if R_best is None:
+        R = residuals(A, xt, S, y, valid)
+    else:  # the witness's residuals: the start's or its refit's, recomputed where a round reached the token
+        R = R_best
+        moved = torch.nonzero(have_cx).flatten()
+        if moved.numel():
+            R[moved] = residuals(A, xt[moved], S[moved], y[moved], valid[moved])
     codes = _to_csr(S, valid, y, A.k)
     return {"codes": codes, "mse": (R * R).sum(1).cpu().numpy(), "l0": np.diff(codes.indptr),  # the witness
             "start_mse": None if m0 is None else m0.cpu().numpy(), "residuals": R, "rounds": rounds,
