@@ -14,7 +14,7 @@ import torch
 from scipy.optimize import nnls
 
 from fixtures import libraries
-from widelimit.coding._nnls import gram_batch, nnls_batch
+from widelimit.coding._nnls import gram_batch, nnls_batch, nnls_refit
 from widelimit.coding.pursuit import PursuitOptions, sparse_codes
 from widelimit.coding.sparse_bound import babel
 
@@ -29,13 +29,16 @@ def _exact(U, X, s):
     return np.array([min(nnls(U[list(S)].T, x)[1] ** 2 for S in itertools.combinations(range(len(U)), s)) for x in X])
 
 
-def test_nnls_batch_matches_scipy_on_random_supports():
+@pytest.mark.parametrize("solver", ["batched", "refit"])  # the batched active set; the refit's numba CD + Newton
+def test_nnls_batch_matches_scipy_on_random_supports(solver):
+    from widelimit.coding._nnls import nnls_refit as _nnls
+
     rng = np.random.default_rng(0)
     U, X = _unit(rng, 7, 5), rng.standard_normal((30, 5))
     S = torch.as_tensor(np.stack([rng.choice(7, 5, replace=False) for _ in range(30)]))
-    valid = torch.as_tensor(rng.random((30, 5)) < 0.8)
+    valid = torch.as_tensor(rng.random((30, 5)) < 0.8)  # (masked slots anywhere in a support, not only last)
     G, q = gram_batch(torch.as_tensor(U)[S], torch.as_tensor(X), valid)
-    y = nnls_batch(G, q, valid).numpy()
+    y = (nnls_batch(G, q, valid) if solver == "batched" else _nnls(G, q, valid, torch.as_tensor(X))).numpy()
     for i in range(30):
         cols = S[i][valid[i]].numpy()
         want = nnls(U[cols].T, X[i])[0] if cols.size else np.zeros(0)
@@ -91,7 +94,7 @@ def test_a_spent_time_budget_keeps_the_start_codes_without_refitting(monkeypatch
     U, X, Z0, n, s = _random_start(7, 30)
     own = ((X - Z0 @ U) ** 2).sum(1)
     calls = []
-    monkeypatch.setattr(pursuit, "nnls_batch", lambda *a, **kw: calls.append(1) or nnls_batch(*a, **kw))
+    monkeypatch.setattr(pursuit, "nnls_refit", lambda *a, **kw: calls.append(1) or nnls_refit(*a, **kw))
     opts = PursuitOptions(max_iter=0, cold_start=False, grad_start=False)
     spent = sparse_codes(X, U, np.zeros(n), budget=s, Z0=Z0, opts=opts, device="cpu", time_limit=0.0)
     assert calls == []
@@ -255,7 +258,7 @@ def test_a_token_bound_above_its_witness_is_an_error_not_clipped(monkeypatch):
 def test_spectral_norm_sq_is_an_upper_estimate_on_a_gapless_spectrum():
     """Random unit atoms: the top of ``U^T U``'s spectrum is a Marchenko-Pastur edge with no gap, where power
     iteration stops low by more than its 1 % padding; the estimate must be the SVD's value to ~1e-5, padded."""
-    from widelimit.coding.pursuit import spectral_norm_sq
+    from widelimit.coding._atoms import spectral_norm_sq
 
     rng = np.random.default_rng(0)
     for k, n in ((20000, 256), (300, 40), (5, 8)):

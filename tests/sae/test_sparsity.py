@@ -79,9 +79,9 @@ def test_dead_jumprelu_with_a_recorded_l0_coefficient(tmp_path):
     assert any(n.startswith("the SAE is dead") for n in cert.notes)
 
 
-def test_default_time_share_is_the_whole_rest_for_l0_saes_and_a_quarter_for_l1_saes():
+def test_default_time_share_is_the_whole_rest_for_l0_saes_and_a_tenth_for_l1_saes():
     # the bracket ran as long as the rest of a certification (its allowance) on a SAELens ReLU SAE at d_sae
-    # 16,384, doubling it, though an L1 SAE's own objective is the rest; its default share there is now 1/4
+    # 16,384, doubling it, though an L1 SAE's own objective is the rest; its default share there is now 1/10
     from functools import partial
 
     from widelimit.sae.certify import _setup
@@ -96,9 +96,9 @@ def test_default_time_share_is_the_whole_rest_for_l0_saes_and_a_quarter_for_l1_s
     setup, _, _ = _setup(sae, X, 0.2, None, 0, CodingOptions(), RunOptions(device="cpu"))
     make = partial(default_parts, setup, pairs=(np.zeros(0), np.zeros(0)), sparsity=SparsityOptions())
     l1, l0 = make(coding=CodingOptions())["sparsity"], make(coding=None)["sparsity"]
-    for part, share in ((l1, 0.25), (l0, 1.0)):
-        part.sums.update(rest_s=8.0, own_s=1.0)
-        assert part._deadline(100.0) == 100.0 + share * 8.0 - 1.0
+    for part, share in ((l1, 0.1), (l0, 1.0)):
+        part.sums.update(rest_s=20.0, own_s=1.0)
+        assert part._deadline(100.0) == 100.0 + share * 20.0 - 1.0
     mine = make(coding=CodingOptions(), sparsity=SparsityOptions(time_share=0.5))["sparsity"]
     mine.sums.update(rest_s=8.0, own_s=1.0)
     assert mine._deadline(100.0) == 103.0
@@ -111,7 +111,7 @@ def test_the_pursuit_step_uses_the_float32_atoms_and_stays_an_upper_estimate(mon
     traffic of the float64 atoms: 8 s, a forward pass, at 65,536 x 2,304; two float32 copies were 1.2 GB there),
     and is still the SVD's value, padded by 1 %."""
     import widelimit.sae.sparsity as S
-    from widelimit.coding.pursuit import spectral_norm_sq
+    from widelimit.coding._atoms import spectral_norm_sq
     from widelimit.sae.parts import Setup
 
     seen = []

@@ -16,11 +16,13 @@ for an SAE's own support) costs one solve.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from ._restricted import solve_blocks
 from .working_set import gather_block
 
-__all__ = ["nnls_batch", "gram_batch"]
+__all__ = ["nnls_batch", "gram_batch", "nnls_refit"]
 
 #: Ridge added to the diagonal of a Gram block before its Cholesky factorisation (unit atoms: diagonal 1).
 RIDGE = 1e-12
@@ -142,3 +144,24 @@ def _inner(G, q, P, y, act) -> None:
         Pt = Pt & ~(yt <= 0)
         P[todo] = Pt
         y[todo] = yt * Pt
+
+
+def nnls_refit(G, q, valid, xt):
+    """:func:`nnls_batch` of ``(G, q, valid)`` (``xt`` the tokens, for the stopping test); on the CPU per token in numba first (coordinate
+    descent with Newton steps on the support, :func:`widelimit.coding._restricted.solve_blocks` at ``lam = 0``: the
+    batched Lawson-Hanson steps took half the L0 bracket's refit), the batched active set where it did not settle."""
+    if G.device.type != "cpu" or not G.shape[0] or not G.shape[1]:
+        return nnls_batch(G, q, valid)
+    m = valid.to(G.dtype)
+    Gm = G * (m[:, :, None] * m[:, None, :]) + torch.eye(G.shape[1], dtype=G.dtype) * (1.0 - m)[:, :, None]
+    y = torch.zeros_like(q)
+    used = solve_blocks(Gm.numpy(), (q * m).numpy(), (xt * xt).sum(1).numpy(), y.numpy(),
+                        np.full(G.shape[0], G.shape[1], dtype=np.int64), 0.0, 1e-13, 1e-300, NNLS_SWEEPS, 6)
+    bad = torch.from_numpy(used >= NNLS_SWEEPS)
+    if bool(bad.any()):
+        y[bad] = nnls_batch(G[bad], q[bad], valid[bad])
+    return y.clamp_min(0.0) * m
+
+
+#: Sweeps of the numba NNLS (:func:`_nnls`) before a token goes to the batched active set.
+NNLS_SWEEPS = 200

@@ -23,7 +23,7 @@ end is ``mean_i min(||x_i - b||^2, c)`` (a nonempty code pays at least ``c``).
 The time the pursuit may take is bounded by ``time_limit`` (seconds; ``None``: at most ``time_share`` times
 the time the other parts of the certification have taken so far, measured between this part's updates,
 which run last; the share is 1 where the bracket is the SAE's own objective (TopK, BatchTopK, JumpReLU,
-Matryoshka) and 1/4 for an L1-trained SAE, whose own objective the rest certifies): the
+Matryoshka) and 1/10 for an L1-trained SAE, whose own objective the rest certifies): the
 SAE's own codes are always a witness (the upper end is at most the SAE's MSE), and their NNLS refit, the
 cold starts and the rounds run while the allowance lasts (the refit in chunks of tokens, none started after
 it: a ReLU SAE's supports of ~150 atoms made the refit alone 10x the rest of a certification).
@@ -39,7 +39,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._validation import check_int, check_real
-from ..coding.pursuit import Atoms, PursuitOptions, pursue_batch, spectral_norm_sq
+from ..coding._atoms import Atoms, spectral_norm_sq
+from ..coding.pursuit import PursuitOptions, pursue_batch
 from ..coding.sparse_bound import METHODS, babel, babel_s_min, sparse_lower_bound
 from ..exact.gap import is_certified, relative_gap
 
@@ -61,8 +62,9 @@ class SparsityOptions:
         has taken.
     time_share : float or None
         That share; ``None``: 1 for an SAE whose own objective is its L0 (the bracket is then its certificate),
-        1/4 for an L1-trained SAE (the bracket is a side number there; measured: with the whole share it
-        doubled the certification of a SAELens ReLU SAE at d_sae 16,384, docs/sae_certification.md).
+        1/10 for an L1-trained SAE (:data:`L1_SHARE`; the bracket is a side number there; measured: with the whole
+        share it doubled the certification of a SAELens ReLU SAE at d_sae 16,384, with 1/4 it was 20% of the
+        certification at optimal L0 108, docs/sae_certification.md).
     max_subsets : int
         Enumerate supports for the lower bound when ``C(d_sae, s) <= max_subsets``.
     tol : float
@@ -104,6 +106,11 @@ def l0_penalty(sae) -> float | None:
     return float(c) if isinstance(c, (int, float)) and math.isfinite(c) and c > 0 else None
 
 
+#: The default time share of the L0 bracket of an L1-trained SAE (module docstring): 1/10 (was 1/4: the bracket took 20%
+#: of a certification at d_sae 16,384 and optimal L0 108, 2.4x the forward pass, on a side number).
+L1_SHARE = 0.1
+
+
 class SparsityPart:
     """The bracket of the module docstring, accumulated over batches (``update`` / ``merge`` / ``result``).
 
@@ -116,7 +123,7 @@ class SparsityPart:
         import torch
 
         self.s, self.o = setup, options
-        self.share = options.time_share if options.time_share is not None else (1.0 if own_objective else 0.25)
+        self.share = options.time_share if options.time_share is not None else (1.0 if own_objective else L1_SHARE)
         self.k_budget, self.rule = budget_rule(setup.sae)
         self.penalty = l0_penalty(setup.sae)
         self.popts = PursuitOptions(max_iter=options.max_iter)
