@@ -372,15 +372,20 @@ def test_sparse_code_kernels_match_dense_products(monkeypatch, parts_bytes):
     np.testing.assert_allclose(out, 0.5 + Z.toarray().T @ Rd, rtol=0, atol=1e-12)
 
 
-def test_numba_kernels_and_torch_products_give_the_same_certificate():
-    # the CPU path (sparse-code products in numba) against the torch products a GPU runs (backend="torch":
-    # the GPU's code path on the CPU), on a random SAE whose codes are neither optimal nor trivial, over batches
-    rng = np.random.default_rng(8)
-    n, k, N = 12, 40, 300
+def _random_standard_sae(seed, n, k, N):
+    """A random ReLU SAE whose codes are neither optimal nor trivial, and ``N`` random tokens."""
+    rng = np.random.default_rng(seed)
     W_dec = rng.standard_normal((k, n)) * rng.uniform(0.5, 2.0, (k, 1))
     sae = SAE(W_dec=W_dec, b_dec=0.1 * rng.standard_normal(n), W_enc=0.3 * rng.standard_normal((n, k)),
               b_enc=-0.2 + 0.1 * rng.standard_normal(k), architecture="standard")
-    X = 2.0 * rng.standard_normal((N, n))
+    return sae, 2.0 * rng.standard_normal((N, n))
+
+
+def test_numba_kernels_and_torch_products_give_the_same_certificate():
+    # the CPU path (sparse-code products in numba) against the torch products a GPU runs (backend="torch":
+    # the GPU's code path on the CPU), on a random SAE whose codes are neither optimal nor trivial, over batches
+    k = 40
+    sae, X = _random_standard_sae(8, 12, k, 300)
     runs = []
     for backend in ("numba", "torch"):
         runs.append(certify_sae(X, sae, lam=0.4, device="cpu", batch_size=70, coding_tol=1e-10, backend=backend))
@@ -399,12 +404,8 @@ def test_numba_kernels_and_torch_products_give_the_same_certificate():
 def test_screened_coder_and_float32_kkt_same_certificate_in_numba_and_torch():
     # the wide-SAE path (screened coder, float32 KKT product made exact) forced on a small SAE: the CPU kernels
     # (numba restricted solves, loops per entry) against the torch code a GPU runs (backend="torch" on the CPU)
-    rng = np.random.default_rng(9)
-    n, k, N = 16, 60, 200
-    W_dec = rng.standard_normal((k, n)) * rng.uniform(0.5, 2.0, (k, 1))
-    sae = SAE(W_dec=W_dec, b_dec=0.1 * rng.standard_normal(n), W_enc=0.3 * rng.standard_normal((n, k)),
-              b_enc=-0.2 + 0.1 * rng.standard_normal(k), architecture="standard")
-    X = 2.0 * rng.standard_normal((N, n))
+    k = 60
+    sae, X = _random_standard_sae(9, 16, k, 200)
     a, b = (certify_sae(X, sae, lam=0.4, device="cpu", batch_size=70, coding_tol=1e-10, coding_algorithm="screened",
                         backend=bk) for bk in ("numba", "torch"))
     ref = certify_sae(X, sae, lam=0.4, device="cpu", batch_size=70, coding_tol=1e-10)  # the Gram coder, float64 KKT
