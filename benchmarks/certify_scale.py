@@ -50,8 +50,17 @@ from certify_speed import forward_metrics  # noqa: E402
 
 GRID = [(n, k, L) for n in (768, 2304) for k in (16384, 65536, 131072) for L in (30, 100, 300)
         if not (n == 2304 and k == 131072)]
-#: lam per optimal-code L0 target on these data (amplitudes U(1, 3), decoder noise 0.1): measured, not tuned per cell
+#: lam per optimal-code L0 target on these data (amplitudes U(1, 3), decoder noise 0.1), measured (ScreenedCoder on
+#: 60-100 tokens; the optimal L0 it gives in brackets): the same lam gives a larger optimal L0 on wider dictionaries
+#: (1.3: 108 at 768 x 16,384, 176 at 768 x 65,536, 224 at 768 x 131,072), so the cells of d_in 768 wider than 16,384
+#: have their own (:data:`LAM_CELL`). At d_in 2,304 the target-100 cells stay at 81-88 for lam 1.15-1.3.
 LAM = {30: 0.9, 100: 1.3, 300: 1.6}
+LAM_CELL = {(768, 65536, 100): 1.7,  # [105]
+            (768, 131072, 100): 1.9,  # [100]
+            (768, 65536, 300): 2.1,  # [292]
+            (768, 131072, 300): 2.3,  # [293]
+            (2304, 16384, 300): 1.1,  # [301]
+            (2304, 65536, 300): 1.45}  # [352 at 1.3, 256 at 1.6]
 
 
 def _rss_mb() -> float:
@@ -354,7 +363,7 @@ def cell(n, k, L, N, device, with_peers):
     D = dictionary(n, k)
     X = tokens(D, N, L)
     w = sae_weights(D, X[: min(N, 500)], L)
-    lam = LAM.get(L, 0.7)
+    lam = LAM_CELL.get((n, k, L), LAM.get(L, 0.7))
     sae = to_sae(w, lam)
     del D
     forward_metrics(w, X[:64], device=device)  # warm-up (first torch call)
