@@ -51,7 +51,8 @@ if [ "$DEVICE" = cuda ]; then
     step gradient_gpu 70 python3 benchmarks/gradient_gpu.py --N 20000 --n 256 --width 1024 --steps 10 --out "$DEST"
     step dnn_gpu 60 python3 benchmarks/dnn_gpu.py --devices cuda,cpu --sizes 100,200 --time-limit 20 --out "$DEST"
     step certify_scale 60 python3 benchmarks/certify_scale.py --device cuda --tokens 4000 \
-        --cells 768x16384x100,768x65536x100,2304x16384x100
+        --cells 768x16384x100,768x65536x100,2304x16384x100 --name certify_scale_gpu
+    cp benchmarks/results/certify_scale_gpu.* "$DEST"/ 2>/dev/null  # (the script writes to benchmarks/results/)
 else
     step cuda_tests 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/
     step certify_speed 400 python3 benchmarks/certify_speed.py --device cpu --quick --widths 256 --stream-sae 256 \
