@@ -179,7 +179,7 @@ class ScreenedCoder:
         ns = int(live.sum(1).max()) if live.numel() else 0
         order = torch.argsort(live.to(torch.int8), dim=1, descending=True, stable=True)[:, :ns]
         s_idx, s_val, s_ok = idx.gather(1, order), val.gather(1, order), live.gather(1, order)
-        Cm = C.clone()
+        Cm = C  # (masked in place: the caller's C is a copy it does not read again)
         rows = torch.arange(m, device=C.device)[:, None].expand_as(s_idx)
         Cm[rows[s_ok], s_idx[s_ok]] = -math.inf
         E = min(self.ws_extra, C.shape[1])
