@@ -14,8 +14,13 @@ regime -- many atoms, few active per token. (Measured, one thread, the same toke
    dual infeasibility), from the correlations ``C = R U^T`` of the last certificate (for the first
    round the caller's, e.g. those the SAE's residuals already needed).
 2. **Restricted solve**: the lasso on the working set ``W`` (``|W| = S``), its Gram block
-   ``G_WW = U_W U_W^T`` formed per token from the gathered atoms in float64 (``S^2 n`` multiply-adds,
-   a batched matrix product) and ``q_W = U_W xt``; ``newton_steps`` active-set Newton
+   ``G_WW = U_W U_W^T`` in float64 from the gathered atoms (batched matrix products; the block of the atoms
+   kept from the last round's support is reused, only the new atoms' columns are formed: ``S (S - s) n``
+   multiply-adds instead of ``S^2 n``) and ``q_W = U_W xt``. On the CPU (``restricted="coordinate_descent"``,
+   the default there) each token's lasso is solved in numba by coordinate descent with Newton steps on its
+   support (:func:`widelimit.coding._restricted.solve_blocks`: measured 2.5x faster than the batched steps
+   below at optimal L0 108, their padding and per-step overhead gone); tokens it leaves unsettled, and every
+   token on CUDA, take the batched torch steps: ``newton_steps`` active-set Newton
    (primal-dual active-set) steps, each an exact solve on the predicted support, kept only where it
    lowers the restricted objective (else a projected gradient step: on ill-conditioned blocks the
    predicted supports can cycle, singular blocks have no solution) (:func:`widelimit.coding.working_set._pdas`);
@@ -40,8 +45,8 @@ regime -- many atoms, few active per token. (Measured, one thread, the same toke
 
 Tokens meeting ``gap_i <= tol * max(P_i, gap_floor(lam))`` (the token's own objective,
 :func:`widelimit.coding.lasso.gap_floor`) are done; the others go back to step 1. Flops per token
-and round: ``2 n k`` (the product) ``+ S^2 n`` (the Gram block, multiply-adds) ``+ O(S^3)`` (the Newton LU
-factorisations), against ``2 n k`` for the SAE's encoder.
+and round: ``2 n k`` (the product) ``+ S (S - s) n`` (the Gram block's new columns, multiply-adds) ``+ O(s^3)``
+(the Newton factorisations), against ``2 n k`` for the SAE's encoder.
 """
 
 from __future__ import annotations
