@@ -18,7 +18,7 @@ regime -- many atoms, few active per token. (Measured, one thread, the same toke
    kept from the last round's support is reused, only the new atoms' columns are formed: ``S (S - s) n``
    multiply-adds instead of ``S^2 n``) and ``q_W = U_W xt``. On the CPU (``restricted="coordinate_descent"``,
    the default there) each token's lasso is solved in numba by coordinate descent with Newton steps on its
-   support (:func:`widelimit.coding._restricted.solve_blocks`: measured 2.5x faster than the batched steps
+   support (:func:`widelimit.coding._restricted.solve_blocks`: the coder 1.7-1.8x faster than with the batched steps
    below at optimal L0 108, their padding and per-step overhead gone); tokens it leaves unsettled, and every
    token on CUDA, take the batched torch steps: ``newton_steps`` active-set Newton
    (primal-dual active-set) steps, each an exact solve on the predicted support, kept only where it
