@@ -146,10 +146,16 @@ def _inner(G, q, P, y, act) -> None:
         y[todo] = yt * Pt
 
 
+#: Sweeps of the numba NNLS (:func:`nnls_refit`) before a token goes to the batched active set.
+NNLS_SWEEPS = 200
+
+
 def nnls_refit(G, q, valid, xt):
-    """:func:`nnls_batch` of ``(G, q, valid)`` (``xt`` the tokens, for the stopping test); on the CPU per token in numba first (coordinate
-    descent with Newton steps on the support, :func:`widelimit.coding._restricted.solve_blocks` at ``lam = 0``: the
-    batched Lawson-Hanson steps took half the L0 bracket's refit), the batched active set where it did not settle."""
+    """:func:`nnls_batch` of ``(G, q, valid)`` (``xt``: the tokens, for the stopping test), the pursuit's refit.
+
+    On the CPU per token in numba first (coordinate descent with Newton steps on the support,
+    :func:`widelimit.coding._restricted.solve_blocks` at ``lam = 0``: the batched Lawson-Hanson steps took half the
+    L0 bracket's refit), the batched active set where it did not settle; elsewhere :func:`nnls_batch`."""
     if G.device.type != "cpu" or not G.shape[0] or not G.shape[1]:
         return nnls_batch(G, q, valid)
     m = valid.to(G.dtype)
@@ -161,7 +167,3 @@ def nnls_refit(G, q, valid, xt):
     if bool(bad.any()):
         y[bad] = nnls_batch(G[bad], q[bad], valid[bad])
     return y.clamp_min(0.0) * m
-
-
-#: Sweeps of the numba NNLS (:func:`_nnls`) before a token goes to the batched active set.
-NNLS_SWEEPS = 200

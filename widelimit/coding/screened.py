@@ -84,10 +84,10 @@ def product_error(R):
 def exact_max(R, U64, U32, numba=None):
     """``(max_d <u_d, r_i>`` exact to float64 rounding, float32 correlations ``C32``) for residuals ``R`` (m, n) f64.
 
-    With ``numba`` (default: ``R`` on the CPU; ``False`` runs the torch code a GPU runs) the window's entries are recomputed by :func:`widelimit.coding.cd._exact_max` (numba, a loop per
-    entry): at the optimum every active atom of a token ties at the maximum ``lam``, so the window holds the whole
-    support (55,000 entries for 512 tokens at L0 108), whose gathered ``(entries, n)`` copies took 5x the float32
-    product itself."""
+    With ``numba`` (default: ``R`` on the CPU; ``False`` runs the torch code a GPU runs) the window's entries are
+    recomputed by :func:`widelimit.coding.cd._exact_max` (numba, a loop per entry): at the optimum every active
+    atom of a token ties at the maximum ``lam``, so the window holds the whole support (55,000 entries for 512
+    tokens at L0 108), whose gathered ``(entries, n)`` copies took 5x the float32 product itself."""
     import torch
 
     C32 = R.to(torch.float32) @ U32.T
@@ -208,7 +208,9 @@ class ScreenedCoder:
         its support, to float64 rounding), then :func:`widelimit.coding.working_set._inner`: ``newton_steps``
         active-set steps, each kept only where it lowers the restricted objective (else a projected
         gradient step: ill-conditioned blocks whose supports cycle, singular blocks), then projected
-        accelerated gradient until the restricted gap is ``tol / 10`` (at most ``inner_iter`` steps).
+        accelerated gradient until the restricted gap is ``tol / 10`` (at most ``inner_iter`` steps). With
+        ``restricted="coordinate_descent"`` each token is first solved in numba (module docstring, step 2); only the
+        tokens it leaves unsettled take those steps, on their blocks with the padding masked.
 
         ``Gprev`` (t', w', w'): the Gram blocks of the last round, token ``i``'s at row ``gpos[i]`` (NaN on its first
         entry where none), and
@@ -269,8 +271,8 @@ class ScreenedCoder:
                 y1s = y1[sub] if self.restricted == "coordinate_descent" else _pdas(qs, Gs, ys, self.lam,
                                                                                      self.newton_steps)
                 if self.restricted != "newton":  # where the solve did not settle: exact active set
-                    Pr, gr = _restricted_gap(xs, qs, Gs, y1s, self.lam)
-                    bad = torch.nonzero(gr > 0.1 * self.tol * Pr.clamp(min=floor)).flatten()
+                    Pr, gap_r = _restricted_gap(xs, qs, Gs, y1s, self.lam)
+                    bad = torch.nonzero(gap_r > 0.1 * self.tol * Pr.clamp(min=floor)).flatten()
                     if bad.numel():
                         y1s[bad] = nnls_batch(Gs[bad], qs[bad] - self.lam, okc[sub][bad], start=ys[bad] > 0)
                 ys = _inner(xs, qs, Gs, y1s, self.lam, 0.1 * self.tol, floor, self.inner_iter, newton_steps=0)

@@ -154,7 +154,8 @@ def decoder_pairs(U, lo: float, hi: float, max_pairs: int, device="cpu", *, bloc
 
 
 def _merge(sa, sb, sc, pend, max_pairs, k):
-    """The selection ``(sa, sb, sc)`` and the pending blocks' pairs (emptied) reduced to the ``max_pairs`` most extreme."""
+    """The selection ``(sa, sb, sc)`` and the pending blocks' pairs (``pend``, emptied), reduced to the ``max_pairs``
+    most extreme."""
     a, b, c = (np.concatenate([x] + [p[i] for p in pend]) for i, x in enumerate((sa, sb, sc)))
     pend.clear()
     return _top(a, b, c, max_pairs, k)
